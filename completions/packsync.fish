@@ -1,0 +1,89 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_packsync_global_optspecs
+    string join \n h/help V/version
+end
+
+function __fish_packsync_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_packsync_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_packsync_using_subcommand
+    set -l cmd (__fish_packsync_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c packsync -n "__fish_packsync_needs_command" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_needs_command" -s V -l version -d 'Print version'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "status" -d 'Show what is live and what is retained'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "verify" -d 'Re-hash the live tree against its manifest (exit 4 on differences)'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "rollback" -d 'Make a retained generation live again'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "gc" -d 'Retire old generations and remove dead staging'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "wait" -d 'Block until DEST holds a live generation (exit 5 on timeout)'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "exec" -d 'Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "completions" -d 'Print a shell completion script'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from -d 'Read exclude patterns from FILE (gitignore syntax)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l keep -d 'Earlier generations to keep besides the live one' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l grace -d 'Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-delete -d 'Refuse (exit 3) to delete more than N entries' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chown -d 'Set every owner to UID:GID' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chmod -d 'Change modes, rsync syntax (e.g. D755,F644 or go-w)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exec-after -d 'Run CMD (with sh -c) after a new generation goes live' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l label -d 'A version label recorded with the generation (refuses downgrades)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layout -d 'How DEST is laid out' -r -f -a "symlink\t''
+fanout\t''
+dir\t''"
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l slot -d 'With --layout fanout: publish as this slot (several images, one DEST)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run -d 'Show what would change; write nothing'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l json -d 'One JSON summary on stdout'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s q -l quiet -d 'No summary line, no progress, warnings only'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-progress
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-empty -d 'Allow an empty source to replace a non-empty tree'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-downgrade -d 'Publish even if --label orders below the live generation\'s label'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l adopt -d 'With --layout fanout: take over entries packsync did not create'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-fsync -d 'Skip flushing to disk (faster, not crash-safe)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify -d 'Re-read the staged tree and compare with the source hashes before publishing'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l mkpath -d 'Create DEST\'s parent directories'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l migrate -d 'Take over a directory at DEST even where that leaves DEST missing for an instant'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand status" -l json -d 'One JSON object on stdout'
+complete -c packsync -n "__fish_packsync_using_subcommand status" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand verify" -l json
+complete -c packsync -n "__fish_packsync_using_subcommand verify" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand rollback" -l to -d 'Generation to publish (default: the newest earlier one)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand rollback" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand gc" -l keep -r
+complete -c packsync -n "__fish_packsync_using_subcommand gc" -l grace -r
+complete -c packsync -n "__fish_packsync_using_subcommand gc" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand wait" -l timeout -d 'Give up after this long (e.g. 30s, 5m; default: wait forever)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand wait" -l label -d 'Wait for a live generation with this label' -r
+complete -c packsync -n "__fish_packsync_using_subcommand wait" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand exec" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand completions" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "status" -d 'Show what is live and what is retained'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "verify" -d 'Re-hash the live tree against its manifest (exit 4 on differences)'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "rollback" -d 'Make a retained generation live again'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "gc" -d 'Retire old generations and remove dead staging'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "wait" -d 'Block until DEST holds a live generation (exit 5 on timeout)'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "exec" -d 'Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "completions" -d 'Print a shell completion script'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -1,0 +1,620 @@
+//! The pipeline: the only file that knows the order of the stages.
+//!
+//! validate → scan sources (+ live tree) → plan → guards → stage → commit →
+//! retire, and the reporting around it. Owns the thread pool (rayon's global one).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+
+use crate::commit::{self, Swap};
+use crate::config::{self, Command, Config, Layout, SyncConfig};
+use crate::error;
+use crate::manifest::Manifest;
+use crate::plan::{self, Compare, Plan};
+use crate::report::{self, Progress, Quiet, Reporter};
+use crate::retire::{self, Policy};
+use crate::scan::{self, Filter, Warnings};
+use crate::stage;
+use crate::sys;
+use crate::tree::{Node, Tree};
+use crate::volume::{Dest, Stage, State, Volume};
+
+/// Run a command; the exit status on success.
+pub fn run(cfg: Config) -> Result<i32> {
+    sys::signals::install();
+    sys::raise_fd_limit();
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    match cfg.command {
+        Command::Sync(s) => sync(&s),
+        Command::Completions { shell } => {
+            crate::cli::completions(shell, &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Gc { dest, keep, grace } => gc(&dest, keep, &grace),
+        _ => Err(error::usage("this command is not available yet")),
+    }
+}
+
+/// What a sync did, for the summary line and `--json`.
+#[derive(serde::Serialize, Default)]
+pub struct Summary {
+    pub dest: String,
+    pub status: &'static str,
+    pub generation: Option<String>,
+    pub previous: Option<String>,
+    pub label: Option<String>,
+    pub entries: u64,
+    pub bytes: u64,
+    pub added: u64,
+    pub changed: u64,
+    pub deleted: u64,
+    pub copied: u64,
+    pub copied_bytes: u64,
+    pub reused: u64,
+    pub retired: Vec<String>,
+    pub warnings: Vec<String>,
+    pub seconds: f64,
+    pub dry_run: bool,
+}
+
+fn validate_sources(cfg: &SyncConfig) -> Result<(Vec<OwnedFd>, Vec<PathBuf>, Vec<String>)> {
+    let mut fds = Vec::new();
+    let mut canon = Vec::new();
+    let mut labels = Vec::new();
+    for src in &cfg.sources {
+        let shown = src.display().to_string();
+        let meta = std::fs::metadata(src).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                error::usage(format!("{shown}: source does not exist"))
+            } else {
+                error::usage(format!("{shown}: cannot read source: {e}"))
+            }
+        })?;
+        if !meta.is_dir() {
+            return Err(error::usage(format!("{shown}: source is not a directory")));
+        }
+        let fd = sys::open_dir_path(src)
+            .map_err(|e| error::usage(format!("{shown}: cannot read source: {e}")))?;
+        // A listing on a handle of its own: the one kept must start at offset 0.
+        sys::open_dir_path(src)
+            .and_then(|probe| sys::list_dir(probe.as_fd()))
+            .map_err(|e| error::usage(format!("{shown}: cannot read source: {e}")))?;
+        canon.push(std::fs::canonicalize(src).with_context(|| format!("cannot resolve {shown}"))?);
+        fds.push(fd);
+        labels.push(shown);
+    }
+    Ok((fds, canon, labels))
+}
+
+/// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
+fn check_overlap(vol: &Volume, sources: &[PathBuf], labels: &[String]) -> Result<()> {
+    let parent = std::fs::canonicalize(&vol.parent_path)
+        .with_context(|| format!("cannot resolve {}", vol.parent_path.display()))?;
+    let dest = parent.join(sys::os(&vol.name));
+    let state = parent.join(sys::os(&vol.state_name()));
+    for (src, label) in sources.iter().zip(labels) {
+        if dest.starts_with(src) {
+            return Err(error::usage(format!(
+                "{}: DEST is inside SOURCE {label}",
+                vol.display
+            )));
+        }
+        if src.starts_with(&dest) || src.starts_with(&state) {
+            return Err(error::usage(format!(
+                "{label}: SOURCE is inside DEST {}",
+                vol.display
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn load_rules(cfg: &SyncConfig) -> Result<Vec<String>> {
+    let mut rules = Vec::new();
+    for f in &cfg.exclude_from {
+        let text = std::fs::read_to_string(f).map_err(|e| {
+            error::usage(format!("{}: cannot read --exclude-from: {e}", f.display()))
+        })?;
+        rules.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+                .map(str::to_string),
+        );
+    }
+    rules.extend(cfg.rules.iter().cloned());
+    Ok(rules)
+}
+
+fn now() -> (i64, u32) {
+    let d = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    (d.as_secs() as i64, d.subsec_nanos())
+}
+
+/// The live tree as it is on the volume, with hashes from its manifest where
+/// the manifest still describes the file.
+struct Live {
+    gen: Option<String>,
+    fd: Option<OwnedFd>,
+    tree: Option<Tree>,
+    manifest: Option<Manifest>,
+}
+
+fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) -> Result<Live> {
+    match dest {
+        Dest::Live(gen) => {
+            let state = state.with_context(|| {
+                format!("{} points into a missing state directory", vol.display)
+            })?;
+            let fd = state.open_gen(gen)?;
+            let mut tree = scan::run(
+                fd.as_fd(),
+                &format!("{}/gen/{gen}", state.path.display()),
+                0,
+                &Filter::default(),
+                warn,
+            )?;
+            let manifest = state.read_manifest(gen).ok();
+            if let Some(m) = &manifest {
+                attach_hashes(&mut tree, &m.tree, m.granularity_ns);
+            }
+            Ok(Live {
+                gen: Some(gen.clone()),
+                fd: Some(fd),
+                tree: Some(tree),
+                manifest,
+            })
+        }
+        Dest::Directory => {
+            let fd = sys::open_dir_at(vol.parent.as_fd(), &vol.name)
+                .with_context(|| format!("cannot open {}", vol.display))?;
+            let tree = scan::run(fd.as_fd(), &vol.display, 0, &Filter::default(), warn)?;
+            Ok(Live {
+                gen: None,
+                fd: None,
+                tree: Some(tree),
+                manifest: None,
+            })
+        }
+        _ => Ok(Live {
+            gen: None,
+            fd: None,
+            tree: None,
+            manifest: None,
+        }),
+    }
+}
+
+/// Copy each manifest hash onto the live file it still describes.
+fn attach_hashes(live: &mut Tree, manifest: &Tree, granularity: u64) {
+    let mut hashes = std::collections::HashMap::new();
+    manifest.for_each(&mut |p, e| {
+        if let Node::File(f) = &e.node {
+            hashes.insert(p.to_vec(), (e.meta, f.hash));
+        }
+    });
+    let c = Compare {
+        owners: true,
+        checksum: false,
+        granularity_ns: granularity,
+    };
+    live.for_each_mut(&mut |p, e| {
+        let meta = e.meta;
+        if let Node::File(f) = &mut e.node {
+            if let Some((m, h)) = hashes.get(p) {
+                let probe = |meta| crate::tree::Entry {
+                    name: Box::new([]),
+                    meta,
+                    node: Node::File(Default::default()),
+                };
+                if plan::same_entry(&probe(*m), &probe(meta), &c) {
+                    f.hash = *h;
+                }
+            }
+        }
+    });
+}
+
+fn sync(cfg: &SyncConfig) -> Result<i32> {
+    let start = Instant::now();
+    if cfg.layout != Layout::Symlink {
+        return Err(error::usage(
+            "--layout fanout and --layout dir are not available yet",
+        ));
+    }
+    let grace = config::parse_duration(&cfg.grace)
+        .map_err(|e| crate::cli::bad_value("--grace", &cfg.grace, e))?;
+    let chown = match &cfg.chown {
+        Some(c) => {
+            Some(config::parse_owner(c).map_err(|e| crate::cli::bad_value("--chown", c, e))?)
+        }
+        None => None,
+    };
+    let rules = load_rules(cfg)?;
+    let filter = Filter::new(&rules).map_err(|e| error::usage(format!("{e:#}")))?;
+    let (src_fds, canon, labels) = validate_sources(cfg)?;
+    let vol = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
+    check_overlap(&vol, &canon, &labels)?;
+    let dest = vol.inspect()?;
+    match &dest {
+        Dest::File => {
+            return Err(error::usage(format!(
+                "{}: DEST exists and is not a directory",
+                vol.display
+            )))
+        }
+        Dest::Foreign(t) => {
+            return Err(error::refused(format!(
+            "{}: not a packsync destination (a symlink to {t}); remove it or choose another DEST",
+            vol.display
+        )))
+        }
+        _ => {}
+    }
+    let quiet = Quiet {
+        show_warnings: true,
+    };
+    let progress =
+        Progress::new(cfg.progress.unwrap_or_else(sys::stderr_is_tty) && !cfg.quiet && !cfg.json);
+    let reporter: &dyn Reporter = if cfg.quiet || cfg.json {
+        &quiet
+    } else {
+        &progress
+    };
+    let warnings = Warnings::default();
+
+    // Scan every source (each in parallel inside) and overlay them in order.
+    let mut tree = Tree::default();
+    for (i, fd) in src_fds.iter().enumerate() {
+        let t = scan::run(fd.as_fd(), &labels[i], i as u16, &filter, &warnings)?;
+        if i == 0 {
+            tree = t;
+        } else {
+            tree.overlay(t);
+        }
+    }
+    tree.assign_groups();
+    let root = sys::euid() == 0;
+    let owners = root || chown.is_some();
+    if let Some((u, g)) = chown {
+        tree.root.uid = u;
+        tree.root.gid = g;
+        tree.for_each_mut(&mut |_, e| {
+            e.meta.uid = u;
+            e.meta.gid = g;
+        });
+    }
+    if !root {
+        // setuid/setgid bits on files we cannot give their owner would mean something else.
+        let strip = |m: &mut crate::tree::Meta, is_dir: bool| {
+            if !is_dir && chown.is_none() {
+                m.mode &= !0o6000;
+            }
+        };
+        strip(&mut tree.root, true);
+        tree.for_each_mut(&mut |_, e| {
+            let d = matches!(e.node, Node::Dir(_));
+            strip(&mut e.meta, d);
+        });
+    }
+
+    let state = vol.state(false)?;
+    let live = load_live(&vol, state.as_ref(), &dest, &warnings)?;
+    let granularity = live
+        .manifest
+        .as_ref()
+        .map(|m| m.granularity_ns)
+        .unwrap_or(1);
+    let compare = Compare {
+        owners,
+        checksum: cfg.checksum,
+        granularity_ns: granularity,
+    };
+    if cfg.checksum {
+        if let Some(lt) = live.tree.as_ref() {
+            hash_candidates(&mut tree, lt, &src_fds, &labels)?;
+        }
+    }
+    let mut live_tree = live.tree;
+    if cfg.checksum {
+        if let (Some(lt), Some(fd)) = (live_tree.as_mut(), live.fd.as_ref()) {
+            let fds = vec![Some(fd.try_clone()?)];
+            scan::hash(lt, &fds, std::slice::from_ref(&vol.display), &|e| {
+                matches!(e.node, Node::File(_))
+            })?;
+        }
+    }
+    let plan = plan::build(&mut tree, live_tree.as_ref(), &compare);
+
+    let mut summary = Summary {
+        dest: vol.display.clone(),
+        entries: tree.count(),
+        bytes: tree.bytes(),
+        added: plan.added,
+        changed: plan.changed,
+        deleted: plan.deleted,
+        previous: live.gen.clone(),
+        label: cfg.label.clone(),
+        dry_run: cfg.dry_run,
+        ..Default::default()
+    };
+    let live_nonempty = live_tree.as_ref().is_some_and(|t| !t.is_empty());
+    guards(cfg, &vol, &tree, &plan, live_nonempty)?;
+    if cfg.itemize {
+        print_itemized(&plan);
+    }
+    for w in warnings.take() {
+        reporter.warn(&w);
+        summary.warnings.push(w);
+    }
+    let policy = Policy {
+        keep: cfg.keep,
+        grace,
+        stale: config::STALE_STAGE,
+    };
+    if cfg.dry_run {
+        summary.status = if plan.up_to_date() && live.gen.is_some() {
+            "up to date"
+        } else {
+            "would sync"
+        };
+        summary.generation = live.gen.clone();
+        summary.copied = plan.copied;
+        summary.copied_bytes = plan.copied_bytes;
+        summary.reused = plan.reused;
+        return finish(cfg, summary, start);
+    }
+    if plan.up_to_date() && live.gen.is_some() {
+        summary.status = "up to date";
+        summary.generation = live.gen.clone();
+        if let Some(state) = &state {
+            summary.retired = retire::run(&vol, state, &policy, None)?.removed;
+        }
+        return finish(cfg, summary, start);
+    }
+
+    // Stage, commit, retire.
+    let state = vol.state(true)?.expect("created");
+    let swap = match dest {
+        Dest::Directory if cfg.migrate => Swap::Migrate,
+        Dest::Directory => Swap::Exchange,
+        _ => Swap::Link,
+    };
+    let mut stage = state.new_stage()?;
+    let result = (|| -> Result<commit::Generation> {
+        if swap == Swap::Exchange {
+            probe_exchange(&stage).map_err(|_| {
+                error::refused(format!(
+                    "{}: is a directory and this filesystem cannot swap it atomically (no RENAME_EXCHANGE); \
+                     pass --migrate to take it over with DEST missing for an instant",
+                    vol.display
+                ))
+            })?;
+        }
+        sys::mkdir_at(stage.fd(), b"tree", 0o700).context("cannot create the staging tree")?;
+        let out = sys::open_dir_at(stage.fd(), b"tree")?;
+        let granularity_ns = probe_granularity(&stage).unwrap_or(1);
+        reporter.begin(plan.added + plan.changed + plan.reused, plan.copied_bytes);
+        let job = stage::Job {
+            sources: &src_fds,
+            labels: &labels,
+            live: live.fd.as_ref().map(|f| f.as_fd()),
+            owners,
+            reporter,
+        };
+        let staged = stage::run(&job, &mut tree, out.as_fd())?;
+        reporter.finish();
+        drop(out);
+        summary.copied = staged.copied;
+        summary.copied_bytes = staged.copied_bytes;
+        summary.reused = staged.reused;
+        if staged.owner_failures > 0 {
+            let w = format!(
+                "could not set the owner of {} entries (not root, or the volume squashes root)",
+                staged.owner_failures
+            );
+            reporter.warn(&w);
+            summary.warnings.push(w);
+        }
+        let mut manifest = Manifest {
+            label: cfg.label.clone(),
+            created: now(),
+            host: sys::hostname(),
+            sources: canon.iter().map(|p| p.display().to_string()).collect(),
+            owners: owners && staged.owner_failures == 0,
+            granularity_ns,
+            digest: String::new(),
+            tree,
+        };
+        let opts = commit::Options {
+            fsync: cfg.fsync,
+            swap,
+        };
+        commit::run(
+            &vol,
+            &state,
+            &stage,
+            &mut manifest,
+            live.gen.as_deref(),
+            &opts,
+        )
+    })();
+    stage.remove(&state);
+    let gen = result?;
+    summary.status = "synced";
+    summary.generation = Some(gen.name.clone());
+    let retired = retire::run(&vol, &state, &policy, None)?;
+    summary.retired = retired.removed;
+    finish(cfg, summary, start)
+}
+
+/// Refusals that must come before anything is written.
+fn guards(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    tree: &Tree,
+    plan: &Plan,
+    live_nonempty: bool,
+) -> Result<()> {
+    if tree.is_empty() && live_nonempty && !cfg.allow_empty {
+        return Err(error::refused(format!(
+            "{}: refusing to replace a non-empty tree with an empty source (pass --allow-empty if that is intended)",
+            vol.display
+        )));
+    }
+    if let Some(max) = cfg.max_delete {
+        if plan.deleted > max {
+            return Err(error::refused(format!(
+                "{}: refusing to delete {} entries, more than --max-delete {max}",
+                vol.display, plan.deleted
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// With `--checksum`, hash the source files that have a live file of the same size.
+fn hash_candidates(tree: &mut Tree, live: &Tree, fds: &[OwnedFd], labels: &[String]) -> Result<()> {
+    let mut sizes = std::collections::HashMap::new();
+    live.for_each(&mut |p, e| {
+        if let Node::File(_) = e.node {
+            sizes.insert(p.to_vec(), e.meta.size);
+        }
+    });
+    let mut want = std::collections::HashSet::new();
+    tree.for_each(&mut |p, e| {
+        if matches!(e.node, Node::File(_)) && sizes.get(p) == Some(&e.meta.size) {
+            want.insert(p.to_vec());
+        }
+    });
+    if want.is_empty() {
+        return Ok(());
+    }
+    // Mark by name inside the walk: a file is wanted if its path is. Paths are rebuilt by the hasher, so flag files instead.
+    tree.for_each_mut(&mut |p, e| {
+        if let Node::File(f) = &mut e.node {
+            f.reuse = want.contains(p);
+        }
+    });
+    let roots: Vec<Option<OwnedFd>> = fds.iter().map(|f| f.try_clone().ok()).collect();
+    scan::hash(
+        tree,
+        &roots,
+        labels,
+        &|e| matches!(&e.node, Node::File(f) if f.reuse),
+    )?;
+    tree.for_each_mut(&mut |_, e| {
+        if let Node::File(f) = &mut e.node {
+            f.reuse = false;
+        }
+    });
+    Ok(())
+}
+
+/// Can this filesystem exchange two names atomically?
+fn probe_exchange(stage: &Stage) -> Result<()> {
+    sys::mkdir_at(stage.fd(), b"probe-a", 0o700)?;
+    sys::mkdir_at(stage.fd(), b"probe-b", 0o700)?;
+    let r = sys::rename_exchange(stage.fd(), b"probe-a", stage.fd(), b"probe-b");
+    let _ = sys::rmdir_at(stage.fd(), b"probe-a");
+    let _ = sys::rmdir_at(stage.fd(), b"probe-b");
+    Ok(r?)
+}
+
+/// The mtime resolution of the volume: set a known odd time, read it back.
+fn probe_granularity(stage: &Stage) -> Result<u64> {
+    let fd = sys::create_excl_at(stage.fd(), b"probe-time")?;
+    sys::set_meta_fd(fd.as_fd(), None, None, (1_000_000_000, 123_456_789))?;
+    drop(fd);
+    let st = sys::stat_at(stage.fd(), b"probe-time")?;
+    let _ = sys::unlink_at(stage.fd(), b"probe-time");
+    let ns = sys::mtime_of(&st).1 as u64;
+    Ok(match ns {
+        123_456_789 => 1,
+        n if n == 123_456_789 / 1000 * 1000 => 1_000,
+        n if n == 123_456_789 / 1_000_000 * 1_000_000 => 1_000_000,
+        _ => 1_000_000_000,
+    })
+}
+
+fn print_itemized(plan: &Plan) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for c in &plan.changes {
+        let slash = if c.kind == crate::tree::Kind::Dir && c.path != b"." {
+            "/"
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "{} {}{slash}", c.op.symbol(), report::escape(&c.path));
+    }
+}
+
+fn finish(cfg: &SyncConfig, mut s: Summary, start: Instant) -> Result<i32> {
+    s.seconds = (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    if cfg.json {
+        println!("{}", serde_json::to_string(&s)?);
+    } else if !cfg.quiet {
+        let what = format!(
+            "{} entries ({}): {} copied ({}), {} reused, {} deleted",
+            s.entries,
+            report::human_bytes(s.bytes),
+            s.copied,
+            report::human_bytes(s.copied_bytes),
+            s.reused,
+            s.deleted
+        );
+        let gen = s.generation.as_deref().unwrap_or("-");
+        let line = match (s.status, cfg.dry_run) {
+            ("up to date", _) => format!(
+                "packsync: {} up to date: {what}; generation {gen}; {:.2}s",
+                s.dest, s.seconds
+            ),
+            (_, true) => format!(
+                "packsync: dry run, {} not changed: would sync {what}; {:.2}s",
+                s.dest, s.seconds
+            ),
+            _ => format!(
+                "packsync: {} synced: {what}; generation {gen} is live; {:.2}s",
+                s.dest, s.seconds
+            ),
+        };
+        println!("{line}");
+    }
+    Ok(0)
+}
+
+fn gc(dest: &Path, keep: usize, grace: &str) -> Result<i32> {
+    let grace =
+        config::parse_duration(grace).map_err(|e| crate::cli::bad_value("--grace", grace, e))?;
+    let vol = Volume::open(dest, false)?;
+    let state = vol
+        .state(false)?
+        .ok_or_else(|| error::refused(format!("{}: not a packsync destination", vol.display)))?;
+    let r = retire::run(
+        &vol,
+        &state,
+        &Policy {
+            keep,
+            grace,
+            stale: config::STALE_STAGE,
+        },
+        None,
+    )?;
+    println!(
+        "packsync: {}: removed {} generation(s){}, {} stale staging dir(s)",
+        vol.display,
+        r.removed.len(),
+        if r.left.is_empty() {
+            String::new()
+        } else {
+            format!(", {} left for later (files still open)", r.left.len())
+        },
+        r.stale_stages
+    );
+    Ok(0)
+}

@@ -1,0 +1,67 @@
+//! The few failures that change the exit code. Everything else is an
+//! `anyhow::Error` with context naming the path, and exits 1.
+
+use std::fmt;
+
+#[derive(Debug)]
+pub enum Failure {
+    /// Bad command line or arguments that fail validation (exit 2).
+    Usage(String),
+    /// A guard refused: `--max-delete`, empty source, downgrade, not packsync's (exit 3).
+    Refused(String),
+    /// `verify` found differences (exit 4); the differences were already printed.
+    Drift(String),
+    /// `wait` timed out (exit 5).
+    Timeout(String),
+    /// SIGINT (130) or SIGTERM (143), after cleaning up.
+    Interrupted(i32),
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Usage(m) | Failure::Refused(m) | Failure::Drift(m) | Failure::Timeout(m) => {
+                f.write_str(m)
+            }
+            Failure::Interrupted(sig) => write!(
+                f,
+                "interrupted by {}",
+                if *sig == libc::SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                }
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+impl Failure {
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Failure::Usage(_) => 2,
+            Failure::Refused(_) => 3,
+            Failure::Drift(_) => 4,
+            Failure::Timeout(_) => 5,
+            Failure::Interrupted(sig) => 128 + sig,
+        }
+    }
+}
+
+/// The exit status for an error: its `Failure`, if any in the chain, else 1.
+pub fn exit_code(err: &anyhow::Error) -> i32 {
+    err.chain()
+        .find_map(|e| e.downcast_ref::<Failure>())
+        .map(Failure::exit_code)
+        .unwrap_or(1)
+}
+
+pub fn usage(msg: impl Into<String>) -> anyhow::Error {
+    Failure::Usage(msg.into()).into()
+}
+
+pub fn refused(msg: impl Into<String>) -> anyhow::Error {
+    Failure::Refused(msg.into()).into()
+}

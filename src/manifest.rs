@@ -1,0 +1,373 @@
+//! The on-disk manifest of a generation: one versioned text format, written
+//! once when a generation is made and read by status, verify and the next sync.
+//!
+//! ```text
+//! packsync-manifest 1
+//! label v1.2.0                  (optional)
+//! created 1700000000.123456789
+//! host node-a
+//! source /opt/packs-image/packs (one line per SOURCE, in order)
+//! owners 1                      (1: owners were mirrored; 0: not compared)
+//! granularity 1                 (mtime granularity of the volume, nanoseconds)
+//! digest <sha256 hex of the entry lines and label>
+//! entries 42
+//! bytes 123456
+//! ---
+//! d 0755 0 0 0 1700000000.000000000 - - .
+//! f 0644 0 0 12 1700000000.000000000 <sha256> - actions/run.py
+//! f 0644 0 0 12 1700000000.000000000 <sha256> 3 lib/a.so        (hardlink group 3)
+//! l 0777 0 0 6 1700000000.000000000 - - lib/latest v1.2.0       (symlink and its target)
+//! ```
+//!
+//! Paths and targets are escaped so that a line holds no space or newline:
+//! every byte outside `!`..`~`, and `%` itself, is written `%HH`. Lines come
+//! in pre-order with names sorted bytewise, so a manifest is canonical and
+//! its digest names the tree.
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::tree::{Dir, Entry, File, Meta, Node, Tree};
+
+pub const MAGIC: &str = "packsync-manifest";
+pub const VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Manifest {
+    pub label: Option<String>,
+    pub created: (i64, u32),
+    pub host: String,
+    pub sources: Vec<String>,
+    /// Owners were set from the source (root or `--chown`); else not compared.
+    pub owners: bool,
+    pub granularity_ns: u64,
+    pub digest: String,
+    pub tree: Tree,
+}
+
+pub fn escape(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len());
+    for &b in bytes {
+        if (0x21..=0x7e).contains(&b) && b != b'%' {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+pub fn unescape(s: &str) -> Result<Vec<u8>> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = s.get(i + 1..i + 3).context("truncated %-escape")?;
+            out.push(u8::from_str_radix(hex, 16).context("bad %-escape")?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    Ok(out)
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Result<[u8; 32]> {
+    if s.len() != 64 {
+        bail!("bad sha256 {s:?}");
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+            .with_context(|| format!("bad sha256 {s:?}"))?;
+    }
+    Ok(out)
+}
+
+fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
+    use std::fmt::Write;
+    let m = &e.meta;
+    let (hash, group) = match &e.node {
+        Node::File(f) => (
+            f.hash.map(|h| hex(&h)).unwrap_or_else(|| "-".into()),
+            f.group.map(|g| g.to_string()).unwrap_or_else(|| "-".into()),
+        ),
+        _ => ("-".into(), "-".into()),
+    };
+    let _ = write!(
+        out,
+        "{} {:04o} {} {} {} {}.{:09} {} {} {}",
+        e.kind().letter(),
+        m.mode,
+        m.uid,
+        m.gid,
+        m.size,
+        m.mtime.0,
+        m.mtime.1,
+        hash,
+        group,
+        escape(path)
+    );
+    if let Node::Symlink(t) = &e.node {
+        out.push(' ');
+        out.push_str(&escape(t));
+    }
+    out.push('\n');
+}
+
+/// The canonical entry lines of a tree (the part after `---`).
+pub fn body(tree: &Tree) -> String {
+    let mut out = String::new();
+    let root = Entry {
+        name: Box::new([]),
+        meta: tree.root,
+        node: Node::Dir(Dir::default()),
+    };
+    entry_line(&mut out, b".", &root);
+    tree.for_each(&mut |p, e| entry_line(&mut out, p, e));
+    out
+}
+
+/// The digest that names a tree: entry lines plus label.
+pub fn digest(body: &str, label: Option<&str>) -> String {
+    let mut h = Sha256::new();
+    h.update(body.as_bytes());
+    h.update(b"label ");
+    h.update(label.unwrap_or("").as_bytes());
+    hex(&h.finalize())
+}
+
+impl Manifest {
+    /// Fill in `digest` from the tree and label; returns the text to write.
+    pub fn seal(&mut self) -> String {
+        let body = body(&self.tree);
+        self.digest = digest(&body, self.label.as_deref());
+        let mut out = format!("{MAGIC} {VERSION}\n");
+        if let Some(l) = &self.label {
+            out.push_str(&format!("label {}\n", escape(l.as_bytes())));
+        }
+        out.push_str(&format!(
+            "created {}.{:09}\n",
+            self.created.0, self.created.1
+        ));
+        out.push_str(&format!("host {}\n", escape(self.host.as_bytes())));
+        for s in &self.sources {
+            out.push_str(&format!("source {}\n", escape(s.as_bytes())));
+        }
+        out.push_str(&format!("owners {}\n", self.owners as u8));
+        out.push_str(&format!("granularity {}\n", self.granularity_ns));
+        out.push_str(&format!("digest {}\n", self.digest));
+        out.push_str(&format!("entries {}\n", self.tree.count()));
+        out.push_str(&format!("bytes {}\n", self.tree.bytes()));
+        out.push_str("---\n");
+        out.push_str(&body);
+        out
+    }
+
+    pub fn parse(text: &str) -> Result<Manifest> {
+        let mut lines = text.lines();
+        let first = lines.next().unwrap_or("");
+        let version = first
+            .strip_prefix(MAGIC)
+            .map(str::trim)
+            .context("not a packsync manifest")?
+            .parse::<u32>()
+            .context("bad manifest version")?;
+        if version != VERSION {
+            bail!("manifest version {version} is not supported (this packsync reads {VERSION})");
+        }
+        let mut m = Manifest {
+            granularity_ns: 1,
+            ..Default::default()
+        };
+        for line in lines.by_ref() {
+            if line == "---" {
+                break;
+            }
+            let (k, v) = line.split_once(' ').unwrap_or((line, ""));
+            let text =
+                || -> Result<String> { Ok(String::from_utf8_lossy(&unescape(v)?).into_owned()) };
+            match k {
+                "label" => m.label = Some(text()?),
+                "created" => m.created = parse_time(v)?,
+                "host" => m.host = text()?,
+                "source" => m.sources.push(text()?),
+                "owners" => m.owners = v == "1",
+                "granularity" => m.granularity_ns = v.parse().context("bad granularity")?,
+                "digest" => m.digest = v.to_string(),
+                _ => {} // counts and fields of later minor versions
+            }
+        }
+        for (n, line) in lines.enumerate() {
+            parse_entry(&mut m.tree, line)
+                .with_context(|| format!("manifest entry line {}", n + 1))?;
+        }
+        Ok(m)
+    }
+}
+
+fn parse_time(s: &str) -> Result<(i64, u32)> {
+    let (a, b) = s.split_once('.').unwrap_or((s, "0"));
+    Ok((
+        a.parse().context("bad time")?,
+        b.parse().context("bad time")?,
+    ))
+}
+
+fn parse_entry(tree: &mut Tree, line: &str) -> Result<()> {
+    let f: Vec<&str> = line.split(' ').collect();
+    if f.len() < 9 {
+        bail!("too few fields");
+    }
+    let meta = Meta {
+        mode: u32::from_str_radix(f[1], 8).context("bad mode")?,
+        uid: f[2].parse().context("bad uid")?,
+        gid: f[3].parse().context("bad gid")?,
+        size: f[4].parse().context("bad size")?,
+        mtime: parse_time(f[5])?,
+    };
+    let path = unescape(f[8])?;
+    if path == b"." {
+        tree.root = meta;
+        tree.root_srcs = 1;
+        return Ok(());
+    }
+    let node = match f[0] {
+        "f" => Node::File(File {
+            hash: if f[6] == "-" {
+                None
+            } else {
+                Some(unhex(f[6])?)
+            },
+            group: if f[7] == "-" {
+                None
+            } else {
+                Some(f[7].parse().context("bad group")?)
+            },
+            ..Default::default()
+        }),
+        "d" => Node::Dir(Dir {
+            srcs: 1,
+            entries: Vec::new(),
+        }),
+        "l" => Node::Symlink(unescape(f.get(9).context("symlink without target")?)?.into()),
+        k => bail!("unknown kind {k:?}"),
+    };
+    let mut parts = path.split(|&b| b == b'/').peekable();
+    let mut dir = &mut tree.entries;
+    while let Some(part) = parts.next() {
+        if parts.peek().is_none() {
+            dir.push(Entry {
+                name: part.into(),
+                meta,
+                node,
+            });
+            return Ok(());
+        }
+        // Pre-order: the parent is the last entry pushed at its level.
+        match dir.last_mut() {
+            Some(Entry {
+                name,
+                node: Node::Dir(d),
+                ..
+            }) if &**name == part => dir = &mut d.entries,
+            _ => bail!("entry before its directory"),
+        }
+    }
+    bail!("empty path")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_round_trips_every_byte() {
+        let all: Vec<u8> = (1..=255u8).collect();
+        let e = escape(&all);
+        assert!(!e.contains(' ') && !e.contains('\n'));
+        assert_eq!(unescape(&e).unwrap(), all);
+    }
+
+    #[test]
+    fn manifest_round_trips() {
+        let file = |name: &[u8], hash: u8, group| Entry {
+            name: name.into(),
+            meta: Meta {
+                mode: 0o4755,
+                uid: 1,
+                gid: 2,
+                size: 3,
+                mtime: (1_700_000_000, 123_456_789),
+            },
+            node: Node::File(File {
+                hash: Some([hash; 32]),
+                group,
+                ..Default::default()
+            }),
+        };
+        let tree = Tree {
+            root: Meta {
+                mode: 0o755,
+                mtime: (5, 6),
+                ..Default::default()
+            },
+            root_srcs: 1,
+            entries: vec![
+                Entry {
+                    name: b"a dir\n".as_slice().into(),
+                    meta: Meta {
+                        mode: 0o1777,
+                        ..Default::default()
+                    },
+                    node: Node::Dir(Dir {
+                        srcs: 1,
+                        entries: vec![file(b"x", 1, Some(0)), file(b"\xff%y", 2, None)],
+                    }),
+                },
+                Entry {
+                    name: b"link".as_slice().into(),
+                    meta: Meta {
+                        mode: 0o777,
+                        size: 9,
+                        ..Default::default()
+                    },
+                    node: Node::Symlink(b"../x/../..".as_slice().into()),
+                },
+                file(b"z", 1, Some(0)),
+            ],
+        };
+        let mut m = Manifest {
+            label: Some("v1.2 beta".into()),
+            created: (10, 20),
+            host: "h".into(),
+            sources: vec!["/a b".into()],
+            owners: true,
+            granularity_ns: 1000,
+            digest: String::new(),
+            tree,
+        };
+        let text = m.seal();
+        let back = Manifest::parse(&text).unwrap();
+        assert_eq!(back, m);
+        assert_eq!(back.digest.len(), 64);
+        // The digest names the content: another label, another digest.
+        let mut other = m.clone();
+        other.label = None;
+        other.seal();
+        assert_ne!(other.digest, m.digest);
+    }
+
+    #[test]
+    fn rejects_other_versions_and_garbage() {
+        assert!(Manifest::parse("packsync-manifest 2\n---\n").is_err());
+        assert!(Manifest::parse("hello\n").is_err());
+        assert!(Manifest::parse("packsync-manifest 1\n---\nf 0644 0 0 1 0.0 - - a/b\n").is_err());
+    }
+}

@@ -1,0 +1,165 @@
+//! Reporting: the progress bar on a terminal, a line now and then in a log,
+//! the closing summary, and the JSON summary. The only file that knows
+//! indicatif; stages talk to a `Reporter` and stay silent in tests.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// What a stage tells about its progress.
+pub trait Reporter: Sync {
+    /// Work of `files` entries and `bytes` bytes is about to start.
+    fn begin(&self, files: u64, bytes: u64);
+    /// One more entry done, with its bytes.
+    fn advance(&self, bytes: u64);
+    fn finish(&self);
+    /// Something the user should know that does not stop the sync.
+    fn warn(&self, msg: &str);
+}
+
+/// Reports nothing but warnings (to stderr unless quiet).
+pub struct Quiet {
+    pub show_warnings: bool,
+}
+
+impl Reporter for Quiet {
+    fn begin(&self, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+    fn warn(&self, msg: &str) {
+        if self.show_warnings {
+            eprintln!("packsync: warning: {msg}");
+        }
+    }
+}
+
+/// A bar on a terminal; in a log, a line every 10 seconds of long work.
+pub struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: AtomicU64,
+    done: AtomicU64,
+    bytes: AtomicU64,
+    total_bytes: AtomicU64,
+    last_line: Mutex<Instant>,
+    start: Instant,
+}
+
+impl Progress {
+    pub fn new(terminal: bool) -> Progress {
+        let bar = terminal.then(|| {
+            let b = indicatif::ProgressBar::with_draw_target(Some(0), indicatif::ProgressDrawTarget::stderr_with_hz(10));
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} {pos}/{len} entries  {bytes}/{total_bytes}  {bytes_per_sec}  ETA {eta}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            b
+        });
+        Progress {
+            bar,
+            total: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            total_bytes: AtomicU64::new(0),
+            last_line: Mutex::new(Instant::now()),
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Reporter for Progress {
+    fn begin(&self, files: u64, bytes: u64) {
+        self.total.store(files, Ordering::Relaxed);
+        self.total_bytes.store(bytes, Ordering::Relaxed);
+        if let Some(b) = &self.bar {
+            b.set_length(bytes);
+            b.set_message(format!("{files}"));
+        }
+    }
+
+    fn advance(&self, bytes: u64) {
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        let b = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        if let Some(bar) = &self.bar {
+            bar.set_position(b);
+            return;
+        }
+        let mut last = self.last_line.lock().unwrap();
+        if last.elapsed() >= Duration::from_secs(10) {
+            *last = Instant::now();
+            eprintln!(
+                "packsync: {done}/{} entries, {}/{} copied, {:.0}s",
+                self.total.load(Ordering::Relaxed),
+                human_bytes(b),
+                human_bytes(self.total_bytes.load(Ordering::Relaxed)),
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+    }
+
+    fn warn(&self, msg: &str) {
+        match &self.bar {
+            Some(b) => b.suspend(|| eprintln!("packsync: warning: {msg}")),
+            None => eprintln!("packsync: warning: {msg}"),
+        }
+    }
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// A path for a line-oriented log: printable UTF-8 as is; control bytes,
+/// backslashes and invalid UTF-8 as C-style escapes (`\n`, `\t`, `\\`, `\xff`).
+pub fn escape(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for chunk in bytes.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\t' => out.push_str("\\t"),
+                '\r' => out.push_str("\\r"),
+                c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+                c => out.push(c),
+            }
+        }
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_keeps_one_path_on_one_line() {
+        assert_eq!(escape(b"a b/\xff\n\\c\td"), "a b/\\xff\\n\\\\c\\td");
+        assert_eq!(escape("é".as_bytes()), "é");
+    }
+
+    #[test]
+    fn human_bytes_reads_well() {
+        assert_eq!(human_bytes(12), "12 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+}

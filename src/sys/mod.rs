@@ -1,0 +1,575 @@
+//! The only place that talks to the kernel directly.
+//!
+//! Every call here is relative to a directory handle the caller holds and
+//! never follows a symlink in the last component: directories are opened with
+//! `O_NOFOLLOW | O_DIRECTORY`, files are created with `O_EXCL`, metadata is set
+//! through file descriptors (or `AT_SYMLINK_NOFOLLOW` for symlinks, which have
+//! no descriptor). Nothing in this module knows about generations or plans.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::fs::{
+    self as rfs, AtFlags, FileType, Mode, OFlags, RawDir, RenameFlags, Timespec, Timestamps,
+};
+use rustix::io::Errno;
+
+pub use rustix::fs::Stat;
+
+/// What a directory listing says of one entry before it is stat'ed.
+pub struct Listed {
+    pub name: Vec<u8>,
+    pub file_type: FileType,
+}
+
+/// The kinds of entry packsync mirrors; everything else is skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatKind {
+    File,
+    Dir,
+    Symlink,
+    Other(&'static str),
+}
+
+pub fn kind_of(st: &Stat) -> StatKind {
+    match FileType::from_raw_mode(st.st_mode as _) {
+        FileType::RegularFile => StatKind::File,
+        FileType::Directory => StatKind::Dir,
+        FileType::Symlink => StatKind::Symlink,
+        FileType::Fifo => StatKind::Other("FIFO"),
+        FileType::Socket => StatKind::Other("socket"),
+        FileType::CharacterDevice => StatKind::Other("character device"),
+        FileType::BlockDevice => StatKind::Other("block device"),
+        FileType::Unknown => StatKind::Other("unknown file type"),
+    }
+}
+
+fn cname(name: &[u8]) -> io::Result<CString> {
+    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+}
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Open a directory by path, following symlinks: only for paths the user
+/// named on the command line (a SOURCE root, DEST's parent).
+pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Open the directory `name` inside `dir`; a symlink there is refused (ELOOP/ENOTDIR).
+pub fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    Ok(rfs::openat(
+        dir,
+        cname(name)?.as_c_str(),
+        DIR_FLAGS,
+        Mode::empty(),
+    )?)
+}
+
+/// Open a regular file for reading; refuses a symlink.
+pub fn open_read_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    let flags =
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
+    Ok(rfs::openat(
+        dir,
+        cname(name)?.as_c_str(),
+        flags,
+        Mode::empty(),
+    )?)
+}
+
+/// Create a new file, private (0600) until its content is written.
+pub fn create_excl_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    Ok(rfs::openat(
+        dir,
+        cname(name)?.as_c_str(),
+        flags,
+        Mode::from_raw_mode(0o600),
+    )?)
+}
+
+pub fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Stat> {
+    Ok(rfs::statat(
+        dir,
+        cname(name)?.as_c_str(),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?)
+}
+
+pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    Ok(rfs::fstat(fd)?)
+}
+
+/// Whether `name` exists in `dir` (without following it).
+pub fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
+    match stat_at(dir, name) {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every entry of a directory but `.` and `..`, in the order the kernel gives.
+pub fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
+    let mut buf = [MaybeUninit::<u8>::uninit(); 32 * 1024];
+    let mut raw = RawDir::new(dir, &mut buf);
+    let mut out = Vec::new();
+    while let Some(entry) = raw.next() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        out.push(Listed {
+            name: name.to_vec(),
+            file_type: entry.file_type(),
+        });
+    }
+    Ok(out)
+}
+
+pub fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+    Ok(rfs::readlinkat(dir, cname(name)?.as_c_str(), Vec::new())?.into_bytes())
+}
+
+pub fn mkdir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<()> {
+    Ok(rfs::mkdirat(
+        dir,
+        cname(name)?.as_c_str(),
+        Mode::from_raw_mode(mode),
+    )?)
+}
+
+/// `mkdir` that accepts an existing directory (but not a symlink or file there).
+pub fn ensure_dir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<OwnedFd> {
+    match mkdir_at(dir, name, mode) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    open_dir_at(dir, name)
+}
+
+pub fn symlink_at(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rfs::symlinkat(
+        cname(target)?.as_c_str(),
+        dir,
+        cname(name)?.as_c_str(),
+    )?)
+}
+
+/// Hard link without following a symlink at the source name.
+pub fn link_at(
+    from_dir: BorrowedFd<'_>,
+    from: &[u8],
+    to_dir: BorrowedFd<'_>,
+    to: &[u8],
+) -> io::Result<()> {
+    Ok(rfs::linkat(
+        from_dir,
+        cname(from)?.as_c_str(),
+        to_dir,
+        cname(to)?.as_c_str(),
+        AtFlags::empty(),
+    )?)
+}
+
+pub fn unlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rfs::unlinkat(
+        dir,
+        cname(name)?.as_c_str(),
+        AtFlags::empty(),
+    )?)
+}
+
+pub fn rmdir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    Ok(rfs::unlinkat(
+        dir,
+        cname(name)?.as_c_str(),
+        AtFlags::REMOVEDIR,
+    )?)
+}
+
+pub fn rename_at(
+    from_dir: BorrowedFd<'_>,
+    from: &[u8],
+    to_dir: BorrowedFd<'_>,
+    to: &[u8],
+) -> io::Result<()> {
+    Ok(rfs::renameat(
+        from_dir,
+        cname(from)?.as_c_str(),
+        to_dir,
+        cname(to)?.as_c_str(),
+    )?)
+}
+
+/// Swap two names atomically; `Unsupported` where the filesystem lacks it.
+pub fn rename_exchange(
+    a_dir: BorrowedFd<'_>,
+    a: &[u8],
+    b_dir: BorrowedFd<'_>,
+    b: &[u8],
+) -> io::Result<()> {
+    match rfs::renameat_with(
+        a_dir,
+        cname(a)?.as_c_str(),
+        b_dir,
+        cname(b)?.as_c_str(),
+        RenameFlags::EXCHANGE,
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) if exchange_unsupported(e) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the filesystem does not support renameat2(RENAME_EXCHANGE)",
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn exchange_unsupported(e: Errno) -> bool {
+    e == Errno::INVAL || e == Errno::NOSYS || e == Errno::OPNOTSUPP || e == Errno::NOTSUP
+}
+
+/// Set owner, then mode (chown clears setuid bits), then times, all through `fd`.
+pub fn set_meta_fd(
+    fd: BorrowedFd<'_>,
+    owner: Option<(u32, u32)>,
+    mode: Option<u32>,
+    mtime: (i64, u32),
+) -> io::Result<()> {
+    if let Some((uid, gid)) = owner {
+        rfs::fchown(
+            fd,
+            Some(rfs::Uid::from_raw(uid)),
+            Some(rfs::Gid::from_raw(gid)),
+        )?;
+    }
+    if let Some(mode) = mode {
+        rfs::fchmod(fd, Mode::from_raw_mode(mode))?;
+    }
+    rfs::futimens(fd, &times(mtime))?;
+    Ok(())
+}
+
+/// Owner and times of a symlink, which has no descriptor to set them through.
+pub fn set_symlink_meta(
+    dir: BorrowedFd<'_>,
+    name: &[u8],
+    owner: Option<(u32, u32)>,
+    mtime: (i64, u32),
+) -> io::Result<()> {
+    let c = cname(name)?;
+    if let Some((uid, gid)) = owner {
+        rfs::chownat(
+            dir,
+            c.as_c_str(),
+            Some(rfs::Uid::from_raw(uid)),
+            Some(rfs::Gid::from_raw(gid)),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )?;
+    }
+    rfs::utimensat(dir, c.as_c_str(), &times(mtime), AtFlags::SYMLINK_NOFOLLOW)?;
+    Ok(())
+}
+
+/// Set a name's mtime to now (the server's clock on a network filesystem).
+pub fn touch_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: rfs::UTIME_NOW,
+    };
+    let t = Timestamps {
+        last_access: now,
+        last_modification: now,
+    };
+    Ok(rfs::utimensat(
+        dir,
+        cname(name)?.as_c_str(),
+        &t,
+        AtFlags::SYMLINK_NOFOLLOW,
+    )?)
+}
+
+fn times(mtime: (i64, u32)) -> Timestamps {
+    let m = Timespec {
+        tv_sec: mtime.0,
+        tv_nsec: mtime.1 as _,
+    };
+    Timestamps {
+        last_access: m,
+        last_modification: m,
+    }
+}
+
+pub fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(rfs::fsync(fd)?)
+}
+
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(rfs::syncfs(fd)?)
+}
+
+pub fn read(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match rustix::io::read(fd, &mut *buf) {
+            Ok(n) => return Ok(n),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+pub fn pread(fd: BorrowedFd<'_>, buf: &mut [u8], off: u64) -> io::Result<usize> {
+    loop {
+        match rustix::io::pread(fd, &mut *buf, off) {
+            Ok(n) => return Ok(n),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+pub fn write_all(fd: BorrowedFd<'_>, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match rustix::io::write(fd, buf) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => buf = &buf[n..],
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Clone the whole file (reflink) where source and destination share a
+/// filesystem that supports it.
+pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> io::Result<()> {
+    Ok(rfs::ioctl_ficlone(dst, src)?)
+}
+
+/// One `copy_file_range` call; `Ok(0)` at end of file.
+pub fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
+    loop {
+        match rfs::copy_file_range(src, None, dst, None, len) {
+            Ok(n) => return Ok(n),
+            Err(Errno::INTR) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Whether an error from `copy_file_range` or `FICLONE` means "use another way".
+pub fn is_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(
+            libc::EXDEV
+                | libc::EINVAL
+                | libc::ENOSYS
+                | libc::EOPNOTSUPP
+                | libc::ENOTTY
+                | libc::EBADF
+                | libc::EPERM
+        )
+    )
+}
+
+/// Remove `name` inside `dir` and everything below it, never following a
+/// symlink: directories are opened with `O_NOFOLLOW` and emptied through
+/// their handle. Names the filesystem keeps for open-but-deleted files
+/// (`.nfsXXXX`, `.fuse_hiddenXXXX`) are never touched; their directory is
+/// then left in place and `Ok(false)` is returned.
+pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
+    let st = match stat_at(dir, name) {
+        Ok(st) => st,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    if kind_of(&st) != StatKind::Dir {
+        return match unlink_at(dir, name) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(true),
+        };
+    }
+    let sub = match open_dir_at(dir, name) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    let mut complete = true;
+    for entry in list_dir(sub.as_fd())? {
+        if is_silly_name(&entry.name) {
+            complete = false;
+            continue;
+        }
+        if entry.file_type == FileType::Directory || entry.file_type == FileType::Unknown {
+            complete &= remove_tree_at(sub.as_fd(), &entry.name)?;
+        } else {
+            match unlink_at(sub.as_fd(), &entry.name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) if e.raw_os_error() == Some(libc::EISDIR) => {
+                    complete &= remove_tree_at(sub.as_fd(), &entry.name)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    drop(sub);
+    if !complete {
+        return Ok(false);
+    }
+    match rmdir_at(dir, name) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
+        // A file still open on NFS/FUSE shows up as a silly name after our listing.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOTEMPTY | libc::EBUSY | libc::EEXIST)
+            ) =>
+        {
+            Ok(false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Names NFS and FUSE give to files deleted while open; removing them is the
+/// filesystem's job, not ours.
+pub fn is_silly_name(name: &[u8]) -> bool {
+    name.starts_with(b".nfs") || name.starts_with(b".fuse_hidden")
+}
+
+/// Raise the soft open-file limit to the hard one: the copy holds a few
+/// directory handles per directory in flight.
+pub fn raise_fd_limit() {
+    if let Ok(lim) = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .maximum
+        .ok_or(())
+    {
+        let _ = rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(lim),
+                maximum: Some(lim),
+            },
+        );
+    }
+}
+
+pub fn hostname() -> String {
+    let uname = rustix::system::uname();
+    let name = uname.nodename().to_string_lossy().into_owned();
+    if name.is_empty() {
+        "localhost".into()
+    } else {
+        name
+    }
+}
+
+pub fn pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
+}
+
+/// Whether a process with this pid exists on this host.
+pub fn pid_alive(pid: u32) -> bool {
+    match rustix::process::Pid::from_raw(pid as i32) {
+        Some(p) => !matches!(rustix::process::test_kill_process(p), Err(Errno::SRCH)),
+        None => false,
+    }
+}
+
+pub fn euid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+pub fn egid() -> u32 {
+    rustix::process::getegid().as_raw()
+}
+
+/// Random bytes for unique names.
+pub fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    if rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty()).is_err() {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        return t.as_nanos() as u64 ^ ((pid() as u64) << 32);
+    }
+    u64::from_ne_bytes(b)
+}
+
+/// Whether stderr is a terminal.
+pub fn stderr_is_tty() -> bool {
+    rustix::termios::isatty(std::io::stderr())
+}
+
+pub fn os(name: &[u8]) -> &OsStr {
+    OsStr::from_bytes(name)
+}
+
+pub fn cstr_bytes(c: &CStr) -> &[u8] {
+    c.to_bytes()
+}
+
+/// Stat fields as plain numbers.
+pub fn mtime_of(st: &Stat) -> (i64, u32) {
+    #[allow(clippy::unnecessary_cast)]
+    let t = (st.st_mtime as i64, st.st_mtime_nsec as u32);
+    t
+}
+
+pub fn ctime_of(st: &Stat) -> (i64, u32) {
+    #[allow(clippy::unnecessary_cast)]
+    let t = (st.st_ctime as i64, st.st_ctime_nsec as u32);
+    t
+}
+
+/// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
+/// up its staging directory before exiting 130/143.
+pub mod signals {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    static PENDING: std::sync::OnceLock<Arc<AtomicUsize>> = std::sync::OnceLock::new();
+
+    pub fn install() {
+        let flag = PENDING.get_or_init(|| Arc::new(AtomicUsize::new(0)));
+        for sig in [libc::SIGINT, libc::SIGTERM] {
+            let _ = signal_hook::flag::register_usize(sig, flag.clone(), sig as usize);
+        }
+    }
+
+    /// The signal received, if any.
+    pub fn pending() -> Option<i32> {
+        match PENDING.get().map(|f| f.load(Ordering::SeqCst)) {
+            Some(0) | None => None,
+            Some(s) => Some(s as i32),
+        }
+    }
+}
+
+/// Named crash points for the fault suite: with the `fault-injection`
+/// feature, `PACKSYNC_TEST_CRASH_AT=<point>` kills the process there with
+/// SIGKILL. Compiled to nothing otherwise.
+#[inline]
+pub fn crash_point(_point: &str) {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var("PACKSYNC_TEST_CRASH_AT").is_ok_and(|p| p == _point) {
+        let _ =
+            rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    }
+}

@@ -1,0 +1,331 @@
+//! Tree, Entry, Node: the plain data every stage passes on. No I/O here.
+//!
+//! A tree is the root directory's metadata plus its children, each directory
+//! holding its entries sorted by name (byte order), so two trees are compared
+//! by one merge walk. Names are raw bytes: a pack may hold any name Linux allows.
+
+/// Metadata packsync mirrors for every entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Meta {
+    /// Permission bits including setuid, setgid and sticky (`mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Bytes for files, target length for symlinks, 0 for directories.
+    pub size: u64,
+    pub mtime: (i64, u32),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub name: Box<[u8]>,
+    pub meta: Meta,
+    pub node: Node,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Node {
+    File(File),
+    Dir(Dir),
+    Symlink(Box<[u8]>),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct File {
+    /// Which SOURCE (index) it comes from; the live tree uses 0.
+    pub src: u16,
+    /// Identity where it was scanned, to find hardlinks and check reuse.
+    pub dev: u64,
+    pub ino: u64,
+    pub nlink: u32,
+    /// Change time when scanned: a copy that sees another one was raced.
+    pub ctime: (i64, u32),
+    /// SHA-256 of the content, once known.
+    pub hash: Option<[u8; 32]>,
+    /// Hardlink group, shared by every path of one inode (`None`: a single link).
+    pub group: Option<u32>,
+    /// Set by the plan: an identical file is live and may be hardlinked.
+    pub reuse: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Dir {
+    /// Bit i set: SOURCE i provides this directory (overlaid sources).
+    pub srcs: u64,
+    pub entries: Vec<Entry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Tree {
+    pub root: Meta,
+    pub root_srcs: u64,
+    pub entries: Vec<Entry>,
+}
+
+/// What an entry is, for messages and comparisons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
+}
+
+impl Kind {
+    pub fn letter(self) -> char {
+        match self {
+            Kind::File => 'f',
+            Kind::Dir => 'd',
+            Kind::Symlink => 'l',
+        }
+    }
+}
+
+impl Entry {
+    pub fn kind(&self) -> Kind {
+        match self.node {
+            Node::File(_) => Kind::File,
+            Node::Dir(_) => Kind::Dir,
+            Node::Symlink(_) => Kind::Symlink,
+        }
+    }
+}
+
+impl Tree {
+    /// Entries in the whole tree, the root excluded.
+    pub fn count(&self) -> u64 {
+        fn walk(es: &[Entry]) -> u64 {
+            es.iter()
+                .map(|e| {
+                    1 + if let Node::Dir(d) = &e.node {
+                        walk(&d.entries)
+                    } else {
+                        0
+                    }
+                })
+                .sum()
+        }
+        walk(&self.entries)
+    }
+
+    /// Bytes of regular file content, each hardlink group counted once.
+    pub fn bytes(&self) -> u64 {
+        let mut total = 0;
+        let mut seen = std::collections::HashSet::new();
+        self.for_each(&mut |_, e| {
+            if let Node::File(f) = &e.node {
+                if f.group.is_none_or(|g| seen.insert(g)) {
+                    total += e.meta.size;
+                }
+            }
+        });
+        total
+    }
+
+    /// Visit every entry in pre-order with its path relative to the root.
+    pub fn for_each(&self, f: &mut dyn FnMut(&[u8], &Entry)) {
+        fn walk(prefix: &mut Vec<u8>, es: &[Entry], f: &mut dyn FnMut(&[u8], &Entry)) {
+            for e in es {
+                let len = prefix.len();
+                if len > 0 {
+                    prefix.push(b'/');
+                }
+                prefix.extend_from_slice(&e.name);
+                f(prefix, e);
+                if let Node::Dir(d) = &e.node {
+                    walk(prefix, &d.entries, f);
+                }
+                prefix.truncate(len);
+            }
+        }
+        walk(&mut Vec::new(), &self.entries, f)
+    }
+
+    pub fn for_each_mut(&mut self, f: &mut dyn FnMut(&[u8], &mut Entry)) {
+        fn walk(prefix: &mut Vec<u8>, es: &mut [Entry], f: &mut dyn FnMut(&[u8], &mut Entry)) {
+            for e in es {
+                let len = prefix.len();
+                if len > 0 {
+                    prefix.push(b'/');
+                }
+                prefix.extend_from_slice(&e.name);
+                f(prefix, e);
+                if let Node::Dir(d) = &mut e.node {
+                    walk(prefix, &mut d.entries, f);
+                }
+                prefix.truncate(len);
+            }
+        }
+        walk(&mut Vec::new(), &mut self.entries, f)
+    }
+
+    /// Whether no entry at all (an empty source).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Number hardlink groups from (dev, ino) of files with more than one
+    /// link *inside this tree*, in pre-order: the first path of a group is its
+    /// leader. A file whose other links are outside the tree stays single.
+    pub fn assign_groups(&mut self) {
+        use std::collections::HashMap;
+        let mut counts: HashMap<(u64, u64), u32> = HashMap::new();
+        self.for_each(&mut |_, e| {
+            if let Node::File(f) = &e.node {
+                if f.nlink > 1 {
+                    *counts.entry((f.dev, f.ino)).or_default() += 1;
+                }
+            }
+        });
+        let mut ids: HashMap<(u64, u64), u32> = HashMap::new();
+        let mut next = 0u32;
+        self.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                f.group = None;
+                if counts.get(&(f.dev, f.ino)).copied().unwrap_or(0) > 1 {
+                    let id = *ids.entry((f.dev, f.ino)).or_insert_with(|| {
+                        next += 1;
+                        next - 1
+                    });
+                    f.group = Some(id);
+                }
+            }
+        });
+    }
+
+    /// Overlay `upper` on `self`: a path both provide takes `upper`'s entry,
+    /// except that two directories merge, taking `upper`'s metadata.
+    pub fn overlay(&mut self, upper: Tree) {
+        self.root = upper.root;
+        self.root_srcs |= upper.root_srcs;
+        merge_entries(&mut self.entries, upper.entries);
+    }
+}
+
+fn merge_entries(lower: &mut Vec<Entry>, upper: Vec<Entry>) {
+    let old = std::mem::take(lower);
+    let mut out = Vec::with_capacity(old.len().max(upper.len()));
+    let mut a = old.into_iter().peekable();
+    let mut b = upper.into_iter().peekable();
+    loop {
+        let ord = match (a.peek(), b.peek()) {
+            (None, None) => break,
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (Some(x), Some(y)) => x.name.cmp(&y.name),
+        };
+        match ord {
+            std::cmp::Ordering::Less => out.push(a.next().unwrap()),
+            std::cmp::Ordering::Greater => out.push(b.next().unwrap()),
+            std::cmp::Ordering::Equal => {
+                let mut x = a.next().unwrap();
+                let y = b.next().unwrap();
+                match (&mut x.node, y.node) {
+                    (Node::Dir(dx), Node::Dir(dy)) => {
+                        dx.srcs |= dy.srcs;
+                        merge_entries(&mut dx.entries, dy.entries);
+                        x.meta = y.meta;
+                        out.push(x);
+                    }
+                    (_, node) => out.push(Entry {
+                        name: y.name,
+                        meta: y.meta,
+                        node,
+                    }),
+                }
+            }
+        }
+    }
+    *lower = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, src: u16) -> Entry {
+        Entry {
+            name: name.as_bytes().into(),
+            meta: Meta::default(),
+            node: Node::File(File {
+                src,
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn dir(name: &str, src: u16, entries: Vec<Entry>) -> Entry {
+        Entry {
+            name: name.as_bytes().into(),
+            meta: Meta::default(),
+            node: Node::Dir(Dir {
+                srcs: 1 << src,
+                entries,
+            }),
+        }
+    }
+
+    #[test]
+    fn overlay_later_source_wins_and_directories_merge() {
+        let mut a = Tree {
+            entries: vec![dir("d", 0, vec![file("x", 0), file("y", 0)]), file("f", 0)],
+            ..Default::default()
+        };
+        let b = Tree {
+            entries: vec![
+                dir("d", 1, vec![file("y", 1), file("z", 1)]),
+                dir("f", 1, vec![]),
+            ],
+            ..Default::default()
+        };
+        a.overlay(b);
+        let mut seen = Vec::new();
+        a.for_each(&mut |p, e| {
+            let src = match &e.node {
+                Node::File(f) => f.src as i32,
+                Node::Dir(d) => d.srcs as i32 * 10,
+                _ => -1,
+            };
+            seen.push((String::from_utf8(p.to_vec()).unwrap(), src));
+        });
+        assert_eq!(
+            seen,
+            vec![
+                ("d".into(), 30),
+                ("d/x".into(), 0),
+                ("d/y".into(), 1),
+                ("d/z".into(), 1),
+                ("f".into(), 20)
+            ]
+        );
+    }
+
+    #[test]
+    fn groups_only_count_links_inside_the_tree() {
+        let mut f1 = file("a", 0);
+        let mut f2 = file("b", 0);
+        let mut f3 = file("c", 0);
+        for (e, ino) in [(&mut f1, 7), (&mut f2, 7), (&mut f3, 9)] {
+            if let Node::File(f) = &mut e.node {
+                f.ino = ino;
+                f.nlink = 2;
+            }
+        }
+        let mut t = Tree {
+            entries: vec![f1, f2, f3],
+            ..Default::default()
+        };
+        t.assign_groups();
+        let groups: Vec<_> = t
+            .entries
+            .iter()
+            .map(|e| {
+                if let Node::File(f) = &e.node {
+                    f.group
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(groups, vec![Some(0), Some(0), None]);
+    }
+}

@@ -1,0 +1,334 @@
+//! The destination: DEST's parent held open, the state directory beside it,
+//! the names inside it, and what DEST currently is. Every operation here is
+//! relative to a handle this module holds; nothing is opened by full path
+//! below DEST's parent.
+//!
+//! ```text
+//! <parent>/<name>                     -> .<name>.packsync/gen/<GEN>
+//! <parent>/.<name>.packsync/gen/      complete generations
+//!                          meta/      <GEN>.manifest, <GEN>.retired, <GEN>.used
+//!                          stage/     <host>-<pid>-<random>/ one writer's work
+//!                          trash/     generations being removed
+//!                          leases/    <GEN>.<host>-<pid>-<random> held by `exec`
+//! ```
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::error;
+use crate::manifest::Manifest;
+use crate::sys;
+
+pub const SUBDIRS: [&str; 5] = ["gen", "meta", "stage", "trash", "leases"];
+
+pub struct Volume {
+    pub parent: OwnedFd,
+    pub parent_path: PathBuf,
+    pub name: Vec<u8>,
+    /// DEST as the user named it, for messages.
+    pub display: String,
+}
+
+/// What DEST is right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dest {
+    Absent,
+    /// A packsync link to this generation.
+    Live(String),
+    /// A real directory (left by `cp -aR`): taken over by the first sync.
+    Directory,
+    /// A regular file or other non-directory.
+    File,
+    /// A symlink packsync did not make; its target.
+    Foreign(String),
+}
+
+impl Volume {
+    /// Open DEST's parent (creating it when `mkpath`).
+    pub fn open(dest: &Path, mkpath: bool) -> Result<Volume> {
+        let display = dest.display().to_string();
+        let name = dest
+            .file_name()
+            .filter(|n| *n != ".." && *n != ".")
+            .with_context(|| {
+                error::usage(format!(
+                    "{display}: DEST must name an entry inside a directory"
+                ))
+            })?;
+        let name = std::os::unix::ffi::OsStrExt::as_bytes(name).to_vec();
+        let parent_path = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if mkpath {
+            std::fs::create_dir_all(&parent_path)
+                .with_context(|| format!("cannot create {}", parent_path.display()))?;
+        }
+        let parent = match sys::open_dir_path(&parent_path) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(error::usage(format!(
+                    "{}: parent directory does not exist (use --mkpath to create it)",
+                    parent_path.display()
+                )))
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!("cannot open parent directory {}", parent_path.display())
+                })
+            }
+        };
+        Ok(Volume {
+            parent,
+            parent_path,
+            name,
+            display,
+        })
+    }
+
+    pub fn state_name(&self) -> Vec<u8> {
+        let mut s = b".".to_vec();
+        s.extend_from_slice(&self.name);
+        s.extend_from_slice(b".packsync");
+        s
+    }
+
+    /// The link text that points DEST at `gen` (relative to the parent).
+    pub fn link_target(&self, gen: &str) -> Vec<u8> {
+        let mut t = self.state_name();
+        t.extend_from_slice(b"/gen/");
+        t.extend_from_slice(gen.as_bytes());
+        t
+    }
+
+    pub fn inspect(&self) -> Result<Dest> {
+        match sys::readlink_at(self.parent.as_fd(), &self.name) {
+            Ok(target) => {
+                let prefix = self.link_target("");
+                match target.strip_prefix(prefix.as_slice()) {
+                    Some(g) if valid_gen(g) => {
+                        Ok(Dest::Live(String::from_utf8_lossy(g).into_owned()))
+                    }
+                    _ => Ok(Dest::Foreign(crate::report::escape(&target))),
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Dest::Absent),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let st = sys::stat_at(self.parent.as_fd(), &self.name)
+                    .with_context(|| format!("cannot stat {}", self.display))?;
+                Ok(if sys::kind_of(&st) == sys::StatKind::Dir {
+                    Dest::Directory
+                } else {
+                    Dest::File
+                })
+            }
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", self.display)),
+        }
+    }
+
+    /// The state directory, created when `create`; `None` when absent.
+    pub fn state(&self, create: bool) -> Result<Option<State>> {
+        let sname = self.state_name();
+        let path = self.parent_path.join(sys::os(&sname));
+        let fd = if create {
+            sys::ensure_dir_at(self.parent.as_fd(), &sname, 0o755)
+        } else {
+            sys::open_dir_at(self.parent.as_fd(), &sname)
+        };
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot open state directory {} (it must be a real directory)",
+                        path.display()
+                    )
+                })
+            }
+        };
+        let mut subs = Vec::with_capacity(SUBDIRS.len());
+        for s in SUBDIRS {
+            let r = if create {
+                sys::ensure_dir_at(fd.as_fd(), s.as_bytes(), 0o755)
+            } else {
+                sys::open_dir_at(fd.as_fd(), s.as_bytes())
+            };
+            subs.push(r.with_context(|| format!("cannot open {}/{s}", path.display()))?);
+        }
+        let mut it = subs.into_iter();
+        let mut next = || it.next().unwrap();
+        Ok(Some(State {
+            gen: next(),
+            meta: next(),
+            stage: next(),
+            trash: next(),
+            leases: next(),
+            fd,
+            path,
+        }))
+    }
+}
+
+/// A generation name: what packsync writes, nothing that walks elsewhere.
+pub fn valid_gen(g: &[u8]) -> bool {
+    !g.is_empty()
+        && g.len() <= 64
+        && g[0] != b'.'
+        && g.iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(b))
+}
+
+/// The state directory, its subdirectories held open.
+pub struct State {
+    pub fd: OwnedFd,
+    pub gen: OwnedFd,
+    pub meta: OwnedFd,
+    pub stage: OwnedFd,
+    pub trash: OwnedFd,
+    pub leases: OwnedFd,
+    pub path: PathBuf,
+}
+
+impl State {
+    pub fn open_gen(&self, gen: &str) -> Result<OwnedFd> {
+        sys::open_dir_at(self.gen.as_fd(), gen.as_bytes())
+            .with_context(|| format!("cannot open generation {}/gen/{gen}", self.path.display()))
+    }
+
+    pub fn read_manifest(&self, gen: &str) -> Result<Manifest> {
+        let name = format!("{gen}.manifest");
+        let fd = sys::open_read_at(self.meta.as_fd(), name.as_bytes())
+            .with_context(|| format!("cannot open manifest {}/meta/{name}", self.path.display()))?;
+        let text = read_to_string(fd.as_fd())
+            .with_context(|| format!("cannot read manifest {}/meta/{name}", self.path.display()))?;
+        Manifest::parse(&text)
+            .with_context(|| format!("bad manifest {}/meta/{name}", self.path.display()))
+    }
+
+    /// Generations present in `gen/`, sorted by name.
+    pub fn generations(&self) -> Result<Vec<String>> {
+        let mut out: Vec<String> = sys::list_dir(self.gen.as_fd())
+            .with_context(|| format!("cannot list {}/gen", self.path.display()))?
+            .into_iter()
+            .filter(|l| valid_gen(&l.name))
+            .map(|l| String::from_utf8_lossy(&l.name).into_owned())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Make this process's staging directory (`<host>-<pid>-<random>`).
+    pub fn new_stage(&self) -> Result<Stage> {
+        let name = unique_name();
+        sys::mkdir_at(self.stage.as_fd(), name.as_bytes(), 0o700)
+            .with_context(|| format!("cannot create {}/stage/{name}", self.path.display()))?;
+        let fd = sys::open_dir_at(self.stage.as_fd(), name.as_bytes())?;
+        Ok(Stage {
+            name,
+            fd,
+            done: false,
+        })
+    }
+
+    /// Record now as the time `gen` stopped being live (or was last reused).
+    pub fn stamp(&self, gen: &str, what: &str) -> Result<()> {
+        let name = format!("{gen}.{what}");
+        match sys::create_excl_at(self.meta.as_fd(), name.as_bytes()) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                sys::touch_at(self.meta.as_fd(), name.as_bytes())
+                    .with_context(|| format!("cannot update {}/meta/{name}", self.path.display()))
+            }
+            Err(e) => {
+                Err(e).with_context(|| format!("cannot create {}/meta/{name}", self.path.display()))
+            }
+        }
+    }
+}
+
+/// One writer's staging directory; removed when dropped unless published.
+pub struct Stage {
+    pub name: String,
+    pub fd: OwnedFd,
+    pub done: bool,
+}
+
+impl Stage {
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    /// Remove the staging directory and everything in it.
+    pub fn remove(&mut self, state: &State) {
+        self.done = true;
+        let _ = sys::remove_tree_at(state.stage.as_fd(), self.name.as_bytes());
+    }
+}
+
+pub fn read_to_string(fd: BorrowedFd<'_>) -> Result<String> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = sys::read(fd, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8(out).map_err(|_| anyhow::anyhow!("not UTF-8"))
+}
+
+/// This host's name as used in staging and lease names (no `-`, no `/`).
+pub fn host_tag() -> String {
+    sys::hostname()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// `<host>-<pid>-<random>`: unique to this process, and says who made it.
+pub fn unique_name() -> String {
+    format!("{}-{}-{:016x}", host_tag(), sys::pid(), sys::random_u64())
+}
+
+/// Parse `<host>-<pid>-<random>` into (host, pid).
+pub fn stage_owner(name: &str) -> Option<(&str, u32)> {
+    let (rest, rand) = name.rsplit_once('-')?;
+    let (host, pid) = rest.rsplit_once('-')?;
+    if rand.len() != 16 {
+        return None;
+    }
+    Some((host, pid.parse().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_names_cannot_walk_out() {
+        assert!(valid_gen(b"0123abcd0123abcd"));
+        for bad in [&b""[..], b"..", b".hidden", b"a/b", b"../etc", b"a\nb"] {
+            assert!(!valid_gen(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stage_names_parse_with_dashes_in_the_host() {
+        assert_eq!(
+            stage_owner("node_a-17-0123456789abcdef"),
+            Some(("node_a", 17))
+        );
+        assert_eq!(stage_owner(&unique_name()).map(|o| o.1), Some(sys::pid()));
+        assert_eq!(stage_owner("junk"), None);
+    }
+}

@@ -1,0 +1,236 @@
+//! A temporary `src/` and `vol/`, and the real packsync binary to run on them.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+/// What a command printed and how it exited.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    fn from(out: Output) -> Run {
+        use std::os::unix::process::ExitStatusExt;
+        let code = out
+            .status
+            .code()
+            .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0));
+        Run {
+            code,
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    #[track_caller]
+    pub fn ok(self) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "expected success\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+
+    #[track_caller]
+    pub fn fails(self, code: i32, needle: &str) -> Run {
+        assert_eq!(
+            self.code, code,
+            "stdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
+        assert!(
+            self.stderr.contains(needle),
+            "stderr lacks {needle:?}: {}",
+            self.stderr
+        );
+        assert_eq!(
+            self.stderr.trim_end().lines().count(),
+            1,
+            "one line expected: {}",
+            self.stderr
+        );
+        self
+    }
+}
+
+pub fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_packsync"))
+}
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let dir = tempfile::Builder::new()
+            .prefix("packsync-test")
+            .tempdir()
+            .unwrap();
+        fs::create_dir(dir.path().join("src")).unwrap();
+        fs::create_dir(dir.path().join("vol")).unwrap();
+        Fixture { dir }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    pub fn src(&self) -> PathBuf {
+        self.path("src")
+    }
+
+    pub fn dest(&self) -> PathBuf {
+        self.path("vol/packs")
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.path("vol/.packs.packsync")
+    }
+
+    /// Write a file below src/ (parents created), with a fixed mtime.
+    pub fn file(&self, rel: &str, content: &str) -> PathBuf {
+        let p = self.src().join(rel);
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, content).unwrap();
+        p
+    }
+
+    pub fn packsync(&self, args: &[&str]) -> Run {
+        self.packsync_os(
+            &args
+                .iter()
+                .map(|a| a.as_ref())
+                .collect::<Vec<&std::ffi::OsStr>>(),
+        )
+    }
+
+    pub fn packsync_os(&self, args: &[&std::ffi::OsStr]) -> Run {
+        Run::from(
+            Command::new(bin())
+                .args(args)
+                .current_dir(self.dir.path())
+                .output()
+                .unwrap(),
+        )
+    }
+
+    /// `packsync sync --grace 0 src vol/packs` plus `extra`.
+    pub fn sync(&self, extra: &[&str]) -> Run {
+        let mut args = vec!["sync", "--grace", "0"];
+        args.extend_from_slice(extra);
+        args.push("src");
+        args.push("vol/packs");
+        self.packsync(&args)
+    }
+
+    /// Snapshot of everything below vol/ (state directory included).
+    pub fn volume(&self) -> Vec<String> {
+        snapshot(&self.path("vol"), true)
+    }
+}
+
+/// Every entry below `root` with type, mode, size, mtime, owner, content
+/// digest or link target, and (when `inodes`) inode; sorted by path.
+pub fn snapshot(root: &Path, inodes: bool) -> Vec<String> {
+    let mut out = Vec::new();
+    walk(root, root, inodes, &mut out);
+    out.sort();
+    out
+}
+
+fn walk(root: &Path, dir: &Path, inodes: bool, out: &mut Vec<String>) {
+    let Ok(rd) = fs::read_dir(dir) else { return };
+    for e in rd {
+        let e = e.unwrap();
+        let p = e.path();
+        let m = fs::symlink_metadata(&p).unwrap();
+        let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+        let what = if m.file_type().is_symlink() {
+            format!("l {:?}", fs::read_link(&p).unwrap())
+        } else if m.is_dir() {
+            "d".to_string()
+        } else {
+            let data = fs::read(&p).unwrap_or_default();
+            format!("f {} {:x}", m.size(), fxhash(&data))
+        };
+        let ino = if inodes {
+            format!(" ino={}", m.ino())
+        } else {
+            String::new()
+        };
+        let mode = if m.file_type().is_symlink() {
+            0
+        } else {
+            m.permissions().mode() & 0o7777
+        };
+        out.push(format!(
+            "{rel:?} {what} mode={mode:o} mtime={}.{} owner={}:{}{ino}",
+            m.mtime(),
+            m.mtime_nsec(),
+            m.uid(),
+            m.gid()
+        ));
+        if m.is_dir() {
+            walk(root, &p, inodes, out);
+        }
+    }
+}
+
+fn fxhash(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in data {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    h
+}
+
+/// The mirror of `src` as a reader sees it through `dest`: the same listing
+/// as `snapshot`, without inode numbers. Hardlink groups are compared as
+/// "which paths share an inode".
+pub fn mirror(dest: &Path) -> Vec<String> {
+    let mut v = snapshot(dest, false);
+    v.extend(links(dest));
+    let root = fs::metadata(dest).unwrap();
+    v.push(format!(
+        ". mode={:o} mtime={}.{}",
+        root.permissions().mode() & 0o7777,
+        root.mtime(),
+        root.mtime_nsec()
+    ));
+    v
+}
+
+fn links(root: &Path) -> Vec<String> {
+    let mut by_ino: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    fn collect(root: &Path, dir: &Path, by: &mut std::collections::BTreeMap<u64, Vec<String>>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                collect(root, &p, by);
+            } else if m.is_file() && m.nlink() > 1 {
+                by.entry(m.ino())
+                    .or_default()
+                    .push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+            }
+        }
+    }
+    collect(root, root, &mut by_ino);
+    let mut groups: Vec<String> = by_ino
+        .into_values()
+        .filter(|g| g.len() > 1)
+        .map(|mut g| {
+            g.sort();
+            format!("hardlinks {g:?}")
+        })
+        .collect();
+    groups.sort();
+    groups
+}

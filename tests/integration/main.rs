@@ -1,0 +1,4 @@
+//! Integration tests: the real binary on temporary trees.
+
+mod fixture;
+mod sync;

@@ -1,0 +1,405 @@
+//! `packsync sync`: the mirror, reuse, validation and guards.
+
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+
+use crate::fixture::{mirror, Fixture};
+
+#[test]
+fn first_sync_mirrors_the_source_through_a_relative_link() {
+    let f = Fixture::new();
+    f.file("pack1/actions/run.py", "print('hi')\n");
+    f.file("pack1/pack.yaml", "name: pack1\n");
+    fs::create_dir_all(f.src().join("pack1/empty")).unwrap();
+    symlink("../pack.yaml", f.src().join("pack1/actions/meta")).unwrap();
+    symlink("/nonexistent/abs", f.src().join("dangling")).unwrap();
+    fs::set_permissions(
+        f.src().join("pack1/actions/run.py"),
+        fs::Permissions::from_mode(0o751),
+    )
+    .unwrap();
+    let out = f.sync(&[]).ok();
+    assert!(out.stdout.contains("synced"), "{}", out.stdout);
+    let link = fs::read_link(f.dest()).unwrap();
+    assert!(link.is_relative(), "{link:?}");
+    assert!(link.starts_with(".packs.packsync/gen/"), "{link:?}");
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+}
+
+#[test]
+fn a_second_sync_with_nothing_changed_is_up_to_date_and_writes_nothing() {
+    let f = Fixture::new();
+    f.file("a/b.txt", "b");
+    f.sync(&[]).ok();
+    let before = f.volume();
+    let out = f.sync(&[]).ok();
+    assert!(out.stdout.contains("up to date"), "{}", out.stdout);
+    assert_eq!(f.volume(), before);
+}
+
+#[test]
+fn deletes_what_the_source_no_longer_has_and_reuses_unchanged_files() {
+    let f = Fixture::new();
+    f.file("keep/a.py", "a");
+    f.file("gone/b.py", "b");
+    f.file("keep/c.py", "c");
+    f.sync(&[]).ok();
+    let old_gen = fs::read_link(f.dest()).unwrap();
+    let old_mirror = mirror(&f.dest());
+    let ino_a = fs::metadata(f.dest().join("keep/a.py")).unwrap().ino();
+    fs::remove_dir_all(f.src().join("gone")).unwrap();
+    f.file("keep/c.py", "changed");
+    let out = f.sync(&["--itemize"]).ok();
+    assert!(
+        out.stdout.contains("- gone/\n") && out.stdout.contains("- gone/b.py\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("~ keep/c.py\n"), "{}", out.stdout);
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    assert_eq!(
+        fs::metadata(f.dest().join("keep/a.py")).unwrap().ino(),
+        ino_a,
+        "unchanged file hardlinked"
+    );
+    // The previous generation is retained and unchanged.
+    assert_eq!(mirror(&f.path("vol").join(&old_gen)), old_mirror);
+}
+
+#[test]
+fn a_mode_only_change_gets_its_own_inode() {
+    let f = Fixture::new();
+    let p = f.file("x.sh", "#!/bin/sh\n");
+    f.sync(&[]).ok();
+    let old = fs::read_link(f.dest()).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+    f.sync(&[]).ok();
+    let now = fs::metadata(f.dest().join("x.sh")).unwrap();
+    let before = fs::metadata(f.path("vol").join(&old).join("x.sh")).unwrap();
+    assert_eq!(now.permissions().mode() & 0o777, 0o755);
+    assert_eq!(
+        before.permissions().mode() & 0o777,
+        0o644,
+        "retained generation untouched"
+    );
+    assert_ne!(now.ino(), before.ino());
+}
+
+#[test]
+fn an_in_place_edit_of_the_live_tree_is_repaired() {
+    let f = Fixture::new();
+    f.file("a.txt", "original");
+    f.sync(&[]).ok();
+    // Someone edits the live tree (breaking the rule): the next sync repairs it.
+    let live = f.dest().join("a.txt");
+    fs::write(&live, "tampered!").unwrap();
+    let out = f.sync(&["-i"]).ok();
+    assert!(out.stdout.contains("~ a.txt"), "{}", out.stdout);
+    assert_eq!(
+        fs::read_to_string(f.dest().join("a.txt")).unwrap(),
+        "original"
+    );
+}
+
+#[test]
+fn hardlink_groups_inside_the_source_are_kept() {
+    let f = Fixture::new();
+    let a = f.file("a", "shared");
+    fs::create_dir(f.src().join("d")).unwrap();
+    fs::hard_link(&a, f.src().join("d/b")).unwrap();
+    f.sync(&[]).ok();
+    let ia = fs::metadata(f.dest().join("a")).unwrap().ino();
+    let ib = fs::metadata(f.dest().join("d/b")).unwrap().ino();
+    assert_eq!(ia, ib);
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+}
+
+#[test]
+fn dry_run_with_itemize_writes_nothing() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    let before = f.volume();
+    let out = f.sync(&["-n", "-i"]).ok();
+    assert!(out.stdout.contains("+ a\n"), "{}", out.stdout);
+    assert_eq!(f.volume(), before);
+}
+
+#[test]
+fn json_summary_is_one_object() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    let out = f.sync(&["--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["status"], "synced");
+    assert_eq!(v["entries"], 1);
+    assert_eq!(v["copied"], 1);
+    let out = f.sync(&["--json"]).ok();
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
+    assert_eq!(v["status"], "up to date");
+}
+
+#[test]
+fn retains_keep_generations_and_removes_older_ones() {
+    let f = Fixture::new();
+    let mut gens = Vec::new();
+    for i in 0..4 {
+        f.file("v", &format!("version {i}"));
+        f.sync(&["--keep", "1"]).ok();
+        gens.push(fs::read_link(f.dest()).unwrap());
+    }
+    let present: Vec<_> = fs::read_dir(f.state().join("gen"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(present.len(), 2, "{present:?}");
+    for g in &gens[2..] {
+        assert!(f.path("vol").join(g).is_dir(), "{g:?} kept");
+    }
+    assert!(
+        fs::read_dir(f.state().join("stage"))
+            .unwrap()
+            .next()
+            .is_none(),
+        "no staging left"
+    );
+}
+
+#[test]
+fn skips_fifos_with_a_warning() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    let fifo = f.src().join("pipe");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    let out = f.sync(&[]).ok();
+    assert!(
+        out.stderr.contains("skipping FIFO") && out.stderr.contains("pipe"),
+        "{}",
+        out.stderr
+    );
+    assert!(!f.dest().join("pipe").exists());
+}
+
+#[test]
+fn names_that_break_line_formats_survive() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let f = Fixture::new();
+    let names: Vec<&[u8]> = vec![
+        b"with space",
+        b"new\nline",
+        b"tab\there",
+        b"back\\slash",
+        b"\xff\xfe-not-utf8",
+        b"%41 percent",
+    ];
+    for n in &names {
+        fs::write(f.src().join(OsStr::from_bytes(n)), n).unwrap();
+    }
+    fs::write(f.src().join("x".repeat(255)), "long").unwrap();
+    let mut deep = f.src();
+    for i in 0..30 {
+        deep = deep.join(format!("level{i}"));
+    }
+    fs::create_dir_all(&deep).unwrap();
+    fs::write(deep.join("bottom"), "deep").unwrap();
+    f.sync(&[]).ok();
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    // The manifest round-trips them: a second sync is up to date.
+    assert!(f.sync(&[]).ok().stdout.contains("up to date"));
+    let out = f.sync(&["-n", "-i"]).ok();
+    assert!(
+        out.stdout.lines().all(|l| l.starts_with("packsync")),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn several_sources_overlay_in_order() {
+    let f = Fixture::new();
+    f.file("a/same", "from first");
+    f.file("a/only1", "1");
+    fs::create_dir_all(f.path("src2/a")).unwrap();
+    fs::write(f.path("src2/a/same"), "from second").unwrap();
+    fs::write(f.path("src2/only2"), "2").unwrap();
+    f.packsync(&["sync", "src/", "src2", "vol/packs"]).ok();
+    assert_eq!(
+        fs::read_to_string(f.dest().join("a/same")).unwrap(),
+        "from second"
+    );
+    assert!(f.dest().join("a/only1").exists() && f.dest().join("only2").exists());
+}
+
+// ---- validation: one line naming the path, nothing written ----
+
+#[test]
+fn missing_source_is_refused() {
+    let f = Fixture::new();
+    let before = f.volume();
+    f.packsync(&["sync", "nope", "vol/packs"])
+        .fails(2, "nope: source does not exist");
+    assert_eq!(f.volume(), before);
+}
+
+#[test]
+fn source_that_is_a_file_is_refused() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    f.packsync(&["sync", "src/a", "vol/packs"])
+        .fails(2, "src/a: source is not a directory");
+    assert_eq!(f.volume(), Vec::<String>::new());
+}
+
+#[test]
+fn dest_inside_source_and_source_inside_dest_are_refused() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    f.file("d/x", "1");
+    f.packsync(&["sync", "src", "src/out"])
+        .fails(2, "DEST is inside SOURCE");
+    assert!(!f.src().join("out").exists());
+    f.sync(&[]).ok();
+    let before = f.volume();
+    f.packsync(&["sync", "vol/packs/d", "vol/packs"])
+        .fails(2, "SOURCE is inside DEST");
+    f.packsync(&["sync", "vol/packs/", "vol/packs"])
+        .fails(2, "is inside");
+    f.packsync(&["sync", "vol/.packs.packsync", "vol/packs"])
+        .fails(2, "SOURCE is inside DEST");
+    assert_eq!(f.volume(), before);
+}
+
+#[test]
+fn missing_parent_suggests_mkpath() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    f.packsync(&["sync", "src", "vol/x/y/packs"])
+        .fails(2, "--mkpath");
+    assert!(!f.path("vol/x").exists());
+    f.packsync(&["sync", "--mkpath", "src", "vol/x/y/packs"])
+        .ok();
+    assert!(f.path("vol/x/y/packs/a").exists());
+}
+
+#[test]
+fn dest_that_is_a_file_is_refused() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    fs::write(f.dest(), "not a dir").unwrap();
+    let before = f.volume();
+    f.sync(&[]).fails(2, "not a directory");
+    assert_eq!(f.volume(), before);
+}
+
+#[test]
+fn a_foreign_symlink_at_dest_is_refused() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    fs::create_dir(f.path("elsewhere")).unwrap();
+    symlink("../elsewhere", f.dest()).unwrap();
+    let before = f.volume();
+    f.sync(&[]).fails(3, "not a packsync destination");
+    assert_eq!(f.volume(), before);
+    assert_eq!(fs::read_dir(f.path("elsewhere")).unwrap().count(), 0);
+}
+
+#[test]
+fn empty_source_does_not_replace_a_full_tree() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    f.sync(&[]).ok();
+    fs::remove_file(f.src().join("a")).unwrap();
+    let before = f.volume();
+    f.sync(&[]).fails(3, "--allow-empty");
+    assert_eq!(f.volume(), before);
+    f.sync(&["--allow-empty"]).ok();
+    assert_eq!(fs::read_dir(f.dest()).unwrap().count(), 0);
+}
+
+#[test]
+fn max_delete_guards_mass_deletion() {
+    let f = Fixture::new();
+    for i in 0..5 {
+        f.file(&format!("f{i}"), "x");
+    }
+    f.sync(&[]).ok();
+    for i in 0..3 {
+        fs::remove_file(f.src().join(format!("f{i}"))).unwrap();
+    }
+    let before = f.volume();
+    f.sync(&["--max-delete", "2"])
+        .fails(3, "refusing to delete 3 entries");
+    assert_eq!(f.volume(), before);
+    f.sync(&["--max-delete", "3"]).ok();
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+#[test]
+fn owners_are_mirrored_as_root() {
+    if !is_root() {
+        eprintln!("skipped: owners are mirrored only as root");
+        return;
+    }
+    let f = Fixture::new();
+    let p = f.file("owned", "x");
+    std::os::unix::fs::lchown(&p, Some(1234), Some(5678)).unwrap();
+    let l = f.src().join("link");
+    symlink("owned", &l).unwrap();
+    std::os::unix::fs::lchown(&l, Some(42), Some(43)).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o4755)).unwrap();
+    f.sync(&[]).ok();
+    let m = fs::metadata(f.dest().join("owned")).unwrap();
+    assert_eq!(
+        (m.uid(), m.gid(), m.permissions().mode() & 0o7777),
+        (1234, 5678, 0o4755)
+    );
+    let m = fs::symlink_metadata(f.dest().join("link")).unwrap();
+    assert_eq!((m.uid(), m.gid()), (42, 43));
+    assert!(f.sync(&[]).ok().stdout.contains("up to date"));
+}
+
+#[test]
+fn a_directory_left_by_cp_is_taken_over() {
+    let f = Fixture::new();
+    f.file("new", "1");
+    fs::create_dir(f.dest()).unwrap();
+    fs::write(f.dest().join("stale"), "old").unwrap();
+    f.sync(&[]).ok();
+    assert!(fs::symlink_metadata(f.dest())
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+}
+
+#[test]
+fn completions_are_committed_and_current() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = std::process::Command::new(crate::fixture::bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("completions")
+            .join(match shell {
+                "bash" => "packsync.bash",
+                "zsh" => "_packsync",
+                _ => "packsync.fish",
+            });
+        let committed = fs::read(&file).unwrap_or_default();
+        assert!(
+            committed == out.stdout,
+            "{} is out of date: run `packsync completions {shell} > {}`",
+            file.display(),
+            file.display()
+        );
+    }
+}
