@@ -68,7 +68,7 @@ fn pick<F: Fn(&fs::Metadata) -> bool>(root: &Path, i: u16, want: F) -> Option<Pa
 
 fn dirs(root: &Path, i: u16) -> PathBuf {
     pick(root, i, |m| m.is_dir())
-        .filter(|_| i % 3 != 0)
+        .filter(|_| !i.is_multiple_of(3))
         .unwrap_or_else(|| root.to_path_buf())
 }
 
