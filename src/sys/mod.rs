@@ -492,12 +492,16 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// The effective uid, asked once: it is compared on every file copied.
 pub fn euid() -> u32 {
-    rustix::process::geteuid().as_raw()
+    static ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| rustix::process::geteuid().as_raw())
 }
 
+/// The effective gid, asked once.
 pub fn egid() -> u32 {
-    rustix::process::getegid().as_raw()
+    static ID: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| rustix::process::getegid().as_raw())
 }
 
 /// Random bytes for unique names.
