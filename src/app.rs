@@ -12,6 +12,7 @@ use anyhow::{Context, Result};
 use crate::commit::{self, Swap};
 use crate::config::{self, Command, Config, Layout, SyncConfig};
 use crate::error;
+use crate::layout;
 use crate::manifest::Manifest;
 use crate::plan::{self, Compare, Plan};
 use crate::report::{self, Progress, Quiet, Reporter};
@@ -150,7 +151,7 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
             let state = state.with_context(|| {
                 format!("{} points into a missing state directory", vol.display)
             })?;
-            let fd = state.open_gen(gen)?;
+            let fd = vol.open_generation(state, gen)?;
             let mut tree = scan::run(
                 fd.as_fd(),
                 &format!("{}/gen/{gen}", state.path.display()),
@@ -221,11 +222,6 @@ fn attach_hashes(live: &mut Tree, manifest: &Tree, granularity: u64) {
 
 fn sync(cfg: &SyncConfig) -> Result<i32> {
     let start = Instant::now();
-    if cfg.layout != Layout::Symlink {
-        return Err(error::usage(
-            "--layout fanout and --layout dir are not available yet",
-        ));
-    }
     let grace = config::parse_duration(&cfg.grace)
         .map_err(|e| crate::cli::bad_value("--grace", &cfg.grace, e))?;
     let chown = match &cfg.chown {
@@ -237,10 +233,18 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let rules = load_rules(cfg)?;
     let filter = Filter::new(&rules).map_err(|e| error::usage(format!("{e:#}")))?;
     let (src_fds, canon, labels) = validate_sources(cfg)?;
-    let vol = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
-    check_overlap(&vol, &canon, &labels)?;
+    let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
+    check_overlap(&base, &canon, &labels)?;
+    let vol = layout::open_for_sync(base, cfg)?;
     let dest = vol.inspect()?;
     match &dest {
+        Dest::Directory | Dest::File if vol.layout == Layout::Fanout => {
+            return Err(error::refused(format!(
+                "{}: {} is not a packsync link; remove it or choose another DEST",
+                vol.display,
+                sys::os(&vol.name).to_string_lossy()
+            )))
+        }
         Dest::File => {
             return Err(error::usage(format!(
                 "{}: DEST exists and is not a directory",
@@ -344,6 +348,22 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     };
     let live_nonempty = live_tree.as_ref().is_some_and(|t| !t.is_empty());
     guards(cfg, &vol, &tree, &plan, live_nonempty)?;
+    // Fanout: other slots' entries and entries packsync did not make, before anything is written.
+    let fanout = if vol.layout == Layout::Fanout {
+        let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+        let live_names: Option<Vec<&[u8]>> = live_tree
+            .as_ref()
+            .filter(|_| live.gen.is_some())
+            .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+        Some(layout::fanout::check(
+            &vol,
+            &names,
+            live_names.as_deref(),
+            cfg.adopt,
+        )?)
+    } else {
+        None
+    };
     if cfg.itemize {
         print_itemized(&plan);
     }
@@ -372,12 +392,19 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         summary.status = "up to date";
         summary.generation = live.gen.clone();
         if let Some(state) = &state {
+            if let Some(check) = fanout.as_ref().filter(|c| c.repair || !c.adopt.is_empty()) {
+                for w in layout::fanout::repair(&vol, state, !check.adopt.is_empty())? {
+                    reporter.warn(&w);
+                    summary.warnings.push(w);
+                }
+            }
             summary.retired = retire::run(&vol, state, &policy, None)?.removed;
         }
         return finish(cfg, summary, start);
     }
 
     // Stage, commit, retire.
+    let fresh_state = state.is_none();
     let state = vol.state(true)?.expect("created");
     let swap = match dest {
         Dest::Directory if cfg.migrate => Swap::Migrate,
@@ -385,8 +412,11 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         _ => Swap::Link,
     };
     let mut stage = state.new_stage()?;
+    if vol.layout == Layout::Dir {
+        layout::dir::prepare(&vol, &state, &mut stage, fresh_state)?;
+    }
     let result = (|| -> Result<commit::Generation> {
-        if swap == Swap::Exchange {
+        if swap == Swap::Exchange && vol.layout == Layout::Symlink {
             probe_exchange(&stage).map_err(|_| {
                 error::refused(format!(
                     "{}: is a directory and this filesystem cannot swap it atomically (no RENAME_EXCHANGE); \
@@ -441,6 +471,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             &mut manifest,
             live.gen.as_deref(),
             &opts,
+            cfg.adopt,
         )
     })();
     stage.remove(&state);
@@ -591,30 +622,36 @@ fn finish(cfg: &SyncConfig, mut s: Summary, start: Instant) -> Result<i32> {
 fn gc(dest: &Path, keep: usize, grace: &str) -> Result<i32> {
     let grace =
         config::parse_duration(grace).map_err(|e| crate::cli::bad_value("--grace", grace, e))?;
-    let vol = Volume::open(dest, false)?;
-    let state = vol
-        .state(false)?
-        .ok_or_else(|| error::refused(format!("{}: not a packsync destination", vol.display)))?;
-    let r = retire::run(
-        &vol,
-        &state,
-        &Policy {
-            keep,
-            grace,
-            stale: config::STALE_STAGE,
-        },
-        None,
-    )?;
-    println!(
-        "packsync: {}: removed {} generation(s){}, {} stale staging dir(s)",
-        vol.display,
-        r.removed.len(),
-        if r.left.is_empty() {
-            String::new()
-        } else {
-            format!(", {} left for later (files still open)", r.left.len())
-        },
-        r.stale_stages
-    );
+    // One state directory per published tree: with fanout, one per slot.
+    for vol in layout::find(dest, None)? {
+        let state = vol.state(false)?.ok_or_else(|| {
+            error::refused(format!("{}: not a packsync destination", vol.display))
+        })?;
+        let r = retire::run(
+            &vol,
+            &state,
+            &Policy {
+                keep,
+                grace,
+                stale: config::STALE_STAGE,
+            },
+            None,
+        )?;
+        println!(
+            "packsync: {}{}: removed {} generation(s){}, {} stale staging dir(s)",
+            vol.display,
+            vol.slot
+                .as_deref()
+                .map(|s| format!(" (slot {s})"))
+                .unwrap_or_default(),
+            r.removed.len(),
+            if r.left.is_empty() {
+                String::new()
+            } else {
+                format!(", {} left for later (files still open)", r.left.len())
+            },
+            r.stale_stages
+        );
+    }
     Ok(0)
 }

@@ -16,12 +16,19 @@
 //! Collectors never remove a generation younger than the grace period, so a
 //! generation between steps 3 and 4 is safe as long as a writer publishes
 //! within the grace period of renaming (minutes, against milliseconds).
+//!
+//! The other layouts change step 4 (and, for `dir`, step 3): with fanout the
+//! link is the slot's data link inside DEST, its new entries are claimed
+//! before it moves and the entry links follow it (`layout::fanout`); with
+//! `dir` the staged tree is exchanged with DEST itself (`layout::dir`).
 
 use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 
+use crate::config::Layout;
 use crate::error::Failure;
+use crate::layout;
 use crate::manifest::Manifest;
 use crate::sys;
 use crate::volume::{Stage, State, Volume};
@@ -54,7 +61,8 @@ pub struct Options {
 pub const GEN_LEN: usize = 16;
 
 /// Durably store `manifest` and the tree staged in `stage/<me>/tree` as a
-/// generation, publish it, and return it. `old` is the generation that was live.
+/// generation, publish it, and return it. `old` is the generation that was
+/// live. `adopt` (fanout): entries of DEST packsync did not make give way.
 pub fn run(
     vol: &Volume,
     state: &State,
@@ -62,6 +70,7 @@ pub fn run(
     manifest: &mut Manifest,
     old: Option<&str>,
     opts: &Options,
+    adopt: bool,
 ) -> Result<Generation> {
     if opts.fsync {
         sys::syncfs(stage.fd())
@@ -97,6 +106,22 @@ pub fn run(
         .context("cannot store the manifest")?,
     }
     sys::crash_point("after-manifest");
+    if vol.layout == Layout::Dir {
+        // DEST is the live tree: the staged tree is exchanged in, not renamed into gen/.
+        if let Some(sig) = sys::signals::pending() {
+            return Err(Failure::Interrupted(sig).into());
+        }
+        let replaced = layout::dir::publish(vol, state, stage, &name, opts.fsync)?;
+        sys::crash_point("after-publish");
+        if let Some(old) = replaced.as_deref().or(old).filter(|o| *o != name) {
+            let _ = state.stamp(old, "retired");
+        }
+        return Ok(Generation {
+            name,
+            digest: manifest.digest.clone(),
+            converged: false,
+        });
+    }
     let (name, converged) =
         match sys::rename_at(stage.fd(), b"tree", state.gen.as_fd(), name.as_bytes()) {
             Ok(()) => (name, false),
@@ -154,7 +179,7 @@ pub fn run(
     if let Some(sig) = sys::signals::pending() {
         return Err(Failure::Interrupted(sig).into());
     }
-    publish(vol, stage, &name, opts)?;
+    publish_as(vol, state, stage, &name, opts, adopt)?;
     sys::crash_point("after-publish");
     if let Some(old) = old.filter(|o| *o != name) {
         // Best effort: without the stamp the grace period counts from the old manifest.
@@ -187,8 +212,44 @@ fn intact(state: &State, name: &str, manifest: &Manifest) -> bool {
     crate::plan::build(&mut want, Some(&existing), &c).up_to_date()
 }
 
-/// Point DEST at generation `name` with one rename (or exchange).
+/// Point DEST at generation `name` with one rename (or exchange), whatever
+/// the layout (`opts.swap` matters to the symlink layout only).
 pub fn publish(vol: &Volume, stage: &Stage, name: &str, opts: &Options) -> Result<()> {
+    let state = vol
+        .state(false)?
+        .with_context(|| format!("{}: the state directory is missing", vol.display))?;
+    publish_as(vol, &state, stage, name, opts, false)
+}
+
+fn publish_as(
+    vol: &Volume,
+    state: &State,
+    stage: &Stage,
+    name: &str,
+    opts: &Options,
+    adopt: bool,
+) -> Result<()> {
+    match vol.layout {
+        Layout::Symlink => link(vol, stage, name, opts),
+        Layout::Dir => layout::dir::publish(vol, state, stage, name, opts.fsync).map(|_| ()),
+        Layout::Fanout => {
+            layout::fanout::claim(vol, &layout::fanout::top_level(state, name)?)?;
+            link(vol, stage, name, opts)?;
+            let warnings = layout::fanout::reconcile(vol, state, adopt.then_some(stage))?;
+            for w in warnings {
+                eprintln!("packsync: warning: {w}");
+            }
+            if opts.fsync {
+                sys::fsync(vol.parent.as_fd())
+                    .with_context(|| format!("cannot flush {}", vol.display))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Rename a fresh link to generation `name` over the published name.
+fn link(vol: &Volume, stage: &Stage, name: &str, opts: &Options) -> Result<()> {
     let target = vol.link_target(name);
     let _ = sys::unlink_at(stage.fd(), b"link");
     sys::symlink_at(&target, stage.fd(), b"link")

@@ -13,6 +13,7 @@ pub mod cli;
 pub mod commit;
 pub mod config;
 pub mod error;
+pub mod layout;
 pub mod manifest;
 pub mod plan;
 pub mod report;

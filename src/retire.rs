@@ -153,7 +153,7 @@ fn remove_generation(vol: &Volume, state: &State, gen: &str) -> Result<bool> {
         )?;
         return Ok(false);
     }
-    for what in ["manifest", "retired", "used"] {
+    for what in ["manifest", "retired", "used", "root"] {
         let _ = sys::unlink_at(state.meta.as_fd(), format!("{gen}.{what}").as_bytes());
     }
     Ok(sys::remove_tree_at(

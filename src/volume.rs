@@ -11,12 +11,20 @@
 //!                          trash/     generations being removed
 //!                          leases/    <GEN>.<host>-<pid>-<random> held by `exec`
 //! ```
+//!
+//! The other layouts (see `layout`) reuse this shape: with `--layout fanout`
+//! the published name is the data link `DEST/..data` (`..data-<slot>`) and the
+//! state directory is `DEST/..packsync` (`..packsync/slots/<slot>`); with
+//! `--layout dir` DEST is the live tree itself. Commands other than `sync`
+//! open DEST with `layout::find` and ask `live_generation` / `open_live`,
+//! which hide the layout.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::config::Layout;
 use crate::error;
 use crate::manifest::Manifest;
 use crate::sys;
@@ -24,11 +32,16 @@ use crate::sys;
 pub const SUBDIRS: [&str; 5] = ["gen", "meta", "stage", "trash", "leases"];
 
 pub struct Volume {
+    /// The directory holding the published name: DEST's parent (DEST itself with fanout).
     pub parent: OwnedFd,
     pub parent_path: PathBuf,
+    /// The published name: DEST's name (the data link `..data[-<slot>]` with fanout).
     pub name: Vec<u8>,
     /// DEST as the user named it, for messages.
     pub display: String,
+    pub layout: Layout,
+    /// `--slot` (fanout only).
+    pub slot: Option<String>,
 }
 
 /// What DEST is right now.
@@ -85,14 +98,48 @@ impl Volume {
             parent_path,
             name,
             display,
+            layout: Layout::Symlink,
+            slot: None,
         })
     }
 
+    /// The state directory, relative to `parent` (several components with fanout slots).
     pub fn state_name(&self) -> Vec<u8> {
+        if self.layout == Layout::Fanout {
+            return crate::layout::fanout::state_name(self.slot.as_deref());
+        }
         let mut s = b".".to_vec();
         s.extend_from_slice(&self.name);
         s.extend_from_slice(b".packsync");
         s
+    }
+
+    /// The directory packsync owns and readers open: DEST.
+    pub fn root_path(&self) -> PathBuf {
+        match self.layout {
+            Layout::Fanout => self.parent_path.clone(),
+            _ => self.parent_path.join(sys::os(&self.name)),
+        }
+    }
+
+    /// The live generation's name, whatever the layout (`None`: nothing published yet).
+    pub fn live_generation(&self) -> Result<Option<String>> {
+        Ok(match self.inspect()? {
+            Dest::Live(g) => Some(g),
+            _ => None,
+        })
+    }
+
+    /// The live generation opened: name, root handle and absolute path, which
+    /// always agree even while writers publish (see `layout::open_live`).
+    pub fn open_live(&self, state: &State) -> Result<Option<crate::layout::LiveTree>> {
+        crate::layout::open_live(self, state)
+    }
+
+    /// Generation `gen` opened: `gen/<GEN>`, or DEST itself when it is the
+    /// live tree of `--layout dir`.
+    pub fn open_generation(&self, state: &State, gen: &str) -> Result<OwnedFd> {
+        crate::layout::open_generation(self, state, gen)
     }
 
     /// The link text that points DEST at `gen` (relative to the parent).
@@ -118,11 +165,17 @@ impl Volume {
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 let st = sys::stat_at(self.parent.as_fd(), &self.name)
                     .with_context(|| format!("cannot stat {}", self.display))?;
-                Ok(if sys::kind_of(&st) == sys::StatKind::Dir {
-                    Dest::Directory
-                } else {
-                    Dest::File
-                })
+                if sys::kind_of(&st) != sys::StatKind::Dir {
+                    return Ok(Dest::File);
+                }
+                if self.layout == Layout::Dir {
+                    if let Some(state) = self.state(false)? {
+                        if let Some(g) = crate::layout::dir::gen_of(&state, st.st_ino as u64) {
+                            return Ok(Dest::Live(g));
+                        }
+                    }
+                }
+                Ok(Dest::Directory)
             }
             Err(e) => Err(e).with_context(|| format!("cannot read {}", self.display)),
         }
@@ -132,11 +185,17 @@ impl Volume {
     pub fn state(&self, create: bool) -> Result<Option<State>> {
         let sname = self.state_name();
         let path = self.parent_path.join(sys::os(&sname));
-        let fd = if create {
-            sys::ensure_dir_at(self.parent.as_fd(), &sname, 0o755)
-        } else {
-            sys::open_dir_at(self.parent.as_fd(), &sname)
-        };
+        // One component at a time: a fanout slot's state is `..packsync/slots/<slot>`.
+        let mut fd = Ok(self.parent.try_clone()?);
+        for part in sname.split(|b| *b == b'/') {
+            fd = fd.and_then(|dir| {
+                if create {
+                    sys::ensure_dir_at(dir.as_fd(), part, 0o755)
+                } else {
+                    sys::open_dir_at(dir.as_fd(), part)
+                }
+            });
+        }
         let fd = match fd {
             Ok(fd) => fd,
             Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -150,6 +209,14 @@ impl Volume {
             }
         };
         let mut subs = Vec::with_capacity(SUBDIRS.len());
+        // `..packsync` holds the slots' state too: the unslotted state may not exist in it yet.
+        if !create
+            && self.layout == Layout::Fanout
+            && self.slot.is_none()
+            && !sys::exists_at(fd.as_fd(), b"gen")?
+        {
+            return Ok(None);
+        }
         for s in SUBDIRS {
             let r = if create {
                 sys::ensure_dir_at(fd.as_fd(), s.as_bytes(), 0o755)

@@ -238,6 +238,31 @@ pub fn rename_exchange(
     }
 }
 
+/// Rename onto a name that must not exist (`AlreadyExists` if it does, even an
+/// empty directory, which plain rename(2) would replace); `Unsupported` where
+/// the filesystem lacks RENAME_NOREPLACE.
+pub fn rename_noreplace(
+    from_dir: BorrowedFd<'_>,
+    from: &[u8],
+    to_dir: BorrowedFd<'_>,
+    to: &[u8],
+) -> io::Result<()> {
+    match rfs::renameat_with(
+        from_dir,
+        cname(from)?.as_c_str(),
+        to_dir,
+        cname(to)?.as_c_str(),
+        RenameFlags::NOREPLACE,
+    ) {
+        Ok(()) => Ok(()),
+        Err(e) if exchange_unsupported(e) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the filesystem does not support renameat2(RENAME_NOREPLACE)",
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
 fn exchange_unsupported(e: Errno) -> bool {
     e == Errno::INVAL || e == Errno::NOSYS || e == Errno::OPNOTSUPP || e == Errno::NOTSUP
 }

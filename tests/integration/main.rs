@@ -1,5 +1,6 @@
 //! Integration tests: the real binary on temporary trees.
 
 mod fixture;
+mod layouts;
 mod property;
 mod sync;
