@@ -139,6 +139,17 @@ enum Owner {
     },
 }
 
+/// Who owns `name`, as `mine` sees it: a link through another data link that
+/// no longer exists (its slot was removed by hand) counts as not packsync's.
+fn owner_for(dest: BorrowedFd<'_>, name: &[u8], mine: &[u8]) -> Result<Owner> {
+    Ok(match owner(dest, name)? {
+        Owner::Link(link) if link != mine && !sys::exists_at(dest, &link).unwrap_or(true) => {
+            Owner::Foreign { dir: false }
+        }
+        o => o,
+    })
+}
+
 fn owner(dest: BorrowedFd<'_>, name: &[u8]) -> Result<Owner> {
     match sys::readlink_at(dest, name) {
         Ok(t) => {
@@ -198,7 +209,7 @@ pub fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool)
         if n == STATE || is_data_link(&n) {
             continue;
         }
-        match owner(dest, &n)? {
+        match owner_for(dest, &n, &vol.name)? {
             Owner::Absent => {}
             Owner::Link(link) if link == vol.name => {
                 mine.insert(n);
@@ -288,11 +299,11 @@ fn open_claims(vol: &Volume, create: bool) -> Option<OwnedFd> {
 }
 
 /// Whether another data link's claim on `name` still stands: its entry link
-/// is there, its live generation has the entry, or it is recent (its writer
-/// may be publishing right now).
+/// is there, its live generation has the entry, or its slot's state exists
+/// and the claim is recent (its writer may be publishing right now).
 fn claim_holds(vol: &Volume, claims: BorrowedFd<'_>, name: &[u8], link: &[u8]) -> bool {
     let dest = vol.parent.as_fd();
-    if owner(dest, name).ok() == Some(Owner::Link(link.to_vec())) {
+    if owner_for(dest, name, b"").ok() == Some(Owner::Link(link.to_vec())) {
         return true;
     }
     let in_live = sys::readlink_at(dest, link)
@@ -301,6 +312,14 @@ fn claim_holds(vol: &Volume, claims: BorrowedFd<'_>, name: &[u8], link: &[u8]) -
         .is_some_and(|g| sys::exists_at(g.as_fd(), name).unwrap_or(false));
     if in_live {
         return true;
+    }
+    // A slot removed by hand (its state gone) holds nothing.
+    let slot_state = match link.strip_prefix(b"..data-") {
+        Some(slot) => [STATE, b"/slots/", slot].concat(),
+        None => [STATE, b"/gen"].concat(),
+    };
+    if crate::layout::open_beneath(dest, &slot_state).is_err() {
+        return false;
     }
     match sys::stat_at(claims, name) {
         Ok(st) => {
@@ -361,7 +380,7 @@ pub fn claim(vol: &Volume, names: &[Vec<u8>]) -> Result<()> {
     }
     // A link of another slot without a claim (claims came later, or were removed by hand).
     for n in names {
-        if let Owner::Link(link) = owner(vol.parent.as_fd(), n)? {
+        if let Owner::Link(link) = owner_for(vol.parent.as_fd(), n, &vol.name)? {
             if link != vol.name && !conflicts.iter().any(|x| &x.0 == n) {
                 conflicts.push((n.clone(), link));
             }
@@ -426,7 +445,7 @@ pub fn reconcile(vol: &Volume, state: &State, adopt: Option<&Stage>) -> Result<V
             if n == STATE || is_data_link(&n) || names.contains(&n) {
                 continue;
             }
-            match owner(dest, &n)? {
+            match owner_for(dest, &n, &vol.name)? {
                 Owner::Link(link) if link == vol.name => {
                     match sys::unlink_at(dest, &n) {
                         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -456,7 +475,7 @@ pub fn reconcile(vol: &Volume, state: &State, adopt: Option<&Stage>) -> Result<V
             let mut target = vol.name.clone();
             target.push(b'/');
             target.extend_from_slice(n);
-            match owner(dest, n)? {
+            match owner_for(dest, n, &vol.name)? {
                 Owner::Absent => match sys::symlink_at(&target, dest, n) {
                     Ok(()) => {}
                     Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}

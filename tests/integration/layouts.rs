@@ -601,3 +601,26 @@ fn gc_keeps_every_slots_live_generation() {
         "b1"
     );
 }
+
+#[test]
+fn links_of_a_slot_removed_by_hand_can_be_adopted() {
+    let f = two_slots();
+    // Someone deletes slot b's data link and state, leaving its entry link behind.
+    fs::remove_file(f.dest().join("..data-b")).unwrap();
+    fs::remove_dir_all(f.dest().join("..packsync/slots/b")).unwrap();
+    write(&f.path("img-c/gcp/pack.yaml"), "c");
+    let before = f.volume();
+    fanout(&f, "img-c", &["--slot", "c"]).fails(3, "--adopt");
+    assert_eq!(f.volume(), before);
+    fanout(&f, "img-c", &["--slot", "c", "--adopt"]).ok();
+    assert_eq!(link(&f.dest().join("gcp")), "..data-c/gcp");
+    assert_eq!(
+        fs::read_to_string(f.dest().join("gcp/pack.yaml")).unwrap(),
+        "c"
+    );
+    assert_eq!(
+        link(&f.dest().join("aws")),
+        "..data-a/aws",
+        "slot a untouched"
+    );
+}
