@@ -45,18 +45,28 @@ pub fn is_marked(state: &State) -> bool {
     sys::exists_at(state.fd.as_fd(), MARKER).unwrap_or(false)
 }
 
-/// The generation whose tree has inode `ino`, from `meta/<GEN>.root`.
+/// The generation whose tree has inode `ino`, from `meta/<GEN>.root`. A
+/// record of a tree that was removed unpublished (a writer killed between
+/// recording and swapping) may name an inode the kernel has handed out again
+/// since: the newest record wins, as it was written after that reuse.
 pub fn gen_of(state: &State, ino: u64) -> Option<String> {
     // A handle of its own: a listing reads on from where the last one on a handle stopped.
     let meta = sys::open_dir_at(state.meta.as_fd(), b".").ok()?;
     let list = sys::list_dir(meta.as_fd()).ok()?;
-    list.into_iter().find_map(|l| {
-        let name = String::from_utf8(l.name).ok()?;
-        let gen = name.strip_suffix(".root")?;
-        let fd = sys::open_read_at(state.meta.as_fd(), name.as_bytes()).ok()?;
-        let text = crate::volume::read_to_string(fd.as_fd()).ok()?;
-        (text.trim().parse::<u64>().ok()? == ino).then(|| gen.to_string())
-    })
+    list.into_iter()
+        .filter_map(|l| {
+            let name = String::from_utf8(l.name).ok()?;
+            let gen = name.strip_suffix(".root")?;
+            let fd = sys::open_read_at(state.meta.as_fd(), name.as_bytes()).ok()?;
+            let text = crate::volume::read_to_string(fd.as_fd()).ok()?;
+            if text.trim().parse::<u64>().ok()? != ino {
+                return None;
+            }
+            let written = sys::mtime_of(&sys::fstat(fd.as_fd()).ok()?);
+            Some((written, gen.to_string()))
+        })
+        .max()
+        .map(|(_, gen)| gen)
 }
 
 /// Refuse, before anything is staged, a DEST this layout cannot swap: a mount
