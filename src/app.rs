@@ -151,17 +151,31 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
             let state = state.with_context(|| {
                 format!("{} points into a missing state directory", vol.display)
             })?;
-            let fd = vol.open_generation(state, gen)?;
-            let mut tree = scan::run(
-                fd.as_fd(),
-                &format!("{}/gen/{gen}", state.path.display()),
-                0,
-                &Filter::default(),
-                warn,
-            )?;
+            let opened = vol.open_generation(state, gen).and_then(|fd| {
+                let label = format!("{}/gen/{gen}", state.path.display());
+                let tree = scan::run(fd.as_fd(), &label, 0, &Filter::default(), warn)?;
+                Ok((fd, tree))
+            });
+            let (fd, mut tree) = match opened {
+                Ok(live) => live,
+                Err(e) => {
+                    // Removed since DEST was read (another writer replaced it and
+                    // its grace ran out), or not a directory: nothing to reuse.
+                    warn.push(format!(
+                        "cannot read the live generation {gen}, copying everything: {e:#}"
+                    ));
+                    return Ok(Live {
+                        gen: Some(gen.clone()),
+                        fd: None,
+                        tree: None,
+                        manifest: None,
+                    });
+                }
+            };
+            tree.assign_groups_by_inode();
             let manifest = state.read_manifest(gen).ok();
             if let Some(m) = &manifest {
-                attach_hashes(&mut tree, &m.tree, m.granularity_ns);
+                attach_hashes(&mut tree, m);
             }
             Ok(Live {
                 gen: Some(gen.clone()),
@@ -190,10 +204,11 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
     }
 }
 
-/// Copy each manifest hash onto the live file it still describes.
-fn attach_hashes(live: &mut Tree, manifest: &Tree, granularity: u64) {
+/// Copy each manifest hash onto the live file it still describes, and its
+/// hardlink group where the volume does not show hardlinks (`hardlinks 0`).
+fn attach_hashes(live: &mut Tree, m: &Manifest) {
     let mut hashes = std::collections::HashMap::new();
-    manifest.for_each(&mut |p, e| {
+    m.tree.for_each(&mut |p, e| {
         if let Node::File(f) = &e.node {
             hashes.insert(p.to_vec(), (e.meta, f.hash));
         }
@@ -201,8 +216,14 @@ fn attach_hashes(live: &mut Tree, manifest: &Tree, granularity: u64) {
     let c = Compare {
         owners: true,
         checksum: false,
-        granularity_ns: granularity,
+        granularity_ns: m.granularity_ns,
+        link_meta: m.link_meta,
     };
+    if !m.hardlinks {
+        live.adopt_groups(&m.tree, &|seen, recorded| {
+            plan::same_entry(recorded, seen, &c)
+        });
+    }
     live.for_each_mut(&mut |p, e| {
         let meta = e.meta;
         if let Node::File(f) = &mut e.node {
@@ -317,6 +338,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         owners,
         checksum: cfg.checksum,
         granularity_ns: granularity,
+        link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {
@@ -398,7 +420,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
                     summary.warnings.push(w);
                 }
             }
-            summary.retired = retire::run(&vol, state, &policy, None)?.removed;
+            summary.retired = collect(&vol, state, &policy, reporter, &mut summary);
         }
         return finish(cfg, summary, start);
     }
@@ -427,7 +449,14 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         }
         sys::mkdir_at(stage.fd(), b"tree", 0o700).context("cannot create the staging tree")?;
         let out = sys::open_dir_at(stage.fd(), b"tree")?;
-        let granularity_ns = probe_granularity(&stage).unwrap_or(1);
+        let caps = crate::caps::probe(stage.fd()).with_context(|| {
+            format!(
+                "cannot probe the volume at {}/stage/{}",
+                state.path.display(),
+                stage.name
+            )
+        })?;
+        let granularity_ns = caps.granularity_ns;
         reporter.begin(plan.added + plan.changed + plan.reused, plan.copied_bytes);
         let job = stage::Job {
             sources: &src_fds,
@@ -435,6 +464,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             live: live.fd.as_ref().map(|f| f.as_fd()),
             owners,
             reporter,
+            caps,
+            heartbeat: Some(stage.fd()),
         };
         let staged = stage::run(&job, &mut tree, out.as_fd())?;
         reporter.finish();
@@ -457,6 +488,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             sources: canon.iter().map(|p| p.display().to_string()).collect(),
             owners: owners && staged.owner_failures == 0,
             granularity_ns,
+            link_meta: caps.link_meta,
+            hardlinks: caps.hardlinks,
             digest: String::new(),
             tree,
         };
@@ -478,9 +511,28 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let gen = result?;
     summary.status = "synced";
     summary.generation = Some(gen.name.clone());
-    let retired = retire::run(&vol, &state, &policy, None)?;
-    summary.retired = retired.removed;
+    summary.retired = collect(&vol, &state, &policy, reporter, &mut summary);
     finish(cfg, summary, start)
+}
+
+/// Garbage collection after a sync: its failure is a warning, as the sync
+/// itself is done and the next run collects again.
+fn collect(
+    vol: &Volume,
+    state: &State,
+    policy: &Policy,
+    reporter: &dyn Reporter,
+    summary: &mut Summary,
+) -> Vec<String> {
+    match retire::run(vol, state, policy, None) {
+        Ok(r) => r.removed,
+        Err(e) => {
+            let w = format!("garbage collection left for the next run: {e:#}");
+            reporter.warn(&w);
+            summary.warnings.push(w);
+            Vec::new()
+        }
+    }
 }
 
 /// Refusals that must come before anything is written.
@@ -554,22 +606,6 @@ fn probe_exchange(stage: &Stage) -> Result<()> {
     let _ = sys::rmdir_at(stage.fd(), b"probe-a");
     let _ = sys::rmdir_at(stage.fd(), b"probe-b");
     Ok(r?)
-}
-
-/// The mtime resolution of the volume: set a known odd time, read it back.
-fn probe_granularity(stage: &Stage) -> Result<u64> {
-    let fd = sys::create_excl_at(stage.fd(), b"probe-time")?;
-    sys::set_meta_fd(fd.as_fd(), None, None, (1_000_000_000, 123_456_789))?;
-    drop(fd);
-    let st = sys::stat_at(stage.fd(), b"probe-time")?;
-    let _ = sys::unlink_at(stage.fd(), b"probe-time");
-    let ns = sys::mtime_of(&st).1 as u64;
-    Ok(match ns {
-        123_456_789 => 1,
-        n if n == 123_456_789 / 1000 * 1000 => 1_000,
-        n if n == 123_456_789 / 1_000_000 * 1_000_000 => 1_000_000,
-        _ => 1_000_000_000,
-    })
 }
 
 fn print_itemized(plan: &Plan) {

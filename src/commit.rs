@@ -1,21 +1,34 @@
 //! Commit: make a staged tree durable, name it by its digest, move it into
 //! `gen/`, and publish it by renaming a fresh symlink over DEST.
 //!
-//! The protocol, which needs no lock:
-//! 1. flush the staged data (`syncfs`, or nothing with `--no-fsync`);
-//! 2. hardlink the manifest to `meta/<GEN>.manifest` (an existing one is the
+//! The protocol, which needs no lock (the collector's half is in `retire`):
+//! 1. flush the staged data: `syncfs`, or, where that does not flush (FUSE),
+//!    nothing more, as `stage` fsynced each file and directory; nothing at
+//!    all with `--no-fsync`;
+//! 2. claim GEN (`claim`: a lease file in `leases/`); from here until the
+//!    claim is dropped no collector deletes GEN;
+//! 3. hardlink the manifest to `meta/<GEN>.manifest` (an existing one is the
 //!    same tree: writers that staged identical trees converge on one GEN);
-//! 3. rename `stage/<me>/tree` to `gen/<GEN>`; if GEN exists already, it is
-//!    complete (only whole trees are ever renamed there), so reuse it and
-//!    stamp `meta/<GEN>.used` so no collector retires it under us;
-//! 4. create the symlink `stage/<me>/link` and rename it over DEST: the one
-//!    atomic step readers can observe; flush DEST's parent;
-//! 5. stamp `meta/<OLD>.retired`: the grace period of the old generation
-//!    starts now, recorded on the volume so it holds across hosts and restarts.
+//! 4. check that `stage/<me>` is still ours (a writer paused for longer than
+//!    `config::STALE_STAGE` may have had it removed by another host), then
+//!    rename `stage/<me>/tree` to `gen/<GEN>`; if GEN exists already, it is
+//!    complete (only whole trees are ever renamed there) once it matches the
+//!    manifest, so reuse it and stamp `meta/<GEN>.used`; if it does not match
+//!    (edited in place, or not a directory), ours gets a name of its own;
+//! 5. check that `gen/<GEN>` and its manifest are there (a collector that
+//!    moved them aside at that instant sees the claim and moves them back;
+//!    if they stay gone, ours is renamed in from staging);
+//! 6. read DEST, create the symlink `stage/<me>/link` and rename it over
+//!    DEST: the one atomic step readers can observe; flush DEST's parent;
+//! 7. stamp `meta/<OLD>.retired` for the generation DEST pointed at just
+//!    before (and the one live when the sync began): its grace period starts
+//!    now, recorded on the volume so it holds across hosts and restarts;
+//!    drop the claim.
 //!
-//! Collectors never remove a generation younger than the grace period, so a
-//! generation between steps 3 and 4 is safe as long as a writer publishes
-//! within the grace period of renaming (minutes, against milliseconds).
+//! Timing assumptions: none for a single host. Across hosts, another
+//! client may show an old DEST, or miss a claim, for as long as it caches
+//! names (about 1 s on GlusterFS, up to 60 s on NFS); `retire` keeps every
+//! generation that long after its last activity on such volumes.
 //!
 //! The other layouts change step 4 (and, for `dir`, step 3): with fanout the
 //! link is the slot's data link inside DEST, its new entries are claimed
@@ -26,12 +39,13 @@ use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 
+use crate::claim::Claim;
 use crate::config::Layout;
 use crate::error::Failure;
 use crate::layout;
 use crate::manifest::Manifest;
 use crate::sys;
-use crate::volume::{Stage, State, Volume};
+use crate::volume::{Dest, Stage, State, Volume};
 
 /// A generation made live.
 #[derive(Debug, Clone)]
@@ -72,16 +86,19 @@ pub fn run(
     opts: &Options,
     adopt: bool,
 ) -> Result<Generation> {
-    if opts.fsync {
+    if opts.fsync && !crate::caps::fsync_each(stage.fd()) {
         sys::syncfs(stage.fd())
             .context("cannot flush the staged tree to disk (nothing was published)")?;
     }
     let text = manifest.seal();
     let name = manifest.digest[..GEN_LEN].to_string();
+    let mut claims = vec![Claim::take(state, &name)?];
     let mname = format!("{name}.manifest");
+    let in_stage = || format!("{}/stage/{}/manifest", state.path.display(), stage.name);
     let mfd = sys::create_excl_at(stage.fd(), b"manifest")
-        .context("cannot write the manifest in staging")?;
-    sys::write_all(mfd.as_fd(), text.as_bytes()).context("cannot write the manifest in staging")?;
+        .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
+    sys::write_all(mfd.as_fd(), text.as_bytes())
+        .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
     rustix::fs::fchmod(mfd.as_fd(), rustix::fs::Mode::from_raw_mode(0o644))
         .context("cannot write the manifest")?;
     if opts.fsync {
@@ -95,7 +112,28 @@ pub fn run(
         mname.as_bytes(),
     ) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        // The same tree's, if packsync wrote it; anything but a file (a planted symlink) is replaced.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if sys::stat_at(state.meta.as_fd(), mname.as_bytes())
+                .is_ok_and(|st| sys::kind_of(&st) != sys::StatKind::File)
+            {
+                sys::remove_tree_at(state.meta.as_fd(), mname.as_bytes())
+                    .and_then(|_| {
+                        sys::link_at(
+                            stage.fd(),
+                            b"manifest",
+                            state.meta.as_fd(),
+                            mname.as_bytes(),
+                        )
+                    })
+                    .with_context(|| {
+                        format!(
+                            "cannot store the manifest {}/meta/{mname}",
+                            state.path.display()
+                        )
+                    })?;
+            }
+        }
         // Filesystems without hardlinks: a rename replaces an identical manifest.
         Err(_) => sys::rename_at(
             stage.fd(),
@@ -122,20 +160,19 @@ pub fn run(
             converged: false,
         });
     }
+    still_staged(state, stage)?;
     let (name, converged) =
         match sys::rename_at(stage.fd(), b"tree", state.gen.as_fd(), name.as_bytes()) {
             Ok(()) => (name, false),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => {
+            // EEXIST/ENOTEMPTY, EPERM on sshfs, ENOTDIR for a planted non-directory.
+            Err(_) if sys::exists_at(state.gen.as_fd(), name.as_bytes()).unwrap_or(false) => {
                 if intact(state, &name, manifest) {
                     state.stamp(&name, "used")?;
-                    // Still there after the stamp: a collector that got it first wins, and the next run stages anew.
-                    state.open_gen(&name).context(
-                        "a generation with the same content was being retired; run the sync again",
-                    )?;
                     (name, true)
                 } else {
                     // Someone edited that generation in place: ours gets a name of its own.
                     let fresh = format!("{name}-{:08x}", sys::random_u64() as u32);
+                    claims.push(Claim::take(state, &fresh)?);
                     let fresh_manifest = format!("{fresh}.manifest");
                     sys::link_at(
                         stage.fd(),
@@ -171,20 +208,35 @@ pub fn run(
                 })
             }
         };
+    sys::crash_point("after-rename");
+    ensure_present(state, stage, &name)?;
     if opts.fsync {
         sys::fsync(state.gen.as_fd()).context("cannot flush gen/")?;
         sys::fsync(state.meta.as_fd()).context("cannot flush meta/")?;
     }
     sys::crash_point("before-publish");
+    sys::pause_point("before-publish");
     if let Some(sig) = sys::signals::pending() {
         return Err(Failure::Interrupted(sig).into());
     }
+    // What DEST shows just before the swap: another writer may have replaced `old`.
+    let replaced = match vol.inspect() {
+        Ok(Dest::Live(g)) => Some(g),
+        _ => None,
+    };
     publish_as(vol, state, stage, &name, opts, adopt)?;
     sys::crash_point("after-publish");
-    if let Some(old) = old.filter(|o| *o != name) {
-        // Best effort: without the stamp the grace period counts from the old manifest.
-        let _ = state.stamp(old, "retired");
+    if state.open_gen(&name).is_err() {
+        // Moved aside by a collector that then died: put it back at once.
+        ensure_present(state, stage, &name)?;
     }
+    for old in [replaced.as_deref(), old].into_iter().flatten() {
+        if old != name {
+            // Best effort: without the stamp the grace period counts from the old manifest.
+            let _ = state.stamp(old, "retired");
+        }
+    }
+    drop(claims);
     Ok(Generation {
         name,
         digest: manifest.digest.clone(),
@@ -203,22 +255,111 @@ fn intact(state: &State, name: &str, manifest: &Manifest) -> bool {
     else {
         return false;
     };
+    let mut existing = existing;
     let mut want = manifest.tree.clone();
     let c = crate::plan::Compare {
         owners: manifest.owners,
         checksum: false,
         granularity_ns: manifest.granularity_ns,
+        link_meta: manifest.link_meta,
     };
+    existing.assign_groups_by_inode();
+    if !manifest.hardlinks {
+        existing.adopt_groups(&want, &|a, b| crate::plan::same_entry(b, a, &c));
+    }
     crate::plan::build(&mut want, Some(&existing), &c).up_to_date()
+}
+
+/// Our staging directory is still `stage/<me>`. A writer paused for longer
+/// than `config::STALE_STAGE` may have had it taken for a dead writer's by
+/// another host; then nothing is published. The touch is a heartbeat that
+/// such a collector, checking again after moving it aside, sees.
+fn still_staged(state: &State, stage: &Stage) -> Result<()> {
+    let _ = sys::touch_fd(stage.fd());
+    for wait_ms in [0, 5, 20, 100, 500] {
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        if let (Ok(a), Ok(b)) = (
+            sys::fstat(stage.fd()),
+            sys::stat_at(state.stage.as_fd(), stage.name.as_bytes()),
+        ) {
+            if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) {
+                return Ok(());
+            }
+        }
+    }
+    anyhow::bail!(
+        "{}/stage/{}: this sync's staging directory was removed by another writer \
+         (taken for a dead writer's after {} s without change); nothing was published, run the sync again",
+        state.path.display(),
+        stage.name,
+        crate::config::STALE_STAGE.as_secs()
+    )
+}
+
+/// `gen/<name>` and its manifest are there, under our claim, before DEST
+/// may point at them. First wait while a collector announces it is removing
+/// it (it either backs off, having seen our claim, or finishes); one that
+/// moved it aside anyway sees the claim and moves it back; if it stays gone,
+/// it is taken back from `trash/`, or ours is renamed in from staging.
+fn ensure_present(state: &State, stage: &Stage, name: &str) -> Result<()> {
+    crate::claim::wait_for_collectors(state, name);
+    let mut present = false;
+    for wait_ms in [0, 2, 5, 10, 20, 50, 100, 200, 500] {
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        if state.open_gen(name).is_ok() {
+            present = true;
+            break;
+        }
+    }
+    if !present && !crate::retire::recover(state, name) {
+        sys::rename_at(stage.fd(), b"tree", state.gen.as_fd(), name.as_bytes()).with_context(
+            || {
+                format!(
+                "generation {}/gen/{name} was removed while being published; run the sync again",
+                state.path.display()
+            )
+            },
+        )?;
+    }
+    let mname = format!("{name}.manifest");
+    if !sys::exists_at(state.meta.as_fd(), mname.as_bytes())? {
+        sys::link_at(
+            stage.fd(),
+            b"manifest",
+            state.meta.as_fd(),
+            mname.as_bytes(),
+        )
+        .or_else(|_| {
+            sys::rename_at(
+                stage.fd(),
+                b"manifest",
+                state.meta.as_fd(),
+                mname.as_bytes(),
+            )
+        })
+        .with_context(|| {
+            format!(
+                "cannot store the manifest {}/meta/{mname}",
+                state.path.display()
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// Point DEST at generation `name` with one rename (or exchange), whatever
 /// the layout (`opts.swap` matters to the symlink layout only).
+/// Generation `name` is claimed first and must be there (see `ensure_present`).
 pub fn publish(vol: &Volume, stage: &Stage, name: &str, opts: &Options) -> Result<()> {
     let state = vol
         .state(false)?
         .with_context(|| format!("{}: the state directory is missing", vol.display))?;
-    publish_as(vol, &state, stage, name, opts, false)
+    let claim = Claim::take(&state, name)?;
+    let _ = state.stamp(name, "used");
+    ensure_present(&state, stage, name)?;
+    publish_as(vol, &state, stage, name, opts, false)?;
+    drop(claim);
+    Ok(())
 }
 
 fn publish_as(

@@ -9,6 +9,8 @@
 //! handles and `sys` is the only place that makes raw syscalls.
 
 pub mod app;
+pub mod caps;
+pub mod claim;
 pub mod cli;
 pub mod commit;
 pub mod config;

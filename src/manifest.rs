@@ -9,6 +9,8 @@
 //! source /opt/packs-image/packs (one line per SOURCE, in order)
 //! owners 1                      (1: owners were mirrored; 0: not compared)
 //! granularity 1                 (mtime granularity of the volume, nanoseconds)
+//! linkmeta 1                    (1: symlinks got their own mtime and owner; 0: not compared)
+//! hardlinks 1                   (1: the volume shows hardlinks as one inode; 0: groups from here)
 //! digest <sha256 hex of the entry lines and label>
 //! entries 42
 //! bytes 123456
@@ -41,6 +43,12 @@ pub struct Manifest {
     /// Owners were set from the source (root or `--chown`); else not compared.
     pub owners: bool,
     pub granularity_ns: u64,
+    /// Symlinks got their own mtime and owner. Where setting them would reach
+    /// the target instead (FUSE), they are not set and not compared.
+    pub link_meta: bool,
+    /// The volume shows hardlinked names as one inode. Where it does not
+    /// (sshfs), the live tree's hardlink groups are taken from this manifest.
+    pub hardlinks: bool,
     pub digest: String,
     pub tree: Tree,
 }
@@ -162,6 +170,8 @@ impl Manifest {
         }
         out.push_str(&format!("owners {}\n", self.owners as u8));
         out.push_str(&format!("granularity {}\n", self.granularity_ns));
+        out.push_str(&format!("linkmeta {}\n", self.link_meta as u8));
+        out.push_str(&format!("hardlinks {}\n", self.hardlinks as u8));
         out.push_str(&format!("digest {}\n", self.digest));
         out.push_str(&format!("entries {}\n", self.tree.count()));
         out.push_str(&format!("bytes {}\n", self.tree.bytes()));
@@ -182,8 +192,11 @@ impl Manifest {
         if version != VERSION {
             bail!("manifest version {version} is not supported (this packsync reads {VERSION})");
         }
+        // Manifests without these lines were made where everything held.
         let mut m = Manifest {
             granularity_ns: 1,
+            link_meta: true,
+            hardlinks: true,
             ..Default::default()
         };
         for line in lines.by_ref() {
@@ -200,6 +213,8 @@ impl Manifest {
                 "source" => m.sources.push(text()?),
                 "owners" => m.owners = v == "1",
                 "granularity" => m.granularity_ns = v.parse().context("bad granularity")?,
+                "linkmeta" => m.link_meta = flag(v).context("bad linkmeta")?,
+                "hardlinks" => m.hardlinks = flag(v).context("bad hardlinks")?,
                 "digest" => m.digest = v.to_string(),
                 _ => {} // counts and fields of later minor versions
             }
@@ -209,6 +224,14 @@ impl Manifest {
                 .with_context(|| format!("manifest entry line {}", n + 1))?;
         }
         Ok(m)
+    }
+}
+
+fn flag(v: &str) -> Result<bool> {
+    match v {
+        "0" => Ok(false),
+        "1" => Ok(true),
+        _ => bail!("expected 0 or 1, found {v:?}"),
     }
 }
 
@@ -350,18 +373,34 @@ mod tests {
             sources: vec!["/a b".into()],
             owners: true,
             granularity_ns: 1000,
+            link_meta: false,
+            hardlinks: false,
             digest: String::new(),
             tree,
         };
         let text = m.seal();
+        assert!(text.contains("\nlinkmeta 0\nhardlinks 0\n"), "{text}");
         let back = Manifest::parse(&text).unwrap();
         assert_eq!(back, m);
+        // And the other way round.
+        let mut all = m.clone();
+        (all.link_meta, all.hardlinks) = (true, true);
+        assert_eq!(Manifest::parse(&all.seal()).unwrap(), all);
         assert_eq!(back.digest.len(), 64);
         // The digest names the content: another label, another digest.
         let mut other = m.clone();
         other.label = None;
         other.seal();
         assert_ne!(other.digest, m.digest);
+    }
+
+    #[test]
+    fn manifests_without_volume_lines_mean_a_volume_where_everything_held() {
+        let m = Manifest::parse("packsync-manifest 1\nfuture-key 7\n---\nd 0755 0 0 0 1.0 - - .\n")
+            .unwrap();
+        assert!(m.link_meta && m.hardlinks);
+        assert_eq!(m.granularity_ns, 1);
+        assert!(Manifest::parse("packsync-manifest 1\nlinkmeta yes\n---\n").is_err());
     }
 
     #[test]

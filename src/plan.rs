@@ -19,6 +19,9 @@ pub struct Compare {
     pub checksum: bool,
     /// The live volume keeps mtimes to this many nanoseconds (sshfs: 1 s).
     pub granularity_ns: u64,
+    /// Compare a symlink's own mtime and owner (not where the volume could
+    /// not set them: the manifest's `linkmeta 0`).
+    pub link_meta: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,7 +70,8 @@ impl Plan {
     }
 }
 
-fn mtime_eq(a: (i64, u32), b: (i64, u32), g: u64) -> bool {
+/// Equal mtimes on a volume that keeps them to `g` nanoseconds.
+pub fn mtime_eq(a: (i64, u32), b: (i64, u32), g: u64) -> bool {
     if g <= 1 {
         return a == b;
     }
@@ -76,10 +80,11 @@ fn mtime_eq(a: (i64, u32), b: (i64, u32), g: u64) -> bool {
 }
 
 fn meta_eq(a: &Meta, b: &Meta, kind: Kind, c: &Compare) -> bool {
+    let own_meta = kind != Kind::Symlink || c.link_meta;
     (kind == Kind::Symlink || a.mode == b.mode)
         && (kind != Kind::File || a.size == b.size)
-        && (!c.owners || (a.uid == b.uid && a.gid == b.gid))
-        && mtime_eq(a.mtime, b.mtime, c.granularity_ns)
+        && (!c.owners || !own_meta || (a.uid == b.uid && a.gid == b.gid))
+        && (!own_meta || mtime_eq(a.mtime, b.mtime, c.granularity_ns))
 }
 
 /// Whether a live entry equals its source entry, the children of directories aside.
@@ -344,6 +349,7 @@ mod tests {
         owners: true,
         checksum: false,
         granularity_ns: 1,
+        link_meta: true,
     };
 
     fn f(name: &str, size: u64, mtime: i64) -> Entry {
@@ -441,6 +447,39 @@ mod tests {
             ..C
         };
         assert!(build(&mut src, Some(&live), &sshfs).up_to_date());
+    }
+
+    #[test]
+    fn symlink_times_and_owners_count_only_where_the_volume_kept_them() {
+        let link = |mtime, uid| Entry {
+            name: b"l".as_slice().into(),
+            meta: Meta {
+                mode: 0o777,
+                size: 1,
+                uid,
+                mtime: (mtime, 0),
+                ..Default::default()
+            },
+            node: Node::Symlink(b"x".as_slice().into()),
+        };
+        let live = t(vec![link(1, 0), f("x", 1, 1)]);
+        let mut src = t(vec![link(7, 5), f("x", 1, 1)]);
+        assert_eq!(
+            itemized(&build(&mut src.clone(), Some(&live), &C)),
+            vec!["~ l"]
+        );
+        let fuse = Compare {
+            link_meta: false,
+            ..C
+        };
+        assert!(build(&mut src.clone(), Some(&live), &fuse).up_to_date());
+        // A file's times still count, and so does a link's target.
+        src.entries[1].meta.mtime = (2, 0);
+        src.entries[0].node = Node::Symlink(b"y".as_slice().into());
+        assert_eq!(
+            itemized(&build(&mut src, Some(&live), &fuse)),
+            vec!["~ l", "~ x"]
+        );
     }
 
     #[test]

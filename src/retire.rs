@@ -1,22 +1,49 @@
 //! Retire: remove generations nobody may read any more, and staging left by
 //! writers that are gone. Never removes the live generation, the `keep`
 //! newest others, one retired (or made, or reused) less than `grace` ago, or
-//! one leased by `exec`.
+//! one leased by `exec` or claimed by a writer about to publish it (`claim`).
 //!
-//! A generation is removed by first renaming it into `trash/` (one atomic
-//! step, so `gen/` only ever holds whole trees), then deleting it through
-//! handles. If DEST turns out to point at it after the rename (a writer
-//! reused it at that instant), it is renamed back at once. Directories that
-//! hold `.nfs*`/`.fuse_hidden*` files (still open elsewhere) stay in `trash/`
-//! for a later run.
+//! The collector's half of the protocol in `commit` (no lock needed):
+//! 1. decide from what the volume shows: not live, not among the `keep`
+//!    newest, no activity (manifest made, `.used`, `.retired` stamps) for
+//!    `grace`, no live lease or claim;
+//! 2. rename `gen/<GEN>` into `trash/<GEN>+<me>`: one atomic step, so `gen/`
+//!    only ever holds whole trees, and no writer can start using it under
+//!    its name any more;
+//! 3. look again: DEST points at it, a claim or lease appeared, or a stamp
+//!    changed → rename it back (if a writer renamed a fresh copy in
+//!    meanwhile, drop ours) and stop;
+//! 4. move `meta/<GEN>.manifest` aside the same way and look again (a
+//!    converging writer may rely on it): claimed, back in `gen/`, or live →
+//!    put both back;
+//! 5. delete the stamps, the manifest and the tree through handles.
+//!
+//! A writer holds its claim from before it stores a generation until DEST
+//! points at it, and checks that the generation is there after taking the
+//! claim; so whichever of writer and collector comes second sees the
+//! other. A collector killed between steps 2 and 3 leaves its `trash/` entry
+//! named after itself: the next run (on the same host at once, on another
+//! after `stale`) puts it back if DEST or a claim still wants it, else
+//! deletes it.
+//!
+//! Timing assumptions: on one host (one client) none. On a shared volume
+//! another client may see an old DEST, or miss a fresh claim, for as long as
+//! it caches names (GlusterFS about 1 s, NFS up to its `actimeo`, 60 s by
+//! default), so there `grace` is at least `SHARED_MIN_GRACE`. Staging of
+//! another host is a dead writer's after `stale` without change (the host
+//! clocks agree to well within that); a writer refreshes its staging's mtime
+//! every `stage::HEARTBEAT` and checks that it still owns it before it
+//! publishes. Directories that hold `.nfs*`/`.fuse_hidden*` files (still
+//! open elsewhere) stay in `trash/` for a later run.
 
 use std::os::fd::AsFd;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Result;
 
+use crate::config::Layout;
 use crate::sys;
-use crate::volume::{stage_owner, Dest, State, Volume};
+use crate::volume::{stage_owner, unique_name, Dest, State, Volume};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Policy {
@@ -27,6 +54,10 @@ pub struct Policy {
     /// Staging of another host is stale after this long without change.
     pub stale: Duration,
 }
+
+/// The least grace on a volume other clients share (FUSE, NFS, SMB, CephFS):
+/// longer than the time a client may show an old DEST or an old listing.
+pub const SHARED_MIN_GRACE: Duration = Duration::from_secs(120);
 
 #[derive(Debug, Default)]
 pub struct Retired {
@@ -43,26 +74,33 @@ fn now() -> f64 {
         .as_secs_f64()
 }
 
+fn secs(st: &sys::Stat) -> f64 {
+    let (s, ns) = sys::mtime_of(st);
+    s as f64 + ns as f64 / 1e9
+}
+
 fn mtime_secs(state: &State, name: &str) -> Option<f64> {
-    let st = sys::stat_at(state.meta.as_fd(), name.as_bytes()).ok()?;
-    let (s, ns) = sys::mtime_of(&st);
-    Some(s as f64 + ns as f64 / 1e9)
+    sys::stat_at(state.meta.as_fd(), name.as_bytes())
+        .ok()
+        .map(|st| secs(&st))
+}
+
+/// The mtimes of `gen`'s manifest and stamps: any change is activity.
+fn stamps(state: &State, gen: &str) -> [Option<f64>; 3] {
+    ["manifest", "retired", "used"].map(|w| mtime_secs(state, &format!("{gen}.{w}")))
 }
 
 /// When `gen` last mattered: made, reused, or retired.
 pub fn last_active(state: &State, gen: &str) -> f64 {
-    let made = mtime_secs(state, &format!("{gen}.manifest")).or_else(|| {
+    let [made, retired, used] = stamps(state, gen);
+    let made = made.or_else(|| {
         let st = sys::stat_at(state.gen.as_fd(), gen.as_bytes()).ok()?;
         Some(sys::mtime_of(&st).0 as f64)
     });
-    [
-        made,
-        mtime_secs(state, &format!("{gen}.retired")),
-        mtime_secs(state, &format!("{gen}.used")),
-    ]
-    .into_iter()
-    .flatten()
-    .fold(0.0, f64::max)
+    [made, retired, used]
+        .into_iter()
+        .flatten()
+        .fold(0.0, f64::max)
 }
 
 /// When `gen` was made (its manifest's mtime), for ordering.
@@ -70,7 +108,7 @@ pub fn made(state: &State, gen: &str) -> f64 {
     mtime_secs(state, &format!("{gen}.manifest")).unwrap_or(0.0)
 }
 
-/// Whether a live lease holds `gen` (a lease of a dead local process does not).
+/// Whether a live lease or claim holds `gen` (one of a dead local process does not).
 pub fn leased(state: &State, gen: &str) -> bool {
     let Ok(list) = sys::list_dir(state.leases.as_fd()) else {
         return true;
@@ -78,6 +116,9 @@ pub fn leased(state: &State, gen: &str) -> bool {
     let prefix = format!("{gen}.");
     list.iter().any(|l| {
         let name = String::from_utf8_lossy(&l.name);
+        if name.ends_with(crate::claim::INTENT_SUFFIX) {
+            return false;
+        }
         let Some(owner) = name.strip_prefix(&prefix) else {
             return false;
         };
@@ -96,6 +137,13 @@ fn lease_alive(state: &State, name: &str, owner: &str) -> bool {
     }
 }
 
+fn live_gen(vol: &Volume) -> Result<Option<String>> {
+    Ok(match vol.inspect()? {
+        Dest::Live(g) => Some(g),
+        _ => None,
+    })
+}
+
 /// Apply `policy` to the state directory. `own_stage` is this writer's staging, left alone.
 pub fn run(
     vol: &Volume,
@@ -104,10 +152,13 @@ pub fn run(
     own_stage: Option<&str>,
 ) -> Result<Retired> {
     let mut out = Retired::default();
-    let live = match vol.inspect()? {
-        Dest::Live(g) => Some(g),
-        _ => None,
+    let shared = sys::fs_kind(state.fd.as_fd()).map_or(true, |k| k.is_shared());
+    let grace = if shared {
+        policy.grace.max(SHARED_MIN_GRACE)
+    } else {
+        policy.grace
     };
+    let live = live_gen(vol)?;
     let mut others: Vec<(f64, String)> = state
         .generations()?
         .into_iter()
@@ -117,52 +168,207 @@ pub fn run(
     others.sort_by(|a, b| b.0.total_cmp(&a.0).then(b.1.cmp(&a.1)));
     let t = now();
     for (_, gen) in others.into_iter().skip(policy.keep) {
-        if t - last_active(state, &gen) < policy.grace.as_secs_f64() || leased(state, &gen) {
+        let before = stamps(state, &gen);
+        if t - last_active(state, &gen) < grace.as_secs_f64() || leased(state, &gen) {
             continue;
         }
-        match remove_generation(vol, state, &gen) {
-            Ok(true) => out.removed.push(gen),
-            Ok(false) | Err(_) => out.left.push(gen),
+        match remove_generation(vol, state, &gen, before) {
+            Ok(Outcome::Removed) => out.removed.push(gen),
+            Ok(Outcome::Kept) => {}
+            Ok(Outcome::Left) | Err(_) => out.left.push(gen),
         }
     }
-    // Leftovers of earlier removals.
-    if let Ok(list) = sys::list_dir(state.trash.as_fd()) {
-        for l in list {
-            let _ = sys::remove_tree_at(state.trash.as_fd(), &l.name);
-        }
-    }
+    sweep_trash(vol, state, policy.stale);
     out.stale_stages = remove_dead_stages(state, policy.stale, own_stage);
+    if vol.layout != Layout::Dir {
+        remove_orphan_meta(vol, state);
+    }
     remove_dead_leases(state);
     Ok(out)
 }
 
-fn remove_generation(vol: &Volume, state: &State, gen: &str) -> Result<bool> {
-    let trash_name = format!("{gen}.{:016x}", sys::random_u64());
-    sys::rename_at(
+enum Outcome {
+    Removed,
+    /// Someone wants it after all (or removed it first).
+    Kept,
+    /// Files still open elsewhere: its remains stay in `trash/` for later.
+    Left,
+}
+
+/// `trash/` names say which process put them there: `<what>+<host>-<pid>-<random>`.
+fn trash_name(what: &str) -> String {
+    format!("{what}+{}", unique_name())
+}
+
+fn wanted(vol: &Volume, state: &State, gen: &str) -> bool {
+    leased(state, gen) || live_gen(vol).map_or(true, |g| g.as_deref() == Some(gen))
+}
+
+fn remove_generation(
+    vol: &Volume,
+    state: &State,
+    gen: &str,
+    before: [Option<f64>; 3],
+) -> Result<Outcome> {
+    // Announce, then look: a writer claims, then looks for announcements.
+    let intent = crate::claim::Intent::take(state, gen)?;
+    if wanted(vol, state, gen) || stamps(state, gen) != before {
+        return Ok(Outcome::Kept);
+    }
+    let aside = trash_name(gen);
+    match sys::rename_at(
         state.gen.as_fd(),
         gen.as_bytes(),
         state.trash.as_fd(),
-        trash_name.as_bytes(),
-    )?;
-    if vol.inspect()? == Dest::Live(gen.to_string()) {
-        sys::rename_at(
-            state.trash.as_fd(),
-            trash_name.as_bytes(),
-            state.gen.as_fd(),
-            gen.as_bytes(),
-        )?;
-        return Ok(false);
+        aside.as_bytes(),
+    ) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Outcome::Kept),
+        Err(e) => return Err(e.into()),
     }
-    for what in ["manifest", "retired", "used", "root"] {
+    sys::crash_point("retire-trash");
+    sys::pause_point("retire-trash");
+    // Nobody can start using it under its name now: look again.
+    if wanted(vol, state, gen) || stamps(state, gen) != before {
+        put_back(state, gen, &aside)?;
+        return Ok(Outcome::Kept);
+    }
+    let mname = format!("{gen}.manifest");
+    let maside = trash_name(&mname);
+    let moved = sys::rename_at(
+        state.meta.as_fd(),
+        mname.as_bytes(),
+        state.trash.as_fd(),
+        maside.as_bytes(),
+    )
+    .is_ok();
+    if wanted(vol, state, gen) || sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
+    {
+        if moved {
+            let _ = sys::rename_at(
+                state.trash.as_fd(),
+                maside.as_bytes(),
+                state.meta.as_fd(),
+                mname.as_bytes(),
+            );
+        }
+        put_back(state, gen, &aside)?;
+        return Ok(Outcome::Kept);
+    }
+    drop(intent);
+    for what in ["retired", "used", "root"] {
         let _ = sys::unlink_at(state.meta.as_fd(), format!("{gen}.{what}").as_bytes());
     }
-    Ok(sys::remove_tree_at(
-        state.trash.as_fd(),
-        trash_name.as_bytes(),
-    )?)
+    let _ = sys::unlink_at(state.trash.as_fd(), maside.as_bytes());
+    Ok(
+        if sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes())? {
+            Outcome::Removed
+        } else {
+            Outcome::Left
+        },
+    )
 }
 
-/// Staging of a dead process on this host, or of another host untouched for `stale`.
+/// Rename `trash/<aside>` back to `gen/<gen>`; if a writer renamed a fresh
+/// copy in meanwhile, ours is not needed.
+fn put_back(state: &State, gen: &str, aside: &str) -> Result<()> {
+    let back = sys::rename_at(
+        state.trash.as_fd(),
+        aside.as_bytes(),
+        state.gen.as_fd(),
+        gen.as_bytes(),
+    );
+    if back.is_err() && sys::exists_at(state.gen.as_fd(), gen.as_bytes())? {
+        sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes())?;
+        return Ok(());
+    }
+    Ok(back?)
+}
+
+/// Put a generation that a collector moved aside (and then died) back
+/// under its name, if it is still missing there. For a writer that finds
+/// the generation it just claimed gone.
+pub fn recover(state: &State, gen: &str) -> bool {
+    let Ok(list) = sys::list_dir(state.trash.as_fd()) else {
+        return false;
+    };
+    let prefix = format!("{gen}+");
+    list.iter().any(|l| {
+        l.name.starts_with(prefix.as_bytes())
+            && sys::rename_at(
+                state.trash.as_fd(),
+                &l.name,
+                state.gen.as_fd(),
+                gen.as_bytes(),
+            )
+            .is_ok()
+    })
+}
+
+/// Whether a `trash/` entry's owner is done with it: this process, a dead
+/// one on this host, or another host's untouched for `stale`.
+fn owner_gone(state: &State, name: &[u8], owner: Option<&str>, stale: Duration) -> bool {
+    let me = crate::volume::host_tag();
+    match owner.and_then(stage_owner) {
+        Some((host, pid)) if host == me => pid == sys::pid() || !sys::pid_alive(pid),
+        _ => sys::stat_at(state.trash.as_fd(), name)
+            .is_ok_and(|st| now() - secs(&st) > stale.as_secs_f64()),
+    }
+}
+
+/// Leftovers of removals that died midway, or that met open files: put
+/// back what DEST or a claim still wants, delete the rest.
+fn sweep_trash(vol: &Volume, state: &State, stale: Duration) {
+    let Ok(list) = sys::list_dir(state.trash.as_fd()) else {
+        return;
+    };
+    for l in list {
+        let name = String::from_utf8_lossy(&l.name).into_owned();
+        let (what, owner) = match name.rsplit_once('+') {
+            Some((w, o)) => (w, Some(o)),
+            None => (name.as_str(), None),
+        };
+        if !owner_gone(state, &l.name, owner, stale) {
+            continue;
+        }
+        if let Some(gen) = what.strip_suffix(".manifest") {
+            let mname = format!("{gen}.manifest");
+            let missing = !sys::exists_at(state.meta.as_fd(), mname.as_bytes()).unwrap_or(true);
+            let needed = sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
+                || wanted(vol, state, gen);
+            if missing
+                && needed
+                && sys::rename_at(
+                    state.trash.as_fd(),
+                    &l.name,
+                    state.meta.as_fd(),
+                    mname.as_bytes(),
+                )
+                .is_ok()
+            {
+                continue;
+            }
+        } else if crate::volume::valid_gen(what.as_bytes())
+            && !what.starts_with("stage-")
+            && !sys::exists_at(state.gen.as_fd(), what.as_bytes()).unwrap_or(true)
+            && wanted(vol, state, what)
+            && sys::rename_at(
+                state.trash.as_fd(),
+                &l.name,
+                state.gen.as_fd(),
+                what.as_bytes(),
+            )
+            .is_ok()
+        {
+            continue;
+        }
+        let _ = sys::remove_tree_at(state.trash.as_fd(), &l.name);
+    }
+}
+
+/// Staging of a dead process on this host, or of any host untouched for
+/// `stale`: moved into `trash/` first, checked again (a writer touches its
+/// staging before it publishes), then deleted.
 fn remove_dead_stages(state: &State, stale: Duration, own: Option<&str>) -> u64 {
     let Ok(list) = sys::list_dir(state.stage.as_fd()) else {
         return 0;
@@ -175,18 +381,103 @@ fn remove_dead_stages(state: &State, stale: Duration, own: Option<&str>) -> u64 
         if Some(name.as_str()) == own {
             continue;
         }
-        let dead = match stage_owner(&name) {
-            Some((host, pid)) if host == me => !sys::pid_alive(pid),
-            _ => match sys::stat_at(state.stage.as_fd(), &l.name) {
-                Ok(st) => t - (sys::mtime_of(&st).0 as f64) > stale.as_secs_f64(),
-                Err(_) => false,
-            },
+        let Ok(st) = sys::stat_at(state.stage.as_fd(), &l.name) else {
+            continue;
         };
-        if dead && sys::remove_tree_at(state.stage.as_fd(), &l.name).unwrap_or(false) {
+        let old = t - secs(&st) > stale.as_secs_f64();
+        let dead = match stage_owner(&name) {
+            Some((host, pid)) if host == me => old || !sys::pid_alive(pid),
+            _ => old,
+        };
+        if !dead {
+            continue;
+        }
+        if sys::kind_of(&st) != sys::StatKind::Dir {
+            // Not packsync's: a symlink or file planted here is removed, never followed.
+            if sys::unlink_at(state.stage.as_fd(), &l.name).is_ok() {
+                n += 1;
+            }
+            continue;
+        }
+        let aside = trash_name(&format!("stage-{name}"));
+        if sys::rename_at(
+            state.stage.as_fd(),
+            &l.name,
+            state.trash.as_fd(),
+            aside.as_bytes(),
+        )
+        .is_err()
+        {
+            continue;
+        }
+        sys::crash_point("stage-trash");
+        let touched = sys::stat_at(state.trash.as_fd(), aside.as_bytes())
+            .map_or(true, |now| sys::mtime_of(&now) != sys::mtime_of(&st));
+        if touched {
+            // Its writer is alive after all.
+            let _ = sys::rename_at(
+                state.trash.as_fd(),
+                aside.as_bytes(),
+                state.stage.as_fd(),
+                &l.name,
+            );
+            continue;
+        }
+        if sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes()).unwrap_or(false) {
             n += 1;
         }
     }
     n
+}
+
+/// Manifests and stamps of generations that are not in `gen/`, live, or
+/// claimed: left by a writer killed between storing its manifest and
+/// renaming its tree. A manifest goes aside first and is put back if a
+/// writer turns out to need it (as in `remove_generation`).
+fn remove_orphan_meta(vol: &Volume, state: &State) {
+    let Ok(list) = sys::list_dir(state.meta.as_fd()) else {
+        return;
+    };
+    for l in list {
+        let name = String::from_utf8_lossy(&l.name).into_owned();
+        let Some((gen, what)) = name.rsplit_once('.') else {
+            continue;
+        };
+        if !matches!(what, "manifest" | "retired" | "used")
+            || !crate::volume::valid_gen(gen.as_bytes())
+            || sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
+            || wanted(vol, state, gen)
+        {
+            continue;
+        }
+        if what != "manifest" {
+            let _ = sys::unlink_at(state.meta.as_fd(), &l.name);
+            continue;
+        }
+        let aside = trash_name(&name);
+        if sys::rename_at(
+            state.meta.as_fd(),
+            &l.name,
+            state.trash.as_fd(),
+            aside.as_bytes(),
+        )
+        .is_err()
+        {
+            continue;
+        }
+        if sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
+            || wanted(vol, state, gen)
+        {
+            let _ = sys::rename_at(
+                state.trash.as_fd(),
+                aside.as_bytes(),
+                state.meta.as_fd(),
+                &l.name,
+            );
+        } else {
+            let _ = sys::unlink_at(state.trash.as_fd(), aside.as_bytes());
+        }
+    }
 }
 
 fn remove_dead_leases(state: &State) {
@@ -196,7 +487,12 @@ fn remove_dead_leases(state: &State) {
     for l in list {
         let name = String::from_utf8_lossy(&l.name).into_owned();
         let owner = name.split_once('.').map(|(_, o)| o).unwrap_or("");
-        if !lease_alive(state, &name, owner) {
+        let alive = if name.ends_with(crate::claim::INTENT_SUFFIX) {
+            crate::claim::intent_alive(state, &name)
+        } else {
+            lease_alive(state, &name, owner)
+        };
+        if !alive {
             let _ = sys::unlink_at(state.leases.as_fd(), &l.name);
         }
     }

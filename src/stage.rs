@@ -9,6 +9,14 @@
 //! Hardlinked followers and the directories holding them are finished in a
 //! second, sequential pass. Nothing here touches the live tree but to link
 //! from it, nor anything outside the staging directory.
+//!
+//! The volume's capabilities (`caps`) shape three things: reused files are
+//! checked against mtimes as coarse as the volume keeps them; symlink times
+//! and owners are not set where that would reach the target (FUSE); and where
+//! `syncfs` does not flush (FUSE), every file and directory is fsynced here
+//! through the handle that wrote it. A long copy refreshes the staging
+//! directory's mtime every `HEARTBEAT` so that writers on other hosts do not
+//! take it for a dead writer's (see `retire`).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -20,6 +28,7 @@ use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+use crate::caps::Caps;
 use crate::error::Failure;
 use crate::report::Reporter;
 use crate::scan::display;
@@ -37,7 +46,15 @@ pub struct Job<'a> {
     /// Set owners from the tree (root or `--chown`).
     pub owners: bool,
     pub reporter: &'a dyn Reporter,
+    /// What the destination volume can do (probed in staging).
+    pub caps: Caps,
+    /// This writer's staging directory, whose mtime is its heartbeat.
+    pub heartbeat: Option<BorrowedFd<'a>>,
 }
+
+/// How often a running copy refreshes its staging directory's mtime; far
+/// below `config::STALE_STAGE`, after which other hosts may remove it.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug, Default)]
 pub struct Staged {
@@ -58,6 +75,34 @@ struct Ctx<'a> {
     copied_bytes: AtomicU64,
     reused: AtomicU64,
     owner_failures: AtomicU64,
+    start: std::time::Instant,
+    /// Seconds after `start` of the last heartbeat.
+    last_beat: AtomicU64,
+}
+
+impl Ctx<'_> {
+    /// Refresh the staging directory's mtime if `HEARTBEAT` has passed.
+    fn beat(&self) {
+        let Some(fd) = self.job.heartbeat else { return };
+        let now = self.start.elapsed().as_secs();
+        let last = self.last_beat.load(Ordering::Relaxed);
+        if now >= last + HEARTBEAT.as_secs()
+            && self
+                .last_beat
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let _ = sys::touch_fd(fd);
+        }
+    }
+
+    /// Flush what was written through `fd`, where `syncfs` would not.
+    fn flush(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
+        if self.job.caps.fsync_each {
+            sys::fsync(fd)?;
+        }
+        Ok(())
+    }
 }
 
 /// Files up to this size are copied with one read and one write.
@@ -69,6 +114,7 @@ thread_local! {
 
 /// Stage `tree` into the empty directory `out`.
 pub fn run(job: &Job<'_>, tree: &mut Tree, out: BorrowedFd<'_>) -> Result<Staged> {
+    sys::pause_point("staging");
     let mut ctx = Ctx {
         job,
         leaders: HashMap::new(),
@@ -77,6 +123,8 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, out: BorrowedFd<'_>) -> Result<Staged
         copied_bytes: AtomicU64::new(0),
         reused: AtomicU64::new(0),
         owner_failures: AtomicU64::new(0),
+        start: std::time::Instant::now(),
+        last_beat: AtomicU64::new(0),
     };
     tree.for_each(&mut |path, e| {
         if let Node::File(f) = &e.node {
@@ -104,6 +152,8 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, out: BorrowedFd<'_>) -> Result<Staged
     copy_dir(&ctx, &mut tree.entries, &srcs, job.live, out, &[])?;
     link_followers(&ctx, tree, out)?;
     apply_meta(&ctx, out, &tree.root).context("cannot set metadata of the staged root")?;
+    ctx.flush(out)
+        .context("cannot flush the staged root to disk (nothing was published)")?;
     Ok(Staged {
         copied: ctx.copied.into_inner(),
         copied_bytes: ctx.copied_bytes.into_inner(),
@@ -150,6 +200,7 @@ fn copy_dir(
 ) -> Result<()> {
     entries.par_iter_mut().try_for_each(|e| -> Result<()> {
         check_signal()?;
+        ctx.beat();
         let path = join(rel, &e.name);
         match &mut e.node {
             Node::Dir(d) => {
@@ -191,6 +242,9 @@ fn copy_dir(
                     apply_meta(ctx, sub_out.as_fd(), &e.meta).with_context(|| {
                         format!("cannot set metadata of staged {}", sys_escape(&path))
                     })?;
+                    ctx.flush(sub_out.as_fd()).with_context(|| {
+                        format!("cannot flush staged directory {}", sys_escape(&path))
+                    })?;
                 }
                 ctx.job.reporter.advance(0);
             }
@@ -198,6 +252,11 @@ fn copy_dir(
                 sys::symlink_at(target, out, &e.name).with_context(|| {
                     format!("cannot create symlink {} in staging", sys_escape(&path))
                 })?;
+                if !ctx.job.caps.link_meta {
+                    // On FUSE, lutimes/lchown may reach the target: leave the link as made.
+                    ctx.job.reporter.advance(0);
+                    return Ok(());
+                }
                 let owner = ctx.job.owners.then_some((e.meta.uid, e.meta.gid));
                 if let Err(err) = sys::set_symlink_meta(out, &e.name, owner, e.meta.mtime) {
                     if !is_owner_refusal(&err) {
@@ -220,7 +279,10 @@ fn copy_dir(
                     }
                 }
                 let reused = f.reuse
-                    && live.is_some_and(|l| reuse(l, out, &e.name, &e.meta).unwrap_or(false));
+                    && live.is_some_and(|l| {
+                        reuse(l, out, &e.name, &e.meta, ctx.job.caps.granularity_ns)
+                            .unwrap_or(false)
+                    });
                 if reused {
                     ctx.reused.fetch_add(1, Ordering::Relaxed);
                     ctx.job.reporter.advance(0);
@@ -249,7 +311,13 @@ fn sys_escape(p: &[u8]) -> String {
 /// a regular file with the expected size, mode and mtime. Anything else (a
 /// symlink swapped in, a file edited in place) is unlinked and `false`
 /// returned, so the caller copies from the source instead.
-fn reuse(live: BorrowedFd<'_>, out: BorrowedFd<'_>, name: &[u8], meta: &Meta) -> io::Result<bool> {
+fn reuse(
+    live: BorrowedFd<'_>,
+    out: BorrowedFd<'_>,
+    name: &[u8],
+    meta: &Meta,
+    granularity_ns: u64,
+) -> io::Result<bool> {
     if sys::link_at(live, name, out, name).is_err() {
         return Ok(false);
     }
@@ -257,7 +325,7 @@ fn reuse(live: BorrowedFd<'_>, out: BorrowedFd<'_>, name: &[u8], meta: &Meta) ->
     let ok = sys::kind_of(&st) == sys::StatKind::File
         && st.st_size as u64 == meta.size
         && st.st_mode & 0o7777 == meta.mode
-        && sys::mtime_of(&st) == meta.mtime;
+        && crate::plan::mtime_eq(sys::mtime_of(&st), meta.mtime, granularity_ns);
     if !ok {
         sys::unlink_at(out, name)?;
     }
@@ -300,15 +368,22 @@ fn copy_file(
     shown: &str,
 ) -> Result<[u8; 32]> {
     let src = sys::open_read_at(src_dir, name).with_context(|| format!("cannot read {shown}"))?;
+    // Swapped for another file, a FIFO or a device since the scan: do not read it.
+    let st = sys::fstat(src.as_fd()).with_context(|| format!("cannot stat {shown}"))?;
+    if sys::kind_of(&st) != sys::StatKind::File || st.st_ino != scanned.ino {
+        bail!("{shown} changed while being copied; run the sync again once the source is stable");
+    }
+    sys::pause_point("copy-file");
     let dst = sys::create_excl_at(out, name)
         .with_context(|| format!("cannot create {shown} in staging"))?;
-    let (hash, n) = if meta.size <= SMALL {
+    let copied = if meta.size <= SMALL {
         copy_small(src.as_fd(), dst.as_fd(), meta.size)
-            .with_context(|| format!("cannot copy {shown} into staging"))?
     } else {
         copy_large(src.as_fd(), dst.as_fd())
-            .with_context(|| format!("cannot copy {shown} into staging"))?
     };
+    // A copy cut short by SIGINT/SIGTERM is an interruption, not an I/O error.
+    check_signal()?;
+    let (hash, n) = copied.with_context(|| format!("cannot copy {shown} into staging"))?;
     let st = sys::fstat(src.as_fd()).with_context(|| format!("cannot stat {shown}"))?;
     if n != meta.size
         || st.st_size as u64 != meta.size
@@ -333,6 +408,9 @@ fn copy_file(
         ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
         sys::set_meta_fd(dst.as_fd(), None, Some(meta.mode), meta.mtime)?;
     }
+    ctx.flush(dst.as_fd())
+        .with_context(|| format!("cannot flush {shown} in staging"))?;
+    sys::crash_point("copied-file");
     Ok(hash)
 }
 
@@ -449,6 +527,8 @@ fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: BorrowedFd<'_>) -> Result<()>
             apply_meta(ctx, dfd.as_fd(), &meta)
                 .with_context(|| format!("cannot set metadata of staged {}", sys_escape(dir)))?;
         }
+        ctx.flush(dfd.as_fd())
+            .with_context(|| format!("cannot flush staged directory {}", sys_escape(dir)))?;
     }
     Ok(())
 }

@@ -167,11 +167,22 @@ impl Tree {
     /// link *inside this tree*, in pre-order: the first path of a group is its
     /// leader. A file whose other links are outside the tree stays single.
     pub fn assign_groups(&mut self) {
+        self.number_groups(true)
+    }
+
+    /// The same for a tree read back from the volume: names showing one
+    /// inode form a group whatever their link count says (another client of
+    /// a network filesystem may show a stale count).
+    pub fn assign_groups_by_inode(&mut self) {
+        self.number_groups(false)
+    }
+
+    fn number_groups(&mut self, trust_nlink: bool) {
         use std::collections::HashMap;
         let mut counts: HashMap<(u64, u64), u32> = HashMap::new();
         self.for_each(&mut |_, e| {
             if let Node::File(f) = &e.node {
-                if f.nlink > 1 {
+                if f.nlink > 1 || !trust_nlink {
                     *counts.entry((f.dev, f.ino)).or_default() += 1;
                 }
             }
@@ -188,6 +199,30 @@ impl Tree {
                     });
                     f.group = Some(id);
                 }
+            }
+        });
+    }
+
+    /// Take the hardlink groups from `recorded` (a manifest) for every file
+    /// `matches` its recorded entry at the same path; the others get none.
+    /// For volumes that do not show hardlinks as one inode (sshfs).
+    pub fn adopt_groups(&mut self, recorded: &Tree, matches: &dyn Fn(&Entry, &Entry) -> bool) {
+        let mut by_path = std::collections::HashMap::new();
+        recorded.for_each(&mut |p, e| {
+            if let Node::File(_) = e.node {
+                by_path.insert(p.to_vec(), e.clone());
+            }
+        });
+        self.for_each_mut(&mut |p, e| {
+            let group = by_path
+                .get(p)
+                .filter(|r| matches(e, r))
+                .and_then(|r| match &r.node {
+                    Node::File(f) => f.group,
+                    _ => None,
+                });
+            if let Node::File(f) = &mut e.node {
+                f.group = group;
             }
         });
     }
@@ -327,5 +362,49 @@ mod tests {
             })
             .collect();
         assert_eq!(groups, vec![Some(0), Some(0), None]);
+        // Read back from a volume, the inode decides even with a stale count.
+        if let Node::File(f) = &mut t.entries[1].node {
+            f.nlink = 1;
+        }
+        t.assign_groups();
+        assert!(matches!(&t.entries[0].node, Node::File(f) if f.group.is_none()));
+        t.assign_groups_by_inode();
+        let g: Vec<_> = t
+            .entries
+            .iter()
+            .map(|e| match &e.node {
+                Node::File(f) => f.group,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(g, vec![Some(0), Some(0), None]);
+    }
+
+    #[test]
+    fn groups_come_from_the_record_where_the_volume_hides_them() {
+        let mut recorded = Tree {
+            entries: vec![file("a", 0), file("b", 0), file("c", 0)],
+            ..Default::default()
+        };
+        for e in &mut recorded.entries[..2] {
+            if let Node::File(f) = &mut e.node {
+                f.group = Some(3);
+            }
+        }
+        let mut seen = Tree {
+            entries: vec![file("a", 0), file("b", 0), file("c", 0)],
+            ..Default::default()
+        };
+        seen.entries[1].meta.size = 9; // b was replaced: it no longer matches
+        seen.adopt_groups(&recorded, &|a, b| a.meta == b.meta);
+        let g: Vec<_> = seen
+            .entries
+            .iter()
+            .map(|e| match &e.node {
+                Node::File(f) => f.group,
+                _ => None,
+            })
+            .collect();
+        assert_eq!(g, vec![Some(3), None, None]);
     }
 }

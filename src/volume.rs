@@ -151,7 +151,7 @@ impl Volume {
     }
 
     pub fn inspect(&self) -> Result<Dest> {
-        match sys::readlink_at(self.parent.as_fd(), &self.name) {
+        match self.read_link() {
             Ok(target) => {
                 let prefix = self.link_target("");
                 match target.strip_prefix(prefix.as_slice()) {
@@ -179,6 +179,37 @@ impl Volume {
             }
             Err(e) => Err(e).with_context(|| format!("cannot read {}", self.display)),
         }
+    }
+
+    /// DEST's link text. While another client swaps DEST, a network
+    /// filesystem may answer ESTALE, an empty text (GlusterFS), or for an
+    /// instant ENOENT: each is asked again a few times, with short waits,
+    /// before it counts. An empty text is never taken for a foreign link.
+    fn read_link(&self) -> std::io::Result<Vec<u8>> {
+        let state_top = self.state_name();
+        let state_top = state_top.split(|b| *b == b'/').next().unwrap_or_default();
+        let mut last = None;
+        for wait_ms in [0, 1, 2, 5, 10, 20, 50, 100, 200] {
+            std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+            match sys::readlink_at(self.parent.as_fd(), &self.name) {
+                Ok(t) if t.is_empty() => {
+                    last = Some(std::io::Error::other(
+                        "its link text reads empty (a network filesystem in the middle of a swap); try again",
+                    ))
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ESTALE) => last = Some(e),
+                // Absent for a moment while DEST is swapped on another client?
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::NotFound
+                        && wait_ms < 5
+                        && sys::exists_at(self.parent.as_fd(), state_top).unwrap_or(false) =>
+                {
+                    last = Some(e)
+                }
+                r => return r,
+            }
+        }
+        Err(last.expect("at least one attempt"))
     }
 
     /// The state directory, created when `create`; `None` when absent.
@@ -223,6 +254,13 @@ impl Volume {
             } else {
                 sys::open_dir_at(fd.as_fd(), s.as_bytes())
             };
+            // Another writer's first sync is creating it: nothing is published yet.
+            if !create
+                && r.as_ref()
+                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+            {
+                return Ok(None);
+            }
             subs.push(r.with_context(|| format!("cannot open {}/{s}", path.display()))?);
         }
         let mut it = subs.into_iter();
@@ -306,8 +344,23 @@ impl State {
         match sys::create_excl_at(self.meta.as_fd(), name.as_bytes()) {
             Ok(_) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                sys::touch_at(self.meta.as_fd(), name.as_bytes())
-                    .with_context(|| format!("cannot update {}/meta/{name}", self.path.display()))
+                // Through a handle: by name, FUSE would follow a symlink planted here.
+                let touched =
+                    sys::open_read_at(self.meta.as_fd(), name.as_bytes()).and_then(|fd| {
+                        if sys::kind_of(&sys::fstat(fd.as_fd())?) != sys::StatKind::File {
+                            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
+                        }
+                        sys::touch_fd(fd.as_fd())
+                    });
+                match touched {
+                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                        // Not a stamp packsync made: replace it, never follow it.
+                        let _ = sys::unlink_at(self.meta.as_fd(), name.as_bytes());
+                        sys::create_excl_at(self.meta.as_fd(), name.as_bytes()).map(drop)
+                    }
+                    r => r,
+                }
+                .with_context(|| format!("cannot update {}/meta/{name}", self.path.display()))
             }
             Err(e) => {
                 Err(e).with_context(|| format!("cannot create {}/meta/{name}", self.path.display()))
@@ -349,17 +402,35 @@ pub fn read_to_string(fd: BorrowedFd<'_>) -> Result<String> {
 }
 
 /// This host's name as used in staging and lease names (no `-`, no `/`).
+///
+/// Pods with `hostNetwork` share the node's hostname but not its pids, so
+/// the name carries a digest of the boot id and the pid namespace: two
+/// writers with the same tag can see each other's pids.
 pub fn host_tag() -> String {
-    sys::hostname()
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let host: String = sys::hostname()
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let pidns = std::fs::read_link("/proc/self/ns/pid").unwrap_or_default();
+        if boot.is_empty() && pidns.as_os_str().is_empty() {
+            return host;
+        }
+        let mut h = <sha2::Sha256 as sha2::Digest>::new();
+        sha2::Digest::update(&mut h, &boot);
+        sha2::Digest::update(&mut h, pidns.as_os_str().as_encoded_bytes());
+        let d = sha2::Digest::finalize(h);
+        format!("{host}_{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3])
+    })
+    .clone()
 }
 
 /// `<host>-<pid>-<random>`: unique to this process, and says who made it.

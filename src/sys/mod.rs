@@ -88,6 +88,24 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     )?)
 }
 
+/// Create an empty regular file without opening it (mknod): nothing is
+/// left for FUSE to release after it is unlinked. Falls back to an
+/// `O_EXCL` create where mknod is refused.
+pub fn make_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+    let c = cname(name)?;
+    match rfs::mknodat(
+        dir,
+        c.as_c_str(),
+        FileType::RegularFile,
+        Mode::from_raw_mode(0o600),
+        0,
+    ) {
+        Ok(()) => Ok(()),
+        Err(Errno::EXIST) => Err(io::ErrorKind::AlreadyExists.into()),
+        Err(_) => create_excl_at(dir, name).map(drop),
+    }
+}
+
 /// Create a new file, private (0600) until its content is written.
 pub fn create_excl_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -121,7 +139,9 @@ pub fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
 }
 
 /// Every entry of a directory but `.` and `..`, in the order the kernel gives.
+/// The listing starts at the beginning even on a handle listed before.
 pub fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
+    rfs::seek(dir, rfs::SeekFrom::Start(0))?;
     let mut buf = [MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut raw = RawDir::new(dir, &mut buf);
     let mut out = Vec::new();
@@ -307,6 +327,51 @@ pub fn set_symlink_meta(
     }
     rfs::utimensat(dir, c.as_c_str(), &times(mtime), AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
+}
+
+/// Set the mtime of an open file or directory to now.
+pub fn touch_fd(fd: BorrowedFd<'_>) -> io::Result<()> {
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: rfs::UTIME_NOW,
+    };
+    Ok(rfs::futimens(
+        fd,
+        &Timestamps {
+            last_access: now,
+            last_modification: now,
+        },
+    )?)
+}
+
+/// Where a handle lives, as far as packsync's behaviour depends on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsKind {
+    Local,
+    /// FUSE (`fuse.sshfs`, `fuse.glusterfs`, ...): `syncfs` does not flush,
+    /// and setting a symlink's own times or owner may reach its target.
+    Fuse,
+    /// A network filesystem in the kernel (NFS, SMB, CephFS, ...).
+    Network,
+}
+
+impl FsKind {
+    /// Other clients may see its names and attributes late (caches).
+    pub fn is_shared(self) -> bool {
+        self != FsKind::Local
+    }
+}
+
+pub fn fs_kind(fd: BorrowedFd<'_>) -> io::Result<FsKind> {
+    #[allow(clippy::unnecessary_cast)]
+    let magic = rfs::fstatfs(fd)?.f_type as u64 & 0xffff_ffff;
+    Ok(match magic {
+        0x6573_5546 => FsKind::Fuse,
+        // NFS, SMB, CIFS, SMB2, CephFS, AFS, 9p, Lustre, GPFS, OCFS2
+        0x6969 | 0x517b | 0xff53_4d42 | 0xfe53_4d42 | 0x00c3_6400 | 0x5346_414f | 0x0102_1997
+        | 0x0bd0_0bd0 | 0x4750_4653 | 0x7461_636f => FsKind::Network,
+        _ => FsKind::Local,
+    })
 }
 
 /// Set a name's mtime to now (the server's clock on a network filesystem).
@@ -600,5 +665,32 @@ pub fn crash_point(_point: &str) {
     if std::env::var("PACKSYNC_TEST_CRASH_AT").is_ok_and(|p| p == _point) {
         let _ =
             rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    }
+}
+
+/// Named pause points for the fault suite: with the `fault-injection`
+/// feature, `PACKSYNC_TEST_PAUSE_AT=<point>:<path>` stops the process the
+/// first time it reaches `<point>`: it creates `<path>.paused`, then waits
+/// until `<path>` exists or SIGINT/SIGTERM arrives, so a test can change the
+/// world (or signal) at a known instant. Compiled to nothing otherwise.
+#[inline]
+pub fn pause_point(_point: &str) {
+    #[cfg(feature = "fault-injection")]
+    {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        static PAUSED: AtomicBool = AtomicBool::new(false);
+        let Ok(spec) = std::env::var("PACKSYNC_TEST_PAUSE_AT") else {
+            return;
+        };
+        let Some((point, path)) = spec.split_once(':') else {
+            return;
+        };
+        if point != _point || PAUSED.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let _ = std::fs::write(format!("{path}.paused"), std::process::id().to_string());
+        while !std::path::Path::new(path).exists() && signals::pending().is_none() {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }

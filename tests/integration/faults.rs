@@ -1,0 +1,342 @@
+//! The fault suite: packsync under many writers, kills, full disks and
+//! hostile trees. After each fault it checks what a user would: DEST
+//! resolves to a complete generation equal to one of the sources, nothing
+//! outside DEST and its state directory changed, the next run leaves no
+//! staging behind. Each part prints its figures (trials, kills, rounds,
+//! reads, torn reads; `--nocapture` shows them). Parts that need root skip
+//! with a message when not root; parts that need the crash and pause hooks
+//! skip without `--features fault-injection`. CI runs all of it as root.
+//! Every loop is bounded by a count, never by a clock.
+
+mod disk;
+mod hostile;
+mod kills;
+mod netfs;
+mod readers;
+mod writers;
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::fixture::{bin, mirror, snapshot};
+
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Whether the binary has the crash and pause hooks.
+pub fn hooks() -> bool {
+    cfg!(feature = "fault-injection")
+}
+
+/// Print why a part does not run here, and return true.
+pub fn skip(part: &str, need_root: bool, need_hooks: bool) -> bool {
+    let why = match (need_root && !is_root(), need_hooks && !hooks()) {
+        (true, _) => "needs root",
+        (_, true) => "needs --features fault-injection",
+        _ => return false,
+    };
+    eprintln!("skipped: {part} {why}");
+    true
+}
+
+/// A seeded xorshift generator: the same seed replays the same trials.
+pub struct Rng(u64);
+
+impl Rng {
+    /// From `PACKSYNC_FAULT_SEED` when set, else a fixed seed; printed so a failure can be replayed.
+    pub fn new(part: &str) -> Rng {
+        let seed = std::env::var("PACKSYNC_FAULT_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0x5eed_0003_u64);
+        eprintln!("{part}: seed {seed} (PACKSYNC_FAULT_SEED)");
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Write `data` at `path` with an mtime that only this variant has (trees
+/// written within one clock tick would otherwise pass a size+mtime check).
+fn write_variant(path: &Path, data: &[u8], variant: u32) {
+    fs::write(path, data).unwrap();
+    let t =
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000 + 60 * variant as u64);
+    fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(t))
+        .unwrap();
+}
+
+/// Write (replacing what was there) a source tree in which every file says
+/// which variant it belongs to (`v<N> <path>`): `files` small files in
+/// seven directories, `big` files of 2 MiB, a symlink, a hardlink, and a
+/// file only odd or only even variants have.
+pub fn variant_tree(root: &Path, variant: u32, files: usize, big: usize) {
+    if root.exists() {
+        fs::remove_dir_all(root).unwrap();
+    }
+    for d in 0..7 {
+        fs::create_dir_all(root.join(format!("d{d}"))).unwrap();
+    }
+    for i in 0..files {
+        let rel = format!("d{}/f{i:04}.txt", i % 7);
+        write_variant(
+            &root.join(&rel),
+            format!("v{variant} {rel}\n").as_bytes(),
+            variant,
+        );
+    }
+    for j in 0..big {
+        let mut data = format!("v{variant} big{j}.bin\n").into_bytes();
+        data.resize(2 << 20, b'0' + (variant % 10) as u8);
+        write_variant(&root.join(format!("big{j}.bin")), &data, variant);
+    }
+    write_variant(
+        &root.join(format!("only-{}.txt", variant % 2)),
+        format!("v{variant} only\n").as_bytes(),
+        variant,
+    );
+    symlink("d0/f0000.txt", root.join("link")).unwrap();
+    if files > 0 {
+        fs::hard_link(root.join("d0/f0000.txt"), root.join("d1/hardlink")).unwrap();
+    }
+}
+
+/// The paths every `variant_tree(_, _, files, big)` has, whatever the variant.
+pub fn common_paths(files: usize, big: usize) -> Vec<String> {
+    let mut v: Vec<String> = (0..files)
+        .map(|i| format!("d{}/f{i:04}.txt", i % 7))
+        .collect();
+    v.extend((0..big).map(|j| format!("big{j}.bin")));
+    v.push("link".into());
+    if files > 0 {
+        v.push("d1/hardlink".into());
+    }
+    v
+}
+
+/// The variant a file's content names (`v<N> ...`).
+pub fn variant_of(bytes: &[u8]) -> Option<u32> {
+    let rest = bytes.strip_prefix(b"v")?;
+    let end = rest.iter().position(|b| *b == b' ')?;
+    std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
+}
+
+pub fn packsync() -> Command {
+    Command::new(bin())
+}
+
+/// Spawn `cmd` stopped at pause point `point` (the `fault-injection` hook);
+/// returns once it is there. Creating `resume` lets it go on.
+pub fn start_paused(cmd: &mut Command, point: &str, resume: &Path) -> std::process::Child {
+    let mut child = cmd
+        .env(
+            "PACKSYNC_TEST_PAUSE_AT",
+            format!("{point}:{}", resume.display()),
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let marker = PathBuf::from(format!("{}.paused", resume.display()));
+    // Bounded by a count: the process either reaches the point or exits.
+    for _ in 0..6000 {
+        if marker.exists() {
+            return child;
+        }
+        if child.try_wait().unwrap().is_some() {
+            let out = child.wait_with_output().unwrap();
+            panic!("exited ({}) before {point}: {}", code(&out), stderr(&out));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    panic!("{point} was never reached");
+}
+
+/// The exit code, or 128 + the signal that ended the process.
+pub fn code(out: &Output) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    out.status
+        .code()
+        .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0))
+}
+
+#[track_caller]
+pub fn ok(out: Output) -> Output {
+    assert_eq!(
+        code(&out),
+        0,
+        "expected success\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// DEST resolves to a complete generation equal to one of `sources`; its index.
+#[track_caller]
+pub fn assert_one_of(dest: &Path, sources: &[PathBuf]) -> usize {
+    one_of(dest, sources, &mirror)
+}
+
+/// `mirror`, but symlinks as made on a volume where their own time and owner
+/// cannot be set (FUSE: the manifest's `linkmeta 0`).
+pub fn mirror_without_link_meta(root: &Path) -> Vec<String> {
+    mirror(root)
+        .into_iter()
+        .map(|l| match l.split_once("\" l \"") {
+            Some(_) => l
+                .split(' ')
+                .map(|w| {
+                    if w.starts_with("mtime=") {
+                        "mtime=-"
+                    } else if w.starts_with("owner=") {
+                        "owner=-"
+                    } else {
+                        w
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
+            None => l,
+        })
+        .collect()
+}
+
+#[track_caller]
+pub fn one_of(dest: &Path, sources: &[PathBuf], mirror: &dyn Fn(&Path) -> Vec<String>) -> usize {
+    let link = fs::read_link(dest).unwrap_or_else(|e| panic!("{}: {e}", dest.display()));
+    assert!(
+        dest.parent().unwrap().join(&link).is_dir(),
+        "{} -> {} dangles",
+        dest.display(),
+        link.display()
+    );
+    let got = mirror(dest);
+    let want: Vec<Vec<String>> = sources.iter().map(|s| mirror(s)).collect();
+    want.iter().position(|w| *w == got).unwrap_or_else(|| {
+        let diffs: Vec<String> = want
+            .iter()
+            .zip(sources)
+            .map(|(w, s)| {
+                let extra: Vec<&String> = got.iter().filter(|l| !w.contains(l)).collect();
+                let lacks: Vec<&String> = w.iter().filter(|l| !got.contains(l)).collect();
+                format!(
+                    "vs {} ({} lines, DEST {}): has {extra:#?}\nlacks {lacks:#?}",
+                    s.display(),
+                    w.len(),
+                    got.len()
+                )
+            })
+            .collect();
+        panic!(
+            "{} -> {} equals none of the sources:\n{}",
+            dest.display(),
+            link.display(),
+            diffs.join("\n")
+        )
+    })
+}
+
+/// Names in `state/<sub>` (`stage`, `trash`, `leases`, `gen`, `meta`).
+pub fn entries(state: &Path, sub: &str) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(state.join(sub))
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// No staging, trash or leases left, and a manifest for every generation.
+#[track_caller]
+pub fn assert_clean(state: &Path) {
+    for sub in ["stage", "trash", "leases"] {
+        assert_eq!(
+            entries(state, sub),
+            Vec::<String>::new(),
+            "{sub}/ left behind"
+        );
+    }
+    let gens = entries(state, "gen");
+    let manifests: Vec<String> = entries(state, "meta")
+        .into_iter()
+        .filter_map(|m| m.strip_suffix(".manifest").map(str::to_string))
+        .collect();
+    assert_eq!(manifests, gens, "one manifest per generation, no orphans");
+}
+
+/// A directory outside DEST that packsync must never touch: its listing
+/// (types, modes, mtimes, owners, contents, inodes) and its own mtime are
+/// compared before and after.
+pub struct Victim {
+    pub dir: PathBuf,
+    before: Vec<String>,
+}
+
+impl Victim {
+    pub fn new(dir: PathBuf) -> Victim {
+        fs::create_dir_all(dir.join("sub")).unwrap();
+        fs::write(dir.join("secret"), "victim secret\n").unwrap();
+        fs::write(dir.join("sub/file"), "victim file\n").unwrap();
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        for p in ["secret", "sub/file", "sub", ""] {
+            let f = fs::File::open(dir.join(p)).unwrap();
+            f.set_times(fs::FileTimes::new().set_modified(old).set_accessed(old))
+                .unwrap();
+        }
+        let mut v = Victim {
+            dir,
+            before: Vec::new(),
+        };
+        v.before = v.now();
+        v
+    }
+
+    fn now(&self) -> Vec<String> {
+        use std::os::unix::fs::MetadataExt;
+        let m = fs::symlink_metadata(&self.dir).unwrap();
+        let mut v = snapshot(&self.dir, true);
+        v.push(format!(
+            ". mtime={}.{} mode={:o}",
+            m.mtime(),
+            m.mtime_nsec(),
+            m.mode()
+        ));
+        v
+    }
+
+    #[track_caller]
+    pub fn assert_untouched(&self) {
+        assert_eq!(
+            self.now(),
+            self.before,
+            "{} was touched",
+            self.dir.display()
+        );
+    }
+}
