@@ -142,6 +142,7 @@ struct Live {
     gen: Option<String>,
     fd: Option<OwnedFd>,
     tree: Option<Tree>,
+    /// The live manifest's header (its entries were only streamed through).
     manifest: Option<Manifest>,
 }
 
@@ -173,10 +174,12 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
                 }
             };
             tree.assign_groups_by_inode();
-            let manifest = state.read_manifest(gen).ok();
-            if let Some(m) = &manifest {
-                attach_hashes(&mut tree, m);
-            }
+            // A missing or unreadable manifest only costs reuse: every file is copied.
+            let manifest = state.manifest_reader(gen).ok().and_then(|(mut r, _)| {
+                let header = Manifest::read_header(&mut r).ok()?;
+                attach_manifest(&mut tree, &mut r, &header).ok()?;
+                Some(header)
+            });
             Ok(Live {
                 gen: Some(gen.clone()),
                 fd: Some(fd),
@@ -206,39 +209,52 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
 
 /// Copy each manifest hash onto the live file it still describes, and its
 /// hardlink group where the volume does not show hardlinks (`hardlinks 0`).
-fn attach_hashes(live: &mut Tree, m: &Manifest) {
-    let mut hashes = std::collections::HashMap::new();
-    m.tree.for_each(&mut |p, e| {
-        if let Node::File(f) = &e.node {
-            hashes.insert(p.to_vec(), (e.meta, f.hash));
-        }
-    });
+/// Both are in pre-order, so one pass over each, holding one manifest entry
+/// at a time.
+fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manifest) -> Result<()> {
+    use std::cmp::Ordering;
+    let mut entries = crate::manifest::Entries::new(r);
     let c = Compare {
-        owners: true,
+        owners: header.owners,
         checksum: false,
-        granularity_ns: m.granularity_ns,
-        link_meta: m.link_meta,
+        granularity_ns: header.granularity_ns,
+        link_meta: header.link_meta,
     };
-    if !m.hardlinks {
-        live.adopt_groups(&m.tree, &|seen, recorded| {
-            plan::same_entry(recorded, seen, &c)
-        });
+    let mut next = entries.next_entry()?.filter(|(p, _)| p != b".");
+    if next.is_none() {
+        next = entries.next_entry()?;
     }
-    live.for_each_mut(&mut |p, e| {
-        let meta = e.meta;
+    let mut failed = None;
+    live.for_each_mut(&mut |path, e| {
+        while let Some((mp, _)) = &next {
+            if crate::manifest::cmp_preorder(mp, path) != Ordering::Less {
+                break;
+            }
+            next = entries.next_entry().unwrap_or_else(|err| {
+                failed = Some(err);
+                None
+            });
+        }
+        let recorded = next
+            .as_ref()
+            .filter(|(mp, me)| mp.as_slice() == path && plan::same_entry(me, e, &c));
         if let Node::File(f) = &mut e.node {
-            if let Some((m, h)) = hashes.get(p) {
-                let probe = |meta| crate::tree::Entry {
-                    name: Box::new([]),
-                    meta,
-                    node: Node::File(Default::default()),
-                };
-                if plan::same_entry(&probe(*m), &probe(meta), &c) {
-                    f.hash = *h;
-                }
+            let mf = recorded.and_then(|(_, me)| match &me.node {
+                Node::File(mf) => Some(mf),
+                _ => None,
+            });
+            if let Some(mf) = mf {
+                f.hash = mf.hash;
+            }
+            if !header.hardlinks {
+                f.group = mf.and_then(|mf| mf.group);
             }
         }
     });
+    match failed {
+        Some(err) => Err(err),
+        None => Ok(()),
+    }
 }
 
 fn sync(cfg: &SyncConfig) -> Result<i32> {
@@ -293,16 +309,25 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let warnings = Warnings::default();
 
     // Scan every source (each in parallel inside) and overlay them in order.
-    let mut tree = Tree::default();
-    for (i, fd) in src_fds.iter().enumerate() {
-        let t = scan::run(fd.as_fd(), &labels[i], i as u16, &filter, &warnings)?;
-        if i == 0 {
-            tree = t;
-        } else {
-            tree.overlay(t);
+    // Scan the sources and the live generation at the same time.
+    let state = vol.state(false)?;
+    let scan_sources = || -> Result<Tree> {
+        let mut tree = Tree::default();
+        for (i, fd) in src_fds.iter().enumerate() {
+            let t = scan::run(fd.as_fd(), &labels[i], i as u16, &filter, &warnings)?;
+            if i == 0 {
+                tree = t;
+            } else {
+                tree.overlay(t);
+            }
         }
-    }
-    tree.assign_groups();
+        tree.assign_groups();
+        Ok(tree)
+    };
+    let (tree, live) = rayon::join(scan_sources, || {
+        load_live(&vol, state.as_ref(), &dest, &warnings)
+    });
+    let (mut tree, live) = (tree?, live?);
     let root = sys::euid() == 0;
     let owners = root || chown.is_some();
     if let Some((u, g)) = chown {
@@ -313,22 +338,23 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             e.meta.gid = g;
         });
     }
-    if !root {
-        // setuid/setgid bits on files we cannot give their owner would mean something else.
-        let strip = |m: &mut crate::tree::Meta, is_dir: bool| {
-            if !is_dir && chown.is_none() {
+    if !owners {
+        // Files will be ours: record that, and drop setuid/setgid bits on files,
+        // which would mean something else on a file we cannot give its owner.
+        let (uid, gid) = (sys::euid(), sys::egid());
+        let own = |m: &mut crate::tree::Meta, is_dir: bool| {
+            m.uid = uid;
+            m.gid = gid;
+            if !is_dir {
                 m.mode &= !0o6000;
             }
         };
-        strip(&mut tree.root, true);
+        own(&mut tree.root, true);
         tree.for_each_mut(&mut |_, e| {
             let d = matches!(e.node, Node::Dir(_));
-            strip(&mut e.meta, d);
+            own(&mut e.meta, d);
         });
     }
-
-    let state = vol.state(false)?;
-    let live = load_live(&vol, state.as_ref(), &dest, &warnings)?;
     let granularity = live
         .manifest
         .as_ref()

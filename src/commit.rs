@@ -90,21 +90,27 @@ pub fn run(
         sys::syncfs(stage.fd())
             .context("cannot flush the staged tree to disk (nothing was published)")?;
     }
-    let text = manifest.seal();
-    let name = manifest.digest[..GEN_LEN].to_string();
+    let in_stage = || format!("{}/stage/{}/manifest", state.path.display(), stage.name);
+    let name = {
+        let mfd = sys::create_excl_at(stage.fd(), b"manifest")
+            .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
+        let mut w = std::io::BufWriter::with_capacity(256 * 1024, std::fs::File::from(mfd));
+        manifest
+            .write(&mut w)
+            .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
+        let file = w
+            .into_inner()
+            .map_err(|e| e.into_error())
+            .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
+        rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(0o644))
+            .context("cannot write the manifest")?;
+        if opts.fsync {
+            sys::fsync(file.as_fd()).context("cannot flush the manifest")?;
+        }
+        manifest.digest[..GEN_LEN].to_string()
+    };
     let mut claims = vec![Claim::take(state, &name)?];
     let mname = format!("{name}.manifest");
-    let in_stage = || format!("{}/stage/{}/manifest", state.path.display(), stage.name);
-    let mfd = sys::create_excl_at(stage.fd(), b"manifest")
-        .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
-    sys::write_all(mfd.as_fd(), text.as_bytes())
-        .with_context(|| format!("cannot write the manifest {}", in_stage()))?;
-    rustix::fs::fchmod(mfd.as_fd(), rustix::fs::Mode::from_raw_mode(0o644))
-        .context("cannot write the manifest")?;
-    if opts.fsync {
-        sys::fsync(mfd.as_fd()).context("cannot flush the manifest")?;
-    }
-    drop(mfd);
     match sys::link_at(
         stage.fd(),
         b"manifest",

@@ -26,6 +26,8 @@
 //! in pre-order with names sorted bytewise, so a manifest is canonical and
 //! its digest names the tree.
 
+use std::io::{BufRead, Write};
+
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
@@ -129,23 +131,28 @@ fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
     out.push('\n');
 }
 
-/// The canonical entry lines of a tree (the part after `---`).
-pub fn body(tree: &Tree) -> String {
-    let mut out = String::new();
+/// Call `f` with each canonical entry line of a tree (the part after `---`),
+/// one at a time, so that no copy of the whole body is ever held.
+pub fn for_each_line(tree: &Tree, f: &mut dyn FnMut(&str)) {
+    let mut line = String::new();
     let root = Entry {
         name: Box::new([]),
         meta: tree.root,
         node: Node::Dir(Dir::default()),
     };
-    entry_line(&mut out, b".", &root);
-    tree.for_each(&mut |p, e| entry_line(&mut out, p, e));
-    out
+    entry_line(&mut line, b".", &root);
+    f(&line);
+    tree.for_each(&mut |p, e| {
+        line.clear();
+        entry_line(&mut line, p, e);
+        f(&line);
+    });
 }
 
 /// The digest that names a tree: entry lines plus label.
-pub fn digest(body: &str, label: Option<&str>) -> String {
+pub fn digest(tree: &Tree, label: Option<&str>) -> String {
     let mut h = Sha256::new();
-    h.update(body.as_bytes());
+    for_each_line(tree, &mut |l| h.update(l.as_bytes()));
     h.update(b"label ");
     h.update(label.unwrap_or("").as_bytes());
     hex(&h.finalize())
@@ -154,36 +161,53 @@ pub fn digest(body: &str, label: Option<&str>) -> String {
 impl Manifest {
     /// Fill in `digest` from the tree and label; returns the text to write.
     pub fn seal(&mut self) -> String {
-        let body = body(&self.tree);
-        self.digest = digest(&body, self.label.as_deref());
-        let mut out = format!("{MAGIC} {VERSION}\n");
-        if let Some(l) = &self.label {
-            out.push_str(&format!("label {}\n", escape(l.as_bytes())));
-        }
-        out.push_str(&format!(
-            "created {}.{:09}\n",
-            self.created.0, self.created.1
-        ));
-        out.push_str(&format!("host {}\n", escape(self.host.as_bytes())));
-        for s in &self.sources {
-            out.push_str(&format!("source {}\n", escape(s.as_bytes())));
-        }
-        out.push_str(&format!("owners {}\n", self.owners as u8));
-        out.push_str(&format!("granularity {}\n", self.granularity_ns));
-        out.push_str(&format!("linkmeta {}\n", self.link_meta as u8));
-        out.push_str(&format!("hardlinks {}\n", self.hardlinks as u8));
-        out.push_str(&format!("digest {}\n", self.digest));
-        out.push_str(&format!("entries {}\n", self.tree.count()));
-        out.push_str(&format!("bytes {}\n", self.tree.bytes()));
-        out.push_str("---\n");
-        out.push_str(&body);
-        out
+        let mut out = Vec::new();
+        self.write(&mut out).expect("writing to memory");
+        String::from_utf8(out).expect("manifests are ASCII")
     }
 
-    pub fn parse(text: &str) -> Result<Manifest> {
-        let mut lines = text.lines();
-        let first = lines.next().unwrap_or("");
+    /// Fill in `digest` and write the manifest to `w`, a line at a time.
+    pub fn write(&mut self, w: &mut dyn Write) -> std::io::Result<()> {
+        self.digest = digest(&self.tree, self.label.as_deref());
+        writeln!(w, "{MAGIC} {VERSION}")?;
+        if let Some(l) = &self.label {
+            writeln!(w, "label {}", escape(l.as_bytes()))?;
+        }
+        writeln!(w, "created {}.{:09}", self.created.0, self.created.1)?;
+        writeln!(w, "host {}", escape(self.host.as_bytes()))?;
+        for s in &self.sources {
+            writeln!(w, "source {}", escape(s.as_bytes()))?;
+        }
+        writeln!(w, "owners {}", self.owners as u8)?;
+        writeln!(w, "granularity {}", self.granularity_ns)?;
+        writeln!(w, "linkmeta {}", self.link_meta as u8)?;
+        writeln!(w, "hardlinks {}", self.hardlinks as u8)?;
+        writeln!(w, "digest {}", self.digest)?;
+        writeln!(w, "entries {}", self.tree.count())?;
+        writeln!(w, "bytes {}", self.tree.bytes())?;
+        writeln!(w, "---")?;
+        let mut res = Ok(());
+        for_each_line(&self.tree, &mut |l| {
+            if res.is_ok() {
+                res = w.write_all(l.as_bytes());
+            }
+        });
+        res
+    }
+
+    /// Read a manifest: its header, then its entries into `tree`.
+    pub fn read(r: &mut dyn BufRead) -> Result<Manifest> {
+        let mut m = Manifest::read_header(r)?;
+        for_each_entry(r, &mut |path, e| insert(&mut m.tree, path, e))?;
+        Ok(m)
+    }
+
+    /// Read the header, up to and including `---`; the tree is left empty.
+    pub fn read_header(r: &mut dyn BufRead) -> Result<Manifest> {
+        let mut first = String::new();
+        r.read_line(&mut first)?;
         let version = first
+            .trim_end()
             .strip_prefix(MAGIC)
             .map(str::trim)
             .context("not a packsync manifest")?
@@ -199,7 +223,13 @@ impl Manifest {
             hardlinks: true,
             ..Default::default()
         };
-        for line in lines.by_ref() {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                break;
+            }
+            let line = line.trim_end_matches('\n');
             if line == "---" {
                 break;
             }
@@ -219,12 +249,54 @@ impl Manifest {
                 _ => {} // counts and fields of later minor versions
             }
         }
-        for (n, line) in lines.enumerate() {
-            parse_entry(&mut m.tree, line)
-                .with_context(|| format!("manifest entry line {}", n + 1))?;
-        }
         Ok(m)
     }
+
+    pub fn parse(text: &str) -> Result<Manifest> {
+        Manifest::read(&mut text.as_bytes())
+    }
+}
+
+/// Reads the entries after the header one at a time, in pre-order.
+pub struct Entries<'r> {
+    r: &'r mut dyn BufRead,
+    line: String,
+    n: u64,
+}
+
+impl<'r> Entries<'r> {
+    pub fn new(r: &'r mut dyn BufRead) -> Entries<'r> {
+        Entries {
+            r,
+            line: String::new(),
+            n: 0,
+        }
+    }
+
+    /// The next (path, entry without children); `None` at the end.
+    pub fn next_entry(&mut self) -> Result<Option<(Vec<u8>, Entry)>> {
+        self.line.clear();
+        if self.r.read_line(&mut self.line)? == 0 {
+            return Ok(None);
+        }
+        self.n += 1;
+        let n = self.n;
+        parse_entry(self.line.trim_end_matches('\n'))
+            .map(Some)
+            .with_context(|| format!("manifest entry line {n}"))
+    }
+}
+
+/// Call `f` with each entry after the header (path, entry without children), in order.
+pub fn for_each_entry(
+    r: &mut dyn BufRead,
+    f: &mut dyn FnMut(Vec<u8>, Entry) -> Result<()>,
+) -> Result<()> {
+    let mut entries = Entries::new(r);
+    while let Some((path, e)) = entries.next_entry()? {
+        f(path, e)?;
+    }
+    Ok(())
 }
 
 fn flag(v: &str) -> Result<bool> {
@@ -243,7 +315,7 @@ fn parse_time(s: &str) -> Result<(i64, u32)> {
     ))
 }
 
-fn parse_entry(tree: &mut Tree, line: &str) -> Result<()> {
+fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
     let f: Vec<&str> = line.split(' ').collect();
     if f.len() < 9 {
         bail!("too few fields");
@@ -256,11 +328,6 @@ fn parse_entry(tree: &mut Tree, line: &str) -> Result<()> {
         mtime: parse_time(f[5])?,
     };
     let path = unescape(f[8])?;
-    if path == b"." {
-        tree.root = meta;
-        tree.root_srcs = 1;
-        return Ok(());
-    }
     let node = match f[0] {
         "f" => Node::File(File {
             hash: if f[6] == "-" {
@@ -282,15 +349,26 @@ fn parse_entry(tree: &mut Tree, line: &str) -> Result<()> {
         "l" => Node::Symlink(unescape(f.get(9).context("symlink without target")?)?.into()),
         k => bail!("unknown kind {k:?}"),
     };
+    let name = path
+        .rsplit(|&b| b == b'/')
+        .next()
+        .unwrap_or_default()
+        .into();
+    Ok((path, Entry { name, meta, node }))
+}
+
+/// Put an entry read in pre-order into `tree`.
+fn insert(tree: &mut Tree, path: Vec<u8>, e: Entry) -> Result<()> {
+    if path == b"." {
+        tree.root = e.meta;
+        tree.root_srcs = 1;
+        return Ok(());
+    }
     let mut parts = path.split(|&b| b == b'/').peekable();
     let mut dir = &mut tree.entries;
     while let Some(part) = parts.next() {
         if parts.peek().is_none() {
-            dir.push(Entry {
-                name: part.into(),
-                meta,
-                node,
-            });
+            dir.push(e);
             return Ok(());
         }
         // Pre-order: the parent is the last entry pushed at its level.
@@ -304,6 +382,11 @@ fn parse_entry(tree: &mut Tree, line: &str) -> Result<()> {
         }
     }
     bail!("empty path")
+}
+
+/// Order of two relative paths in a pre-order walk with names sorted bytewise.
+pub fn cmp_preorder(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
+    a.split(|&c| c == b'/').cmp(b.split(|&c| c == b'/'))
 }
 
 #[cfg(test)]
@@ -392,6 +475,19 @@ mod tests {
         other.label = None;
         other.seal();
         assert_ne!(other.digest, m.digest);
+        // Written in pieces or at once, the same bytes.
+        let mut streamed = Vec::new();
+        m.write(&mut streamed).unwrap();
+        assert_eq!(streamed, text.as_bytes());
+    }
+
+    #[test]
+    fn preorder_puts_children_right_after_their_directory() {
+        use std::cmp::Ordering::*;
+        assert_eq!(cmp_preorder(b"a/b", b"a-c"), Less);
+        assert_eq!(cmp_preorder(b"a", b"a/b"), Less);
+        assert_eq!(cmp_preorder(b"a/z", b"b"), Less);
+        assert_eq!(cmp_preorder(b"x", b"x"), Equal);
     }
 
     #[test]

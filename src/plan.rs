@@ -221,7 +221,9 @@ fn diff(
                         }
                         if same {
                             if let (Node::File(sf), Node::File(lf)) = (&s.node, &l.node) {
-                                pairs.push((prefix.clone(), sf.group, lf.group));
+                                if sf.group.is_some() || lf.group.is_some() {
+                                    pairs.push((prefix.clone(), sf.group, lf.group));
+                                }
                             }
                         }
                     }

@@ -304,13 +304,23 @@ impl State {
     }
 
     pub fn read_manifest(&self, gen: &str) -> Result<Manifest> {
+        let (mut r, shown) = self.manifest_reader(gen)?;
+        Manifest::read(&mut r).with_context(|| format!("bad manifest {shown}"))
+    }
+
+    /// A buffered reader over `meta/<GEN>.manifest`, and its path for messages.
+    pub fn manifest_reader(
+        &self,
+        gen: &str,
+    ) -> Result<(std::io::BufReader<std::fs::File>, String)> {
         let name = format!("{gen}.manifest");
+        let shown = format!("{}/meta/{name}", self.path.display());
         let fd = sys::open_read_at(self.meta.as_fd(), name.as_bytes())
-            .with_context(|| format!("cannot open manifest {}/meta/{name}", self.path.display()))?;
-        let text = read_to_string(fd.as_fd())
-            .with_context(|| format!("cannot read manifest {}/meta/{name}", self.path.display()))?;
-        Manifest::parse(&text)
-            .with_context(|| format!("bad manifest {}/meta/{name}", self.path.display()))
+            .with_context(|| format!("cannot open manifest {shown}"))?;
+        Ok((
+            std::io::BufReader::with_capacity(256 * 1024, std::fs::File::from(fd)),
+            shown,
+        ))
     }
 
     /// Generations present in `gen/`, sorted by name.
