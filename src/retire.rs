@@ -7,24 +7,29 @@
 //! 1. decide from what the volume shows: not live, not among the `keep`
 //!    newest, no activity (manifest made, `.used`, `.retired` stamps) for
 //!    `grace`, no live lease or claim;
-//! 2. rename `gen/<GEN>` into `trash/<GEN>+<me>`: one atomic step, so `gen/`
+//! 2. announce the removal (`claim::Intent`), then look again: a claim,
+//!    DEST, or a changed stamp → stop;
+//! 3. rename `gen/<GEN>` into `trash/<GEN>+<me>`: one atomic step, so `gen/`
 //!    only ever holds whole trees, and no writer can start using it under
 //!    its name any more;
-//! 3. look again: DEST points at it, a claim or lease appeared, or a stamp
+//! 4. look again: DEST points at it, a claim or lease appeared, or a stamp
 //!    changed → rename it back (if a writer renamed a fresh copy in
 //!    meanwhile, drop ours) and stop;
-//! 4. move `meta/<GEN>.manifest` aside the same way and look again (a
+//! 5. move `meta/<GEN>.manifest` aside the same way and look again (a
 //!    converging writer may rely on it): claimed, back in `gen/`, or live →
 //!    put both back;
-//! 5. delete the stamps, the manifest and the tree through handles.
+//! 6. drop the announcement; delete the stamps, the manifest and the tree
+//!    through handles.
 //!
-//! A writer holds its claim from before it stores a generation until DEST
-//! points at it, and checks that the generation is there after taking the
-//! claim; so whichever of writer and collector comes second sees the
-//! other. A collector killed between steps 2 and 3 leaves its `trash/` entry
-//! named after itself: the next run (on the same host at once, on another
-//! after `stale`) puts it back if DEST or a claim still wants it, else
-//! deletes it.
+//! A writer claims a generation before it stores it, then waits while it
+//! sees an announcement, then checks that the generation is there, and holds
+//! the claim until DEST points at it. Writer and collector each make their
+//! own mark before looking for the other's, so at least one sees the other
+//! (step 2); step 4 covers a view of DEST or of `leases/` that another
+//! client's cache made stale. A collector killed between steps 3 and 4
+//! leaves its `trash/` entry named after itself: the next run (on the same
+//! host at once, on another after `stale`) puts it back if DEST or a claim
+//! still wants it, else deletes it.
 //!
 //! Timing assumptions: on one host (one client) none. On a shared volume
 //! another client may see an old DEST, or miss a fresh claim, for as long as
