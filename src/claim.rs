@@ -26,6 +26,8 @@ use crate::sys;
 use crate::volume::{unique_name, State};
 
 /// Held while a generation is being published; released when dropped.
+/// Claims and intents are made with mknod, never opened: on FUSE a file
+/// unlinked right after it was closed can linger as `.fuse_hidden*`.
 pub struct Claim<'s> {
     state: &'s State,
     name: String,
@@ -35,7 +37,7 @@ impl<'s> Claim<'s> {
     /// Claim `gen` for this process.
     pub fn take(state: &'s State, gen: &str) -> Result<Claim<'s>> {
         let name = format!("{gen}.{}", unique_name());
-        sys::create_excl_at(state.leases.as_fd(), name.as_bytes())
+        sys::make_file_at(state.leases.as_fd(), name.as_bytes())
             .with_context(|| format!("cannot create {}/leases/{name}", state.path.display()))?;
         Ok(Claim { state, name })
     }
@@ -61,7 +63,7 @@ pub const INTENT_STALE: Duration = Duration::from_secs(60);
 impl<'s> Intent<'s> {
     pub fn take(state: &'s State, gen: &str) -> Result<Intent<'s>> {
         let name = format!("{gen}.{}{INTENT_SUFFIX}", unique_name());
-        sys::create_excl_at(state.leases.as_fd(), name.as_bytes())
+        sys::make_file_at(state.leases.as_fd(), name.as_bytes())
             .with_context(|| format!("cannot create {}/leases/{name}", state.path.display()))?;
         Ok(Intent { state, name })
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{assert_clean, assert_one_of, code, entries, ok, packsync, skip, variant_tree, Rng};
 use crate::fixture::Fixture;
 
-const TRIALS: u32 = 60;
+const TRIALS: u32 = 120;
 
 fn sync_args(f: &Fixture, src: &PathBuf) -> Vec<std::ffi::OsString> {
     vec![

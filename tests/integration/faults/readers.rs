@@ -11,7 +11,7 @@ use std::thread;
 use super::{common_paths, ok, packsync, variant_of, variant_tree};
 use crate::fixture::Fixture;
 
-const SWAPS: u32 = 80;
+const SWAPS: u32 = 150;
 const FILES: usize = 40;
 
 #[derive(Default)]

@@ -14,7 +14,7 @@ use super::{assert_clean, assert_one_of, code, entries, ok, packsync, skip, vari
 use crate::fixture::Fixture;
 
 const WRITERS: usize = 4;
-const ROUNDS: usize = 8;
+const ROUNDS: usize = 16;
 
 /// A racy-free dangling check: DEST read twice around a look at its target;
 /// the same target both times and missing in between means DEST dangled.
