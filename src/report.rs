@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// What a stage tells about its progress.
 pub trait Reporter: Sync {
     /// Work of `files` entries and `bytes` bytes is about to start.
-    fn begin(&self, files: u64, bytes: u64);
+    fn begin(&self, entries: u64, bytes: u64);
     /// One more entry done, with its bytes.
     fn advance(&self, bytes: u64);
     fn finish(&self);
@@ -47,10 +47,15 @@ pub struct Progress {
 impl Progress {
     pub fn new(terminal: bool) -> Progress {
         let bar = terminal.then(|| {
-            let b = indicatif::ProgressBar::with_draw_target(Some(0), indicatif::ProgressDrawTarget::stderr_with_hz(10));
+            let b = indicatif::ProgressBar::with_draw_target(
+                Some(0),
+                indicatif::ProgressDrawTarget::stderr_with_hz(10),
+            );
             b.set_style(
-                indicatif::ProgressStyle::with_template("{spinner} {pos}/{len} entries  {bytes}/{total_bytes}  {bytes_per_sec}  ETA {eta}")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} {pos}/{len} entries  {msg}  ETA {eta}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
             );
             b
         });
@@ -64,15 +69,26 @@ impl Progress {
             start: Instant::now(),
         }
     }
+
+    /// `copied/total bytes, rate`, for the bar and the log lines.
+    fn bytes_line(&self, copied: u64) -> String {
+        let secs = self.start.elapsed().as_secs_f64().max(0.001);
+        format!(
+            "{}/{} copied, {}/s",
+            human_bytes(copied),
+            human_bytes(self.total_bytes.load(Ordering::Relaxed)),
+            human_bytes((copied as f64 / secs) as u64)
+        )
+    }
 }
 
 impl Reporter for Progress {
-    fn begin(&self, files: u64, bytes: u64) {
-        self.total.store(files, Ordering::Relaxed);
+    fn begin(&self, entries: u64, bytes: u64) {
+        self.total.store(entries, Ordering::Relaxed);
         self.total_bytes.store(bytes, Ordering::Relaxed);
         if let Some(b) = &self.bar {
-            b.set_length(bytes);
-            b.set_message(format!("{files}"));
+            b.set_length(entries);
+            b.set_message(self.bytes_line(0));
         }
     }
 
@@ -80,17 +96,20 @@ impl Reporter for Progress {
         let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
         let b = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
         if let Some(bar) = &self.bar {
-            bar.set_position(b);
+            bar.set_position(done);
+            // Formatting is the costly part: refresh the text now and then.
+            if done % 256 == 0 || bytes > 1 << 20 {
+                bar.set_message(self.bytes_line(b));
+            }
             return;
         }
         let mut last = self.last_line.lock().unwrap();
         if last.elapsed() >= Duration::from_secs(10) {
             *last = Instant::now();
             eprintln!(
-                "packsync: {done}/{} entries, {}/{} copied, {:.0}s",
+                "packsync: {done}/{} entries, {}, {:.0}s",
                 self.total.load(Ordering::Relaxed),
-                human_bytes(b),
-                human_bytes(self.total_bytes.load(Ordering::Relaxed)),
+                self.bytes_line(b),
                 self.start.elapsed().as_secs_f64()
             );
         }
