@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 /// What a stage tells about its progress.
 pub trait Reporter: Sync {
-    /// Work of `files` entries and `bytes` bytes is about to start.
+    /// Work on `entries` entries and `bytes` bytes of copying is about to start.
     fn begin(&self, entries: u64, bytes: u64);
     /// One more entry done, with its bytes.
     fn advance(&self, bytes: u64);
