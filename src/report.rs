@@ -98,7 +98,7 @@ impl Reporter for Progress {
         if let Some(bar) = &self.bar {
             bar.set_position(done);
             // Formatting is the costly part: refresh the text now and then.
-            if done % 256 == 0 || bytes > 1 << 20 {
+            if done.is_multiple_of(256) || bytes > 1 << 20 {
                 bar.set_message(self.bytes_line(b));
             }
             return;
