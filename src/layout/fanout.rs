@@ -179,8 +179,6 @@ fn owner(dest: BorrowedFd<'_>, name: &[u8]) -> Result<Owner> {
 pub struct Check {
     /// Entries packsync did not make that `--adopt` replaces or removes.
     pub adopt: Vec<Vec<u8>>,
-    /// Entries packsync did not make that this slot leaves alone.
-    pub kept: Vec<Vec<u8>>,
     /// This slot's entry links do not match its live generation (a writer was
     /// killed between its swap and its links, or someone edited DEST).
     pub repair: bool,
@@ -220,14 +218,11 @@ pub fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool)
                 }
             }
             Owner::Foreign { dir } => {
-                if want.contains(n.as_slice()) {
+                // The unslotted sync mirrors its source into DEST; a slot owns
+                // only what it publishes and leaves other entries alone.
+                let mirrored = vol.slot.is_none() && !(n == LOST_FOUND && dir);
+                if want.contains(n.as_slice()) || mirrored {
                     out.adopt.push(n);
-                } else if n == LOST_FOUND && dir {
-                } else if vol.slot.is_none() {
-                    // The unslotted sync mirrors its source into DEST.
-                    out.adopt.push(n);
-                } else {
-                    out.kept.push(n);
                 }
             }
         }
