@@ -73,56 +73,9 @@ done
 export FLOOR_BIN="$bench_dir/bin/floor" MEASURE_BIN="$bench_dir/bin/measure"
 
 # The filesystem under test.
-if [ -z "$fs_mode" ]; then
-    if [ "$(id -u)" = 0 ] && command -v losetup >/dev/null && command -v mkfs.ext4 >/dev/null; then
-        fs_mode=loop
-    else
-        fs_mode=dir
-        echo "bench: not root or no losetup/mkfs.ext4: measuring on $bench_dir's own filesystem" >&2
-    fi
-fi
-case "$fs_mode" in
-dir)
-    export BENCH_ROOT="$bench_dir"
-    export BENCH_FS_NOTE="the work dir's own filesystem"
-    ;;
-loop)
-    img="$bench_dir/fs.img"
-    mnt="$bench_dir/fs"
-    size=24G # sparse: the host holds only what is in use (trimmed after each tree)
-    mkdir -p "$mnt"
-    if mountpoint -q "$mnt"; then # left by an interrupted run
-        dev="$(findmnt -n -o SOURCE "$mnt")"
-        umount "$mnt"
-        case "$dev" in /dev/loop*) losetup -d "$dev" 2>/dev/null || true ;; esac
-    fi
-    if [ ! -f "$img" ] || [ "$(cat "$img.size" 2>/dev/null)" != "$size" ]; then
-        rm -f "$img" "$img.size"
-        truncate -s "$size" "$img"
-        mkfs.ext4 -q -F -E nodiscard "$img"
-        echo "$size" >"$img.size"
-    fi
-    dev="$(losetup --direct-io=on -f --show "$img")"
-    cleanup() {
-        # Give the freed blocks back to the host, then detach.
-        fstrim "$mnt" 2>/dev/null || true
-        umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
-        losetup -d "$dev" 2>/dev/null || true
-    }
-    trap cleanup EXIT
-    trap 'exit 130' INT
-    trap 'exit 143' TERM
-    mount -o nodiscard "$dev" "$mnt"
-    export BENCH_ROOT="$mnt"
-    host_fs="$(findmnt -n -o FSTYPE,OPTIONS -T "$bench_dir" | tr -s ' ')"
-    export BENCH_FS_NOTE="a dedicated $size ext4 on a loop device (direct I/O) backed by $img on $host_fs"
-    ;;
-*)
-    echo "bench: --fs takes loop or dir" >&2
-    exit 2
-    ;;
-esac
-export BENCH_FS_MODE="$fs_mode"
+# shellcheck source=bench/fs.sh
+. "$here/fs.sh"
+bench_fs_setup "$fs_mode" "$bench_dir"
 
 cd "$here/.."
 # Not exec: the EXIT trap unmounts the loop filesystem afterwards.

@@ -273,7 +273,7 @@ fn intact(state: &State, name: &str, manifest: &Manifest) -> bool {
     if !manifest.hardlinks {
         existing.adopt_groups(&want, &|a, b| crate::plan::same_entry(b, a, &c));
     }
-    crate::plan::build(&mut want, Some(&existing), &c).up_to_date()
+    crate::plan::build_counted(&mut want, Some(&existing), &c).up_to_date()
 }
 
 /// Our staging directory is still `stage/<me>`. A writer paused for longer

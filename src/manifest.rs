@@ -136,7 +136,7 @@ fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
 pub fn for_each_line(tree: &Tree, f: &mut dyn FnMut(&str)) {
     let mut line = String::new();
     let root = Entry {
-        name: Box::new([]),
+        name: Default::default(),
         meta: tree.root,
         node: Node::Dir(Dir::default()),
     };

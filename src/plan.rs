@@ -51,7 +51,13 @@ pub struct Change {
 
 #[derive(Debug, Default)]
 pub struct Plan {
+    /// The changes in path order, when they are listed (`build`; not with
+    /// `build_counted`, which saves a path per entry on a first sync).
     pub changes: Vec<Change>,
+    /// Whether `changes` is filled in.
+    listed: bool,
+    /// Changes found, listed or not.
+    found: u64,
     pub added: u64,
     pub changed: u64,
     pub deleted: u64,
@@ -66,7 +72,18 @@ pub struct Plan {
 impl Plan {
     /// Nothing to do: the live tree already equals the source.
     pub fn up_to_date(&self) -> bool {
-        self.changes.is_empty()
+        self.found == 0
+    }
+
+    fn note(&mut self, op: Op, kind: Kind, path: &[u8]) {
+        self.found += 1;
+        if self.listed {
+            self.changes.push(Change {
+                op,
+                kind,
+                path: path.to_vec(),
+            });
+        }
     }
 }
 
@@ -99,36 +116,41 @@ pub fn same_entry(src: &Entry, live: &Entry, c: &Compare) -> bool {
     }
 }
 
-/// Compare `src` with `live` (absent on a first sync), marking reusable files in `src`.
+/// Compare `src` with `live` (absent on a first sync), marking reusable files
+/// in `src`, and list the changes (`--itemize`).
 pub fn build(src: &mut Tree, live: Option<&Tree>, c: &Compare) -> Plan {
-    let mut plan = Plan::default();
+    build_with(src, live, c, true)
+}
+
+/// The same, counting the changes without listing them.
+pub fn build_counted(src: &mut Tree, live: Option<&Tree>, c: &Compare) -> Plan {
+    build_with(src, live, c, false)
+}
+
+fn build_with(src: &mut Tree, live: Option<&Tree>, c: &Compare, list: bool) -> Plan {
+    let mut plan = Plan {
+        listed: list,
+        ..Plan::default()
+    };
     let empty = Vec::new();
     let live_entries = live.map(|l| &l.entries).unwrap_or(&empty);
     if let Some(l) = live {
         let root_src = Entry {
-            name: Box::new([]),
+            name: Default::default(),
             meta: src.root,
             node: Node::Dir(Default::default()),
         };
         let root_live = Entry {
-            name: Box::new([]),
+            name: Default::default(),
             meta: l.root,
             node: Node::Dir(Default::default()),
         };
         if !same_entry(&root_src, &root_live, c) {
             plan.changed += 1;
-            plan.changes.push(Change {
-                op: Op::Change,
-                kind: Kind::Dir,
-                path: b".".to_vec(),
-            });
+            plan.note(Op::Change, Kind::Dir, b".");
         }
     } else {
-        plan.changes.push(Change {
-            op: Op::Add,
-            kind: Kind::Dir,
-            path: b".".to_vec(),
-        });
+        plan.note(Op::Add, Kind::Dir, b".");
     }
     let mut pairs = Vec::new();
     diff(
@@ -179,11 +201,7 @@ fn diff(
                     }
                 }
                 plan.changed += 1;
-                plan.changes.push(Change {
-                    op: Op::Change,
-                    kind: s.kind(),
-                    path: prefix.clone(),
-                });
+                plan.note(Op::Change, s.kind(), prefix);
                 if let Node::Dir(d) = &mut s.node {
                     for child in d.entries.iter_mut() {
                         let b2 = prefix.len();
@@ -200,11 +218,7 @@ fn diff(
                 let same = same_entry(s, l, c);
                 if !same {
                     plan.changed += 1;
-                    plan.changes.push(Change {
-                        op: Op::Change,
-                        kind: s.kind(),
-                        path: prefix.clone(),
-                    });
+                    plan.note(Op::Change, s.kind(), prefix);
                 }
                 match (&mut s.node, &l.node) {
                     (Node::Dir(sd), Node::Dir(ld)) => {
@@ -247,11 +261,7 @@ fn count_copy(e: &Entry, plan: &mut Plan) {
 
 fn added(e: &mut Entry, path: &mut Vec<u8>, plan: &mut Plan) {
     plan.added += 1;
-    plan.changes.push(Change {
-        op: Op::Add,
-        kind: e.kind(),
-        path: path.clone(),
-    });
+    plan.note(Op::Add, e.kind(), path);
     count_copy(e, plan);
     if let Node::Dir(d) = &mut e.node {
         for child in d.entries.iter_mut() {
@@ -276,11 +286,7 @@ fn deleted(e: &Entry, prefix: &[u8], plan: &mut Plan) {
         }
     }
     plan.deleted += 1;
-    plan.changes.push(Change {
-        op: Op::Delete,
-        kind: e.kind(),
-        path,
-    });
+    plan.note(Op::Delete, e.kind(), &path);
 }
 
 /// Files equal one by one may still differ in which of them share an inode:
@@ -327,11 +333,7 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
             || lg.is_some_and(|l| bad_live.contains(&l) || l2s.get(&l) == Some(&None));
         if broken {
             plan.changed += 1;
-            plan.changes.push(Change {
-                op: Op::Change,
-                kind: Kind::File,
-                path: path.clone(),
-            });
+            plan.note(Op::Change, Kind::File, path);
         }
     }
     if plan.changes.len() > 1 {
@@ -403,6 +405,37 @@ mod tests {
         let p = build(&mut src, Some(&live), &C);
         assert!(p.up_to_date(), "{:?}", itemized(&p));
         assert_eq!((p.reused, p.copied), (2, 0));
+    }
+
+    #[test]
+    fn counting_without_listing_finds_the_same_plan() {
+        let live = t(vec![
+            d("a", vec![f("x", 1, 1), f("gone", 1, 1)]),
+            f("y", 2, 2),
+        ]);
+        for src in [
+            live.clone(),
+            t(vec![d("a", vec![f("x", 1, 9)]), d("y", vec![])]),
+            t(vec![]),
+        ] {
+            for l in [Some(&live), None] {
+                let listed = build(&mut src.clone(), l, &C);
+                let counted = build_counted(&mut src.clone(), l, &C);
+                assert!(counted.changes.is_empty());
+                assert_eq!(counted.up_to_date(), listed.up_to_date());
+                assert_eq!(
+                    (
+                        counted.added,
+                        counted.changed,
+                        counted.deleted,
+                        counted.reused
+                    ),
+                    (listed.added, listed.changed, listed.deleted, listed.reused)
+                );
+            }
+        }
+        assert!(build_counted(&mut live.clone(), Some(&live), &C).up_to_date());
+        assert!(!build_counted(&mut t(vec![]), None, &C).up_to_date());
     }
 
     #[test]

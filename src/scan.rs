@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::sys::{self, StatKind};
-use crate::tree::{Dir, Entry, File, Meta, Node, Tree};
+use crate::tree::{Dir, Entry, File, Meta, Name, Node, Tree};
 
 /// Which paths a scan leaves out (gitignore rules, in command-line order).
 #[derive(Default)]
@@ -179,7 +179,7 @@ fn scan_entry(
     if !filter.is_empty() && filter.excludes(rel, kind == StatKind::Dir) {
         return Ok(());
     }
-    let name: Box<[u8]> = name.into();
+    let name: Name = name.into();
     let node = match kind {
         StatKind::File => Node::File(File {
             src,

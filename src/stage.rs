@@ -50,6 +50,9 @@ pub struct Job<'a> {
     pub caps: Caps,
     /// This writer's staging directory, whose mtime is its heartbeat.
     pub heartbeat: Option<BorrowedFd<'a>>,
+    /// The sync will flush what it wrote (no `--no-fsync`): large files
+    /// start their writeback as they are copied.
+    pub durable: bool,
 }
 
 /// How often a running copy refreshes its staging directory's mtime; far
@@ -105,8 +108,16 @@ impl Ctx<'_> {
     }
 }
 
-/// Files up to this size are copied with one read and one write.
+/// Files up to this size are copied through user space (read, hash,
+/// write); larger ones by the kernel (`copy_large`).
 const SMALL: u64 = 1 << 20;
+
+/// The per-thread buffer of `copy_small`: a file up to this size is copied
+/// with one read and one write. Bounded, as the pool has many threads.
+const BUF_MAX: usize = 256 << 10;
+
+/// `copy_large` copies, hashes and starts writeback this much at a time.
+const CHUNK: u64 = 8 << 20;
 
 thread_local! {
     static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
@@ -379,7 +390,7 @@ fn copy_file(
     let copied = if meta.size <= SMALL {
         copy_small(src.as_fd(), dst.as_fd(), meta.size)
     } else {
-        copy_large(src.as_fd(), dst.as_fd())
+        copy_large(src.as_fd(), dst.as_fd(), ctx.job.durable)
     };
     // A copy cut short by SIGINT/SIGTERM is an interruption, not an I/O error.
     check_signal()?;
@@ -417,65 +428,78 @@ fn copy_file(
 fn copy_small(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<([u8; 32], u64)> {
     BUF.with(|b| {
         let mut buf = b.borrow_mut();
-        let want = size as usize;
-        if buf.len() < want {
-            buf.resize(want, 0);
+        let cap = (size as usize).min(BUF_MAX);
+        if buf.len() < cap {
+            buf.resize(cap, 0);
         }
-        let mut got = 0;
-        while got < want {
-            let n = sys::read(src, &mut buf[got..want])?;
-            if n == 0 {
+        // Up to BUF_MAX: one read and one write. Never more than `size`: a
+        // file that grew meanwhile is caught by the caller's check.
+        let mut h = Sha256::new();
+        let mut total = 0u64;
+        while total < size {
+            let want = ((size - total) as usize).min(cap);
+            let mut got = 0;
+            while got < want {
+                let n = sys::read(src, &mut buf[got..want])?;
+                if n == 0 {
+                    break;
+                }
+                got += n;
+            }
+            h.update(&buf[..got]);
+            sys::write_all(dst, &buf[..got])?;
+            total += got as u64;
+            if got < want {
                 break;
             }
-            got += n;
         }
-        sys::write_all(dst, &buf[..got])?;
-        Ok((Sha256::digest(&buf[..got]).into(), got as u64))
+        Ok((h.finalize().into(), total))
     })
 }
 
-/// Large files: reflink or copy_file_range (no bytes through user space),
-/// then hash the source; read/write where the kernel offers neither.
-fn copy_large(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> io::Result<([u8; 32], u64)> {
-    let mut copied = 0u64;
-    let mut offloaded = sys::ficlone(dst, src).is_ok();
-    if offloaded {
-        copied = sys::fstat(src)?.st_size as u64;
-    } else {
-        loop {
-            match sys::copy_range(src, dst, 1 << 30) {
-                Ok(0) => {
-                    offloaded = true;
-                    break;
-                }
-                Ok(n) => copied += n as u64,
-                Err(e) if copied == 0 && sys::is_unsupported(&e) => break,
-                Err(e) => return Err(e),
-            }
-            if sys::signals::pending().is_some() {
-                return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
-            }
-        }
-    }
-    if offloaded {
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 20];
-        let mut off = 0u64;
-        loop {
-            let n = sys::pread(src, &mut buf, off)?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-            off += n as u64;
-        }
-        if off != copied {
-            return Err(io::Error::other("source size changed during copy"));
-        }
-        return Ok((h.finalize().into(), copied));
-    }
+/// Large files: reflink where the filesystem can (then only the hash reads
+/// the data), else copy_file_range (no bytes through user space) a chunk at
+/// a time, hashing each chunk from the page cache right after; read/write
+/// where the kernel offers neither. A durable sync starts each chunk's
+/// writeback at once, so that the final flush finds little left to write and
+/// the disk works while the next chunk is read and hashed.
+fn copy_large(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    durable: bool,
+) -> io::Result<([u8; 32], u64)> {
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
+    if sys::ficlone(dst, src).is_ok() {
+        let size = sys::fstat(src)?.st_size as u64;
+        let n = hash_range(src, &mut h, &mut buf, 0, u64::MAX)?;
+        if n != size {
+            return Err(io::Error::other("source size changed during copy"));
+        }
+        return Ok((h.finalize().into(), n));
+    }
+    let mut copied = 0u64;
+    loop {
+        match sys::copy_range(src, dst, CHUNK as usize) {
+            Ok(0) => return Ok((h.finalize().into(), copied)),
+            Ok(n) => {
+                let n = n as u64;
+                if durable {
+                    sys::start_writeback(dst, copied, n);
+                }
+                if hash_range(src, &mut h, &mut buf, copied, n)? != n {
+                    return Err(io::Error::other("source size changed during copy"));
+                }
+                copied += n;
+            }
+            Err(e) if copied == 0 && sys::is_unsupported(&e) => break,
+            Err(e) => return Err(e),
+        }
+        if sys::signals::pending().is_some() {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
+        }
+    }
+    let mut written_back = 0u64;
     loop {
         let n = sys::read(src, &mut buf)?;
         if n == 0 {
@@ -484,11 +508,36 @@ fn copy_large(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> io::Result<([u8; 32],
         h.update(&buf[..n]);
         sys::write_all(dst, &buf[..n])?;
         copied += n as u64;
+        if durable && copied - written_back >= CHUNK {
+            sys::start_writeback(dst, written_back, copied - written_back);
+            written_back = copied;
+        }
         if sys::signals::pending().is_some() {
             return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
         }
     }
     Ok((h.finalize().into(), copied))
+}
+
+/// Hash `len` bytes of `fd` from `off` (fewer at end of file); the bytes read.
+fn hash_range(
+    fd: BorrowedFd<'_>,
+    h: &mut Sha256,
+    buf: &mut [u8],
+    off: u64,
+    len: u64,
+) -> io::Result<u64> {
+    let mut done = 0u64;
+    while done < len {
+        let want = (len - done).min(buf.len() as u64) as usize;
+        let n = sys::pread(fd, &mut buf[..want], off + done)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        done += n as u64;
+    }
+    Ok(done)
 }
 
 /// Second pass: link every hardlink follower to its leader, then set the

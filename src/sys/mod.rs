@@ -449,6 +449,23 @@ pub fn ficlone(dst: BorrowedFd<'_>, src: BorrowedFd<'_>) -> io::Result<()> {
     Ok(rfs::ioctl_ficlone(dst, src)?)
 }
 
+/// Start writing a range of `fd` back to disk without waiting for it
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`); a hint, so errors are ignored:
+/// the flush that makes the data durable comes later and reports them.
+pub fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain integers and a descriptor the caller keeps open; rustix
+    // has no wrapper for this call.
+    let _ = unsafe {
+        libc::sync_file_range(
+            fd.as_raw_fd(),
+            offset as libc::off64_t,
+            len as libc::off64_t,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+}
+
 /// One `copy_file_range` call; `Ok(0)` at end of file.
 pub fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, len: usize) -> io::Result<usize> {
     loop {

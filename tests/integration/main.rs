@@ -1,5 +1,6 @@
 //! Integration tests: the real binary on temporary trees.
 
+mod copy;
 mod faults;
 mod fixture;
 mod layouts;
