@@ -160,9 +160,20 @@ struct Live {
     tree: Option<Tree>,
     /// The live manifest's header (its entries were only streamed through).
     manifest: Option<Manifest>,
+    /// The rest of the live manifest, while its hashes are not attached yet:
+    /// only a sync that stages anything reads it.
+    rest: Option<std::io::BufReader<std::fs::File>>,
 }
 
-fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) -> Result<Live> {
+/// `lazy`: leave the manifest's entries for `attach_manifest` later (not
+/// where its hardlink groups are needed to compare: `hardlinks 0`).
+fn load_live(
+    vol: &Volume,
+    state: Option<&State>,
+    dest: &Dest,
+    warn: &Warnings,
+    lazy: bool,
+) -> Result<Live> {
     match dest {
         Dest::Live(gen) => {
             let state = state.with_context(|| {
@@ -186,14 +197,20 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
                         fd: None,
                         tree: None,
                         manifest: None,
+                        rest: None,
                     });
                 }
             };
             tree.assign_groups_by_inode();
             // A missing or unreadable manifest only costs reuse: every file is copied.
+            let mut rest = None;
             let manifest = state.manifest_reader(gen).ok().and_then(|(mut r, _)| {
                 let header = Manifest::read_header(&mut r).ok()?;
-                attach_manifest(&mut tree, &mut r, &header).ok()?;
+                if lazy && header.hardlinks {
+                    rest = Some(r);
+                } else {
+                    attach_manifest(&mut tree, &mut r, &header).ok()?;
+                }
                 Some(header)
             });
             Ok(Live {
@@ -201,6 +218,7 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
                 fd: Some(fd),
                 tree: Some(tree),
                 manifest,
+                rest,
             })
         }
         Dest::Directory => {
@@ -212,6 +230,7 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
                 fd: None,
                 tree: Some(tree),
                 manifest: None,
+                rest: None,
             })
         }
         _ => Ok(Live {
@@ -219,6 +238,7 @@ fn load_live(vol: &Volume, state: Option<&State>, dest: &Dest, warn: &Warnings) 
             fd: None,
             tree: None,
             manifest: None,
+            rest: None,
         }),
     }
 }
@@ -341,7 +361,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         Ok(tree)
     };
     let (tree, live) = rayon::join(scan_sources, || {
-        load_live(&vol, state.as_ref(), &dest, &warnings)
+        load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum)
     });
     let (mut tree, live) = (tree?, live?);
     let root = sys::euid() == 0;
@@ -397,11 +417,26 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         }
     }
     // The list of changes costs a path per entry: only `--itemize` shows it.
-    let plan = if cfg.itemize {
-        plan::build(&mut tree, live_tree.as_ref(), &compare)
-    } else {
-        plan::build_counted(&mut tree, live_tree.as_ref(), &compare)
+    let plan_of = |tree: &mut Tree, live: Option<&Tree>| {
+        if cfg.itemize {
+            plan::build(tree, live, &compare)
+        } else {
+            plan::build_counted(tree, live, &compare)
+        }
     };
+    let mut plan = plan_of(&mut tree, live_tree.as_ref());
+    // The live hashes only matter for reuse: a sync that turns out up to
+    // date never reads past the manifest's header.
+    if let (Some(mut rest), Some(header), Some(lt)) =
+        (live.rest, live.manifest.as_ref(), live_tree.as_mut())
+    {
+        if !plan.up_to_date() || cfg.dry_run || (cfg.label.is_some() && cfg.label != header.label)
+        {
+            // Entries that cannot be read only cost reuse: those files are copied.
+            let _ = attach_manifest(lt, &mut rest, header);
+            plan = plan_of(&mut tree, Some(lt));
+        }
+    }
 
     let mut summary = Summary {
         dest: vol.display.clone(),

@@ -3,6 +3,7 @@
 //! exact and the manifest records the SHA-256 of what was copied.
 
 use std::fs;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -115,4 +116,37 @@ fn a_large_file_changed_in_the_middle_is_copied_again_whole() {
     assert_eq!(summary["reused"], 1, "{}", out.stdout);
     assert_eq!(fs::read(f.dest().join("big.bin")).unwrap(), data);
     assert_recorded(&live_manifest(&f), "big.bin", &data);
+}
+
+/// Every count of a `--json` summary, for comparing runs.
+fn counts(out: &str) -> (String, u64, u64) {
+    let s: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    (
+        s["status"].as_str().unwrap().to_string(),
+        s["copied"].as_u64().unwrap(),
+        s["reused"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn a_new_label_on_unchanged_content_reuses_every_file() {
+    let f = Fixture::new();
+    f.file("a/x.py", "x");
+    f.file("b.txt", "b");
+    f.sync(&["--label", "v1"]).ok();
+    let ino = fs::metadata(f.dest().join("a/x.py")).unwrap().ino();
+    let out = f.sync(&["--label", "v2", "--json"]).ok();
+    assert_eq!(counts(&out.stdout), ("synced".into(), 0, 2));
+    assert_eq!(fs::metadata(f.dest().join("a/x.py")).unwrap().ino(), ino);
+    assert_recorded(&live_manifest(&f), "a/x.py", b"x");
+}
+
+#[test]
+fn a_dry_run_of_an_up_to_date_tree_counts_every_file_as_reused() {
+    let f = Fixture::new();
+    f.file("a/x.py", "x");
+    f.file("b.txt", "b");
+    f.sync(&[]).ok();
+    let out = f.sync(&["--dry-run", "--json"]).ok();
+    assert_eq!(counts(&out.stdout), ("up to date".into(), 0, 2));
 }
