@@ -105,12 +105,16 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__exec)
-            opts="-h --help"
+            opts="-h --slot --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -281,13 +285,17 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__rollback)
-            opts="-h --to --help"
+            opts="-h --to --slot --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
                 --to)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -299,12 +307,16 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__status)
-            opts="-h --json --help"
+            opts="-h --json --slot --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -375,12 +387,16 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__verify)
-            opts="-h --json --help"
+            opts="-h --json --slot --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -389,7 +405,7 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__wait)
-            opts="-h --timeout --label --help"
+            opts="-h --timeout --label --slot --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -400,6 +416,10 @@ _packsync() {
                     return 0
                     ;;
                 --label)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --slot)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

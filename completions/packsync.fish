@@ -64,18 +64,23 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify -d 'Re
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l mkpath -d 'Create DEST\'s parent directories'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l migrate -d 'Take over a directory at DEST even where that leaves DEST missing for an instant'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand status" -l slot -d 'With --layout fanout: only this slot' -r
 complete -c packsync -n "__fish_packsync_using_subcommand status" -l json -d 'One JSON object on stdout'
 complete -c packsync -n "__fish_packsync_using_subcommand status" -s h -l help -d 'Print help'
-complete -c packsync -n "__fish_packsync_using_subcommand verify" -l json
+complete -c packsync -n "__fish_packsync_using_subcommand verify" -l slot -d 'With --layout fanout: only this slot' -r
+complete -c packsync -n "__fish_packsync_using_subcommand verify" -l json -d 'One JSON object on stdout'
 complete -c packsync -n "__fish_packsync_using_subcommand verify" -s h -l help -d 'Print help'
-complete -c packsync -n "__fish_packsync_using_subcommand rollback" -l to -d 'Generation to publish (default: the newest earlier one)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand rollback" -l to -d 'Generation to publish: a name, a unique prefix or a label (default: the newest one made before the live one)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand rollback" -l slot -d 'With --layout fanout: the slot to roll back' -r
 complete -c packsync -n "__fish_packsync_using_subcommand rollback" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand gc" -l keep -r
 complete -c packsync -n "__fish_packsync_using_subcommand gc" -l grace -r
 complete -c packsync -n "__fish_packsync_using_subcommand gc" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand wait" -l timeout -d 'Give up after this long (e.g. 30s, 5m; default: wait forever)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand wait" -l label -d 'Wait for a live generation with this label' -r
+complete -c packsync -n "__fish_packsync_using_subcommand wait" -l label -d 'Wait for a live generation with exactly this label' -r
+complete -c packsync -n "__fish_packsync_using_subcommand wait" -l slot -d 'With --layout fanout: wait for this slot only' -r
 complete -c packsync -n "__fish_packsync_using_subcommand wait" -s h -l help -d 'Print help'
+complete -c packsync -n "__fish_packsync_using_subcommand exec" -l slot -d 'With --layout fanout: the slot whose generation CMD runs on' -r
 complete -c packsync -n "__fish_packsync_using_subcommand exec" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand completions" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'

@@ -14,6 +14,7 @@ use crate::config::{self, Command, Config, Layout, SyncConfig};
 use crate::error;
 use crate::layout;
 use crate::manifest::Manifest;
+use crate::ops;
 use crate::plan::{self, Compare, Plan};
 use crate::report::{self, Progress, Quiet, Reporter};
 use crate::retire::{self, Policy};
@@ -36,7 +37,18 @@ pub fn run(cfg: Config) -> Result<i32> {
             Ok(0)
         }
         Command::Gc { dest, keep, grace } => gc(&dest, keep, &grace),
-        _ => Err(error::usage("this command is not available yet")),
+        Command::Status { dest, json, slot } => ops::status::run(&dest, slot.as_deref(), json),
+        Command::Verify { dest, json, slot } => ops::verify::run(&dest, slot.as_deref(), json),
+        Command::Rollback { dest, to, slot } => {
+            ops::rollback::run(&dest, slot.as_deref(), to.as_deref())
+        }
+        Command::Wait {
+            dest,
+            timeout,
+            label,
+            slot,
+        } => ops::wait::run(&dest, slot.as_deref(), timeout.as_deref(), label.as_deref()),
+        Command::Exec { dest, cmd, slot } => ops::exec::run(&dest, slot.as_deref(), &cmd),
     }
 }
 
@@ -303,6 +315,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         }
         None => None,
     };
+    let chmod = match &cfg.chmod {
+        Some(r) => {
+            Some(crate::chmod::parse(r).map_err(|e| crate::cli::bad_value("--chmod", r, e))?)
+        }
+        None => None,
+    };
+    let version = crate::label::from_flag(cfg.label.as_deref(), cfg.allow_downgrade)?;
     let rules = load_rules(cfg)?;
     let filter = Filter::new(&rules).map_err(|e| error::usage(format!("{e:#}")))?;
     let (src_fds, canon, labels) = validate_sources(cfg)?;
@@ -391,6 +410,9 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             own(&mut e.meta, d);
         });
     }
+    if let Some(rules) = &chmod {
+        rules.apply(&mut tree);
+    }
     let granularity = live
         .manifest
         .as_ref()
@@ -468,6 +490,18 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     } else {
         None
     };
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.clone());
+    crate::label::guard(
+        &vol.display,
+        cfg.label.as_deref(),
+        version.as_ref(),
+        live.gen.as_deref(),
+        live_label.as_deref(),
+    )?;
+    // A new label on the same content is a new generation (the label is part of it).
+    let up_to_date = plan.up_to_date()
+        && live.gen.is_some()
+        && (cfg.label.is_none() || cfg.label == live_label);
     if cfg.itemize {
         print_itemized(&plan);
     }
@@ -481,7 +515,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         stale: config::STALE_STAGE,
     };
     if cfg.dry_run {
-        summary.status = if plan.up_to_date() && live.gen.is_some() {
+        summary.status = if up_to_date {
             "up to date"
         } else {
             "would sync"
@@ -492,7 +526,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         summary.reused = plan.reused;
         return finish(cfg, summary, start);
     }
-    if plan.up_to_date() && live.gen.is_some() {
+    if up_to_date {
         summary.status = "up to date";
         summary.generation = live.gen.clone();
         if let Some(state) = &state {
@@ -552,6 +586,15 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         };
         let staged = stage::run(&job, &mut tree, out.as_fd())?;
         reporter.finish();
+        if cfg.verify {
+            let rules = crate::verify::Rules {
+                owners: owners && staged.owner_failures == 0,
+                granularity_ns,
+                link_meta: caps.link_meta,
+                hardlinks: caps.hardlinks,
+            };
+            crate::verify::staged(out.as_fd(), &tree, rules)?;
+        }
         drop(out);
         summary.copied = staged.copied;
         summary.copied_bytes = staged.copied_bytes;
@@ -595,7 +638,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     summary.status = "synced";
     summary.generation = Some(gen.name.clone());
     summary.retired = collect(&vol, &state, &policy, reporter, &mut summary);
-    finish(cfg, summary, start)
+    let hook = cfg
+        .exec_after
+        .as_deref()
+        .map(|c| ops::exec::after(c, &vol, &state, &gen.name, cfg.json));
+    let code = finish(cfg, summary, start)?;
+    hook.transpose()?;
+    Ok(code)
 }
 
 /// Garbage collection after a sync: its failure is a warning, as the sync

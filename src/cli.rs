@@ -30,19 +30,29 @@ pub enum Cmd {
         /// One JSON object on stdout
         #[arg(long)]
         json: bool,
+        /// With --layout fanout: only this slot
+        #[arg(long, value_name = "NAME")]
+        slot: Option<String>,
     },
     /// Re-hash the live tree against its manifest (exit 4 on differences)
     Verify {
         dest: PathBuf,
+        /// One JSON object on stdout
         #[arg(long)]
         json: bool,
+        /// With --layout fanout: only this slot
+        #[arg(long, value_name = "NAME")]
+        slot: Option<String>,
     },
     /// Make a retained generation live again
     Rollback {
         dest: PathBuf,
-        /// Generation to publish (default: the newest earlier one)
-        #[arg(long)]
+        /// Generation to publish: a name, a unique prefix or a label (default: the newest one made before the live one)
+        #[arg(long, value_name = "GEN")]
         to: Option<String>,
+        /// With --layout fanout: the slot to roll back
+        #[arg(long, value_name = "NAME")]
+        slot: Option<String>,
     },
     /// Retire old generations and remove dead staging
     Gc {
@@ -56,15 +66,21 @@ pub enum Cmd {
     Wait {
         dest: PathBuf,
         /// Give up after this long (e.g. 30s, 5m; default: wait forever)
-        #[arg(long)]
+        #[arg(long, value_name = "DUR")]
         timeout: Option<String>,
-        /// Wait for a live generation with this label
-        #[arg(long)]
+        /// Wait for a live generation with exactly this label
+        #[arg(long, value_name = "TEXT")]
         label: Option<String>,
+        /// With --layout fanout: wait for this slot only
+        #[arg(long, value_name = "NAME")]
+        slot: Option<String>,
     },
     /// Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs
     Exec {
         dest: PathBuf,
+        /// With --layout fanout: the slot whose generation CMD runs on
+        #[arg(long, value_name = "NAME")]
+        slot: Option<String>,
         #[arg(required = true, last = true)]
         cmd: Vec<String>,
     },
@@ -228,20 +244,22 @@ fn into_config(args: Args, rules: Vec<String>) -> Config {
                 migrate: s.migrate,
             }))
         }
-        Cmd::Status { dest, json } => Command::Status { dest, json },
-        Cmd::Verify { dest, json } => Command::Verify { dest, json },
-        Cmd::Rollback { dest, to } => Command::Rollback { dest, to },
+        Cmd::Status { dest, json, slot } => Command::Status { dest, json, slot },
+        Cmd::Verify { dest, json, slot } => Command::Verify { dest, json, slot },
+        Cmd::Rollback { dest, to, slot } => Command::Rollback { dest, to, slot },
         Cmd::Gc { dest, keep, grace } => Command::Gc { dest, keep, grace },
         Cmd::Wait {
             dest,
             timeout,
             label,
+            slot,
         } => Command::Wait {
             dest,
             timeout,
             label,
+            slot,
         },
-        Cmd::Exec { dest, cmd } => Command::Exec { dest, cmd },
+        Cmd::Exec { dest, cmd, slot } => Command::Exec { dest, cmd, slot },
         Cmd::Completions { shell } => Command::Completions { shell },
     };
     Config { command }

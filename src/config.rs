@@ -18,19 +18,24 @@ pub struct Config {
     pub command: Command,
 }
 
+/// `slot` in the commands below is `--slot`: with `--layout fanout`, which
+/// slot's tree (none: every tree DEST publishes, or the only one).
 pub enum Command {
     Sync(Box<SyncConfig>),
     Status {
         dest: PathBuf,
         json: bool,
+        slot: Option<String>,
     },
     Verify {
         dest: PathBuf,
         json: bool,
+        slot: Option<String>,
     },
     Rollback {
         dest: PathBuf,
         to: Option<String>,
+        slot: Option<String>,
     },
     Gc {
         dest: PathBuf,
@@ -41,10 +46,12 @@ pub enum Command {
         dest: PathBuf,
         timeout: Option<String>,
         label: Option<String>,
+        slot: Option<String>,
     },
     Exec {
         dest: PathBuf,
         cmd: Vec<String>,
+        slot: Option<String>,
     },
     Completions {
         shell: clap_complete::Shell,

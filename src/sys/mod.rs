@@ -649,6 +649,8 @@ pub fn ctime_of(st: &Stat) -> (i64, u32) {
     t
 }
 
+pub mod forward;
+
 /// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
 /// up its staging directory before exiting 130/143.
 pub mod signals {

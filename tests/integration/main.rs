@@ -3,6 +3,7 @@
 mod copy;
 mod faults;
 mod fixture;
+mod ops;
 mod layouts;
 mod property;
 mod sync;

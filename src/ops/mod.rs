@@ -1,0 +1,191 @@
+//! The operator's commands around a sync: `status`, `verify`, `rollback`,
+//! `wait`, `exec` (and `--exec-after`), one file each with one `run`. This
+//! file holds what they share: opening a DEST that must be packsync's, the
+//! path of a generation, and how times read.
+//!
+//! None of them writes inside a generation; `rollback` publishes through
+//! `commit::publish`, `exec` writes only its lease.
+
+pub mod exec;
+pub mod rollback;
+pub mod status;
+pub mod verify;
+pub mod wait;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::config::Layout;
+use crate::error;
+use crate::layout::{self, LiveTree};
+use crate::sys;
+use crate::volume::{Dest, State, Volume};
+
+/// One tree DEST publishes (DEST itself, or one fanout slot of it), opened.
+pub struct Target {
+    pub vol: Volume,
+    pub state: State,
+}
+
+/// Open every tree DEST publishes (one; one per slot with fanout, or only
+/// `slot`); refuse (exit 3) anything packsync did not make.
+pub fn open(dest: &Path, slot: Option<&str>) -> Result<Vec<Target>> {
+    let parent = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(error::refused(format!(
+            "{}: not a packsync destination ({} is not a directory)",
+            dest.display(),
+            parent.display()
+        )));
+    }
+    let base = Volume::open(dest, false)?;
+    if layout::current(&base)?.is_none() {
+        let why = match base.inspect()? {
+            Dest::File => "it is not a directory".to_string(),
+            Dest::Foreign(t) => format!("a symlink to {t}"),
+            Dest::Directory => {
+                "a plain directory; the first `packsync sync` takes it over".to_string()
+            }
+            Dest::Absent | Dest::Live(_) => format!(
+                "nothing there and no state directory {}",
+                sys::os(&base.state_name()).to_string_lossy()
+            ),
+        };
+        return Err(error::refused(format!(
+            "{}: not a packsync destination ({why})",
+            base.display
+        )));
+    }
+    let mut out = Vec::new();
+    for vol in layout::find(dest, slot)? {
+        let state = vol.state(false)?.with_context(|| {
+            format!(
+                "{}: points into a missing state directory {}",
+                vol.display,
+                sys::os(&vol.state_name()).to_string_lossy()
+            )
+        })?;
+        out.push(Target { vol, state });
+    }
+    Ok(out)
+}
+
+/// Open the one tree a command that changes or pins DEST works on.
+pub fn open_one(dest: &Path, slot: Option<&str>) -> Result<Target> {
+    let mut all = open(dest, slot)?;
+    if all.len() > 1 {
+        let names: Vec<String> = all.iter().map(|t| slot_name(&t.vol)).collect();
+        return Err(error::usage(format!(
+            "{}: publishes several slots ({}); choose one with --slot",
+            dest.display(),
+            names.join(", ")
+        )));
+    }
+    Ok(all.remove(0))
+}
+
+/// `(no slot)` or the slot's name, for messages.
+pub fn slot_name(vol: &Volume) -> String {
+    vol.slot.clone().unwrap_or_else(|| "(no slot)".into())
+}
+
+impl Target {
+    /// The live generation, or an error when DEST does not point at one yet.
+    pub fn live(&self) -> Result<LiveTree> {
+        self.vol.open_live(&self.state)?.with_context(|| {
+            format!(
+                "{}: no live generation yet (no sync has completed; `packsync wait` blocks until one has)",
+                self.vol.display
+            )
+        })
+    }
+
+    /// `vol/packs`, or `vol/packs (slot a)` with fanout slots.
+    pub fn shown(&self) -> String {
+        match &self.vol.slot {
+            Some(s) => format!("{} (slot {s})", self.vol.display),
+            None => self.vol.display.clone(),
+        }
+    }
+}
+
+/// The absolute path of generation `gen` (for `PACKSYNC_ROOT`): below the
+/// state directory, or DEST itself for the live tree of `--layout dir`.
+pub fn gen_path(vol: &Volume, state: &State, gen: &str) -> PathBuf {
+    let abs = |p: &Path| {
+        std::fs::canonicalize(p)
+            .or_else(|_| std::path::absolute(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    };
+    if vol.layout == Layout::Dir && vol.live_generation().ok().flatten().as_deref() == Some(gen) {
+        return abs(&vol.root_path());
+    }
+    abs(&state.path).join("gen").join(gen)
+}
+
+/// Seconds since the epoch, now.
+pub fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// `2024-05-01T12:00:00Z` for seconds since the epoch (UTC).
+pub fn rfc3339(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// `12s`, `5m`, `3h`, `2d`: how long ago, for tables.
+pub fn age(secs: i64) -> String {
+    let s = secs.max(0);
+    match s {
+        0..=119 => format!("{s}s"),
+        120..=7199 => format!("{}m", s / 60),
+        7200..=172_799 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+/// Seconds since the epoch of `meta/<name>`'s mtime, if it exists.
+pub fn meta_time(state: &State, name: &str) -> Option<i64> {
+    let st = sys::stat_at(std::os::fd::AsFd::as_fd(&state.meta), name.as_bytes()).ok()?;
+    Some(sys::mtime_of(&st).0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_read_as_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_714_564_800 + 3661), "2024-05-01T13:01:01Z");
+        assert_eq!(age(5), "5s");
+        assert_eq!(age(600), "10m");
+        assert_eq!(age(3 * 3600), "3h");
+        assert_eq!(age(3 * 86_400), "3d");
+    }
+}

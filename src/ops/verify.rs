@@ -1,0 +1,114 @@
+//! `packsync verify DEST [--json]`: re-hash the live generation (in
+//! parallel) against its manifest. Exit 0 when identical; exit 4 after
+//! listing each difference with its path. With fanout slots, every slot's
+//! live generation (or `--slot`'s).
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::error::Failure;
+use crate::report;
+use crate::verify::{self, Difference, Rules};
+
+use super::Target;
+
+/// One tree's report; its fields are documented in the README ("status and
+/// verify JSON").
+#[derive(serde::Serialize)]
+struct Report {
+    dest: String,
+    slot: Option<String>,
+    generation: String,
+    label: Option<String>,
+    ok: bool,
+    entries: u64,
+    bytes: u64,
+    differences: Vec<Difference>,
+}
+
+/// With several fanout slots: one object holding each slot's report.
+#[derive(serde::Serialize)]
+struct Slots<'a> {
+    dest: &'a str,
+    ok: bool,
+    slots: &'a [Report],
+}
+
+pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
+    let targets = super::open(dest, slot)?;
+    let reports: Vec<Report> = targets.iter().map(check).collect::<Result<_>>()?;
+    let several = reports.len() > 1;
+    if json {
+        let text = match reports.as_slice() {
+            [one] => serde_json::to_string(one)?,
+            _ => serde_json::to_string(&Slots {
+                dest: &targets[0].vol.display,
+                ok: reports.iter().all(|r| r.ok),
+                slots: &reports,
+            })?,
+        };
+        println!("{text}");
+    } else {
+        for (r, t) in reports.iter().zip(&targets) {
+            if r.ok {
+                println!(
+                    "packsync: {}: generation {} matches its manifest: {} entries ({})",
+                    t.shown(),
+                    r.generation,
+                    r.entries,
+                    report::human_bytes(r.bytes)
+                );
+            }
+            for d in &r.differences {
+                match (several, &r.slot) {
+                    (true, Some(s)) => println!("slot {s}: {d}"),
+                    (true, None) => println!("(no slot): {d}"),
+                    _ => println!("{d}"),
+                }
+            }
+        }
+    }
+    let drifted: Vec<String> = reports
+        .iter()
+        .zip(&targets)
+        .filter(|(r, _)| !r.ok)
+        .map(|(r, t)| {
+            format!(
+                "{}: {} difference(s) between generation {} and its manifest",
+                t.shown(),
+                r.differences.len(),
+                r.generation
+            )
+        })
+        .collect();
+    if drifted.is_empty() {
+        return Ok(0);
+    }
+    Err(Failure::Drift(format!(
+        "{}; `packsync sync --checksum` repairs the tree, `packsync rollback` publishes a retained generation",
+        drifted.join("; ")
+    ))
+    .into())
+}
+
+fn check(t: &Target) -> Result<Report> {
+    let live = t.live()?;
+    let manifest = t.state.read_manifest(&live.gen)?;
+    let differences = verify::run(
+        &live.root,
+        &t.vol.display,
+        &manifest.tree,
+        Rules::of(&manifest),
+    )?;
+    Ok(Report {
+        dest: t.vol.display.clone(),
+        slot: t.vol.slot.clone(),
+        ok: differences.is_empty(),
+        entries: manifest.tree.count(),
+        bytes: manifest.tree.bytes(),
+        label: manifest.label,
+        generation: live.gen,
+        differences,
+    })
+}

@@ -1,0 +1,898 @@
+//! The operator's commands (`status`, `verify`, `rollback`, `wait`, `exec`)
+//! and the sync options around publication (`--chmod`, `--label`,
+//! `--allow-downgrade`, `--exec-after`, `--verify`), through the real binary.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use crate::fixture::{bin, Fixture, Run};
+
+/// The generation DEST points at.
+fn live_gen(f: &Fixture) -> String {
+    fs::read_link(f.dest())
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn gen_dir(f: &Fixture, gen: &str) -> PathBuf {
+    f.state().join("gen").join(gen)
+}
+
+fn json(run: &Run) -> serde_json::Value {
+    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+}
+
+fn mode(p: &Path) -> u32 {
+    fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+/// Rewrite a file in place with content of the same size, keeping its mtime:
+/// drift that size and mtime cannot show.
+fn corrupt_keeping_mtime(p: &Path, content: &str) {
+    let mtime = fs::metadata(p).unwrap().modified().unwrap();
+    assert_eq!(fs::metadata(p).unwrap().len() as usize, content.len());
+    fs::write(p, content).unwrap();
+    let file = fs::File::options().write(true).open(p).unwrap();
+    file.set_times(fs::FileTimes::new().set_modified(mtime))
+        .unwrap();
+}
+
+fn spawn(f: &Fixture, args: &[&str]) -> Child {
+    Command::new(bin())
+        .args(args)
+        .current_dir(f.dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn finish(child: Child) -> Run {
+    use std::os::unix::process::ExitStatusExt;
+    let out = child.wait_with_output().unwrap();
+    Run {
+        code: out
+            .status
+            .code()
+            .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0)),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn mkfifo(p: &Path) {
+    let ok = Command::new("mkfifo").arg(p).status().unwrap().success();
+    assert!(ok, "mkfifo {}", p.display());
+}
+
+/// Block until the other end of a FIFO writes a line.
+fn read_fifo(p: &Path) -> String {
+    let mut s = String::new();
+    fs::File::open(p).unwrap().read_to_string(&mut s).unwrap();
+    s
+}
+
+fn write_fifo(p: &Path, s: &str) {
+    fs::File::options()
+        .write(true)
+        .open(p)
+        .unwrap()
+        .write_all(s.as_bytes())
+        .unwrap();
+}
+
+/// The volume, but for the staging directory's own mtime (a writer that made
+/// and removed its staging changed it).
+fn volume_but_staging(f: &Fixture) -> Vec<String> {
+    f.volume()
+        .into_iter()
+        .filter(|l| !l.starts_with("\".packs.packsync/stage\" "))
+        .collect()
+}
+
+/// Write to a FIFO if something still reads it (never block).
+fn release_fifo(p: &Path) {
+    use std::os::unix::fs::OpenOptionsExt;
+    if let Ok(mut w) = fs::File::options()
+        .write(true)
+        .custom_flags(libc_nonblock())
+        .open(p)
+    {
+        let _ = w.write_all(b"go\n");
+    }
+}
+
+fn libc_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+// ---- status ----
+
+#[test]
+fn status_shows_the_live_generation_and_the_retained_ones() {
+    let f = Fixture::new();
+    f.file("pack/a.txt", "one");
+    f.sync(&["--label", "v1"]).ok();
+    let first = live_gen(&f);
+    f.file("pack/a.txt", "two!");
+    f.sync(&["--label", "v2"]).ok();
+    let second = live_gen(&f);
+
+    let human = f.packsync(&["status", "vol/packs"]).ok();
+    let live_line = human
+        .stdout
+        .lines()
+        .find(|l| l.starts_with('*'))
+        .unwrap_or_else(|| panic!("{}", human.stdout));
+    assert!(
+        live_line.contains(&second) && live_line.contains("live") && live_line.contains("v2"),
+        "{live_line}"
+    );
+    let old_line = human.stdout.lines().find(|l| l.contains(&first)).unwrap();
+    assert!(
+        old_line.contains("retired") && old_line.contains("v1"),
+        "{old_line}"
+    );
+
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(s["dest"], "vol/packs");
+    assert_eq!(s["resolves"], true);
+    let live = &s["live"];
+    assert_eq!(live["generation"], second.as_str());
+    assert_eq!(live["label"], "v2");
+    assert_eq!(live["entries"], 2);
+    assert_eq!(live["bytes"], 4);
+    assert_eq!(live["complete"], true);
+    assert_eq!(live["leased"], false);
+    assert_eq!(
+        live["path"],
+        fs::canonicalize(gen_dir(&f, &second))
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
+    assert_eq!(
+        live["sources"][0],
+        fs::canonicalize(f.src()).unwrap().to_str().unwrap()
+    );
+    assert_eq!(live["digest"].as_str().unwrap().len(), 64);
+    assert!(live["created"].as_str().unwrap().ends_with('Z'));
+    let retained = s["retained"].as_array().unwrap();
+    assert_eq!(retained.len(), 1);
+    assert_eq!(retained[0]["generation"], first.as_str());
+    assert_eq!(retained[0]["label"], "v1");
+    assert!(retained[0]["retired_unix"].as_i64().unwrap() > 0);
+    assert_eq!(s["staging"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn status_verify_rollback_and_exec_refuse_what_is_not_packsync() {
+    let f = Fixture::new();
+    let cmds: [&[&str]; 4] = [
+        &["status"],
+        &["verify"],
+        &["rollback"],
+        &["exec", "DEST", "--", "true"],
+    ];
+    let run = |cmd: &[&str], dest: &str| {
+        let mut args: Vec<&str> = cmd
+            .iter()
+            .map(|a| if *a == "DEST" { dest } else { a })
+            .collect();
+        if !cmd.contains(&"DEST") {
+            args.push(dest);
+        }
+        f.packsync(&args)
+    };
+    fs::create_dir(f.path("vol/plain")).unwrap();
+    fs::write(f.path("vol/file"), "x").unwrap();
+    symlink("/etc", f.path("vol/foreign")).unwrap();
+    for cmd in cmds {
+        run(cmd, "vol/absent").fails(3, "vol/absent: not a packsync destination");
+        run(cmd, "vol/plain").fails(3, "a plain directory");
+        run(cmd, "vol/file").fails(3, "not a packsync destination");
+        run(cmd, "vol/foreign").fails(3, "a symlink to /etc");
+        run(cmd, "nowhere/packs").fails(3, "not a packsync destination");
+    }
+    // Nothing was created by any of them.
+    assert_eq!(f.volume().len(), 3);
+}
+
+// ---- verify ----
+
+#[test]
+fn verify_passes_on_an_untouched_tree() {
+    let f = Fixture::new();
+    f.file("pack/a.txt", "a");
+    f.file("pack/lib/b.txt", "bb");
+    fs::hard_link(f.src().join("pack/a.txt"), f.src().join("pack/lib/a-link")).unwrap();
+    symlink("a.txt", f.src().join("pack/s")).unwrap();
+    f.sync(&[]).ok();
+    let out = f.packsync(&["verify", "vol/packs"]).ok();
+    assert!(
+        out.stdout.contains("matches its manifest"),
+        "{}",
+        out.stdout
+    );
+    let v = json(&f.packsync(&["verify", "--json", "vol/packs"]).ok());
+    assert_eq!(v["ok"], true);
+    assert_eq!(v["generation"], live_gen(&f).as_str());
+    assert_eq!(v["differences"].as_array().unwrap().len(), 0);
+    assert_eq!(v["entries"], 6);
+}
+
+#[test]
+fn verify_lists_each_difference_and_exits_4() {
+    let f = Fixture::new();
+    f.file("content.txt", "abc");
+    f.file("mode.txt", "m");
+    f.file("gone.txt", "g");
+    f.file("touched.txt", "t");
+    symlink("content.txt", f.src().join("link")).unwrap();
+    f.sync(&[]).ok();
+    let d = f.dest();
+    corrupt_keeping_mtime(&d.join("content.txt"), "xyz");
+    fs::set_permissions(d.join("mode.txt"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::remove_file(d.join("gone.txt")).unwrap();
+    fs::write(d.join("extra.txt"), "e").unwrap();
+    let file = fs::File::options()
+        .write(true)
+        .open(d.join("touched.txt"))
+        .unwrap();
+    file.set_times(fs::FileTimes::new().set_modified(std::time::UNIX_EPOCH))
+        .unwrap();
+    fs::remove_file(d.join("link")).unwrap();
+    symlink("elsewhere", d.join("link")).unwrap();
+
+    let out = f.packsync(&["verify", "vol/packs"]);
+    let out = out.fails(4, "difference(s) between generation");
+    for line in [
+        "modified content.txt (expected sha256 ",
+        "mode changed mode.txt (expected 0644, found 0600)",
+        "missing gone.txt",
+        "extra extra.txt",
+        "mtime changed touched.txt",
+        "link changed link (expected content.txt, found elsewhere)",
+    ] {
+        assert!(
+            out.stdout.lines().any(|l| l.starts_with(line)),
+            "no {line:?} in\n{}",
+            out.stdout
+        );
+    }
+    let v = json(&f.packsync(&["verify", "--json", "vol/packs"]));
+    assert_eq!(v["ok"], false);
+    let diffs = v["differences"].as_array().unwrap();
+    let has = |what: &str, path: &str| diffs.iter().any(|d| d["what"] == what && d["path"] == path);
+    assert!(has("modified", "content.txt"), "{diffs:?}");
+    assert!(has("missing", "gone.txt"));
+    assert!(has("extra", "extra.txt"));
+    assert!(has("link changed", "link"));
+    // Adding and removing names changed the root directory's mtime too.
+    assert!(has("mtime changed", "."));
+}
+
+#[test]
+fn verify_sees_a_changed_owner_as_root() {
+    if !is_root() {
+        eprintln!("skipped: owners are mirrored only as root");
+        return;
+    }
+    let f = Fixture::new();
+    f.file("a", "a");
+    f.sync(&[]).ok();
+    std::os::unix::fs::lchown(f.dest().join("a"), Some(4321), Some(4321)).unwrap();
+    let out = f
+        .packsync(&["verify", "vol/packs"])
+        .fails(4, "1 difference(s)");
+    assert!(
+        out.stdout
+            .contains("owner changed a (expected 0:0, found 4321:4321)"),
+        "{}",
+        out.stdout
+    );
+}
+
+// ---- rollback ----
+
+#[test]
+fn rollback_publishes_the_previous_generation_and_back() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&["--label", "v1"]).ok();
+    let first = live_gen(&f);
+    f.file("a.txt", "two");
+    f.sync(&["--label", "v2"]).ok();
+    let second = live_gen(&f);
+
+    let out = f.packsync(&["rollback", "vol/packs"]).ok();
+    assert!(
+        out.stdout.contains(&format!("to generation {first}")),
+        "{}",
+        out.stdout
+    );
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "one");
+    assert!(fs::read_link(f.dest()).unwrap().is_relative());
+    // Nothing older than the first generation is retained.
+    f.packsync(&["rollback", "vol/packs"])
+        .fails(1, "no generation older than the live one");
+    // Forward again by name, by prefix, and by label.
+    f.packsync(&["rollback", "vol/packs", "--to", &second]).ok();
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "two");
+    f.packsync(&["rollback", "vol/packs", "--to", &first[..6]])
+        .ok();
+    assert_eq!(live_gen(&f), first);
+    f.packsync(&["rollback", "vol/packs", "--to", "v2"]).ok();
+    assert_eq!(live_gen(&f), second);
+    let again = f.packsync(&["rollback", "vol/packs", "--to", "v2"]).ok();
+    assert!(again.stdout.contains("already live"), "{}", again.stdout);
+    // The generation rolled away from is retired like any other.
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert!(s["retained"][0]["retired_unix"].as_i64().is_some());
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+#[test]
+fn rollback_refuses_an_unknown_generation() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&[]).ok();
+    let gen = live_gen(&f);
+    let before = f.volume();
+    f.packsync(&["rollback", "vol/packs", "--to", "0123456789abcdef"])
+        .fails(
+            2,
+            &format!("no generation \"0123456789abcdef\" (retained: {gen}"),
+        );
+    f.packsync(&["rollback", "vol/packs", "--to", "../../etc"])
+        .fails(2, "no generation");
+    assert_eq!(f.volume(), before);
+}
+
+#[test]
+fn rollback_refuses_a_generation_that_fails_verification() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&[]).ok();
+    let first = live_gen(&f);
+    f.file("a.txt", "two");
+    f.sync(&[]).ok();
+    let second = live_gen(&f);
+    corrupt_keeping_mtime(&gen_dir(&f, &first).join("a.txt"), "bad");
+    f.packsync(&["rollback", "vol/packs"]).fails(
+        3,
+        &format!("generation {first} differs from its manifest (modified a.txt"),
+    );
+    assert_eq!(live_gen(&f), second);
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "two");
+}
+
+// ---- wait ----
+
+#[test]
+fn wait_started_before_the_first_sync_returns_once_it_is_live() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    let waiter = spawn(&f, &["wait", "vol/packs", "--timeout", "60s"]);
+    f.sync(&["--label", "v1"]).ok();
+    let out = finish(waiter).ok();
+    assert!(
+        out.stdout
+            .contains(&format!("generation {} (label v1) is live", live_gen(&f))),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn wait_times_out_with_exit_5() {
+    let f = Fixture::new();
+    f.packsync(&["wait", "vol/packs", "--timeout", "200ms"])
+        .fails(5, "vol/packs: no live generation after 200ms");
+    // The parent may not even exist yet: still a wait, not an error.
+    f.packsync(&["wait", "later/packs", "--timeout", "0"])
+        .fails(5, "no live generation");
+    assert_eq!(f.volume().len(), 0);
+}
+
+#[test]
+fn wait_for_a_label_ignores_other_generations() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    f.sync(&["--label", "v1"]).ok();
+    f.packsync(&["wait", "vol/packs", "--label", "v2", "--timeout", "200ms"])
+        .fails(5, "no live generation labelled v2 (live: ");
+    let waiter = spawn(
+        &f,
+        &["wait", "vol/packs", "--label", "v2", "--timeout", "60s"],
+    );
+    f.sync(&["--label", "v2"]).ok();
+    let out = finish(waiter).ok();
+    assert!(out.stdout.contains("(label v2) is live"), "{}", out.stdout);
+    f.packsync(&["wait", "vol/packs", "--label", "v2"]).ok();
+}
+
+#[test]
+fn wait_refuses_bad_durations_and_foreign_destinations() {
+    let f = Fixture::new();
+    for bad in ["soon", "10x", "-1s", ""] {
+        f.packsync(&["wait", "vol/packs", &format!("--timeout={bad}")])
+            .fails(2, "invalid value");
+    }
+    symlink("/etc", f.path("vol/packs")).unwrap();
+    f.packsync(&["wait", "vol/packs", "--timeout", "10s"])
+        .fails(3, "not a packsync destination (a symlink to /etc)");
+}
+
+// ---- exec ----
+
+#[test]
+fn exec_runs_the_command_on_the_live_generation_and_returns_its_status() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&[]).ok();
+    let gen = live_gen(&f);
+    let out = f.packsync(&[
+        "exec",
+        "vol/packs",
+        "--",
+        "sh",
+        "-c",
+        "cat \"$PACKSYNC_ROOT/a.txt\"; echo \" $PACKSYNC_GENERATION $PACKSYNC_ROOT\"; exit 7",
+    ]);
+    assert_eq!(out.code, 7, "{}", out.stderr);
+    let root = fs::canonicalize(gen_dir(&f, &gen)).unwrap();
+    assert_eq!(out.stdout, format!("one {gen} {}\n", root.display()));
+    // The lease is gone once the command is.
+    assert_eq!(fs::read_dir(f.state().join("leases")).unwrap().count(), 0);
+    f.packsync(&["exec", "vol/packs", "--", "/nonexistent/cmd"])
+        .fails(127, "cannot run /nonexistent/cmd");
+}
+
+#[test]
+fn gc_keeps_a_generation_leased_by_exec() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&[]).ok();
+    let first = live_gen(&f);
+    let (ready, go) = (f.path("ready"), f.path("go"));
+    mkfifo(&ready);
+    mkfifo(&go);
+    let script = format!(
+        "echo ready > {}; read x < {}; cat \"$PACKSYNC_ROOT/a.txt\"",
+        ready.display(),
+        go.display()
+    );
+    let exec = spawn(&f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
+    assert_eq!(read_fifo(&ready), "ready\n");
+    // A new generation, then a collection that keeps nothing it need not.
+    f.file("a.txt", "two");
+    f.sync(&["--keep", "0"]).ok();
+    f.packsync(&["gc", "vol/packs", "--keep", "0", "--grace", "0"])
+        .ok();
+    assert!(gen_dir(&f, &first).is_dir(), "leased generation removed");
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(s["retained"][0]["leased"], true);
+    write_fifo(&go, "go\n");
+    let out = finish(exec).ok();
+    assert_eq!(out.stdout, "one");
+    // Released: the next collection removes it.
+    f.packsync(&["gc", "vol/packs", "--keep", "0", "--grace", "0"])
+        .ok();
+    assert!(!gen_dir(&f, &first).exists());
+}
+
+#[test]
+fn a_lease_left_by_a_killed_exec_expires() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&[]).ok();
+    let first = live_gen(&f);
+    let (ready, go) = (f.path("ready"), f.path("go"));
+    mkfifo(&ready);
+    mkfifo(&go);
+    let script = format!(
+        "echo ready > {}; read x < {}",
+        ready.display(),
+        go.display()
+    );
+    let mut exec = spawn(&f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
+    assert_eq!(read_fifo(&ready), "ready\n");
+    exec.kill().unwrap(); // SIGKILL: no chance to remove the lease
+    exec.wait().unwrap();
+    assert_eq!(fs::read_dir(f.state().join("leases")).unwrap().count(), 1);
+    f.file("a.txt", "two");
+    f.sync(&["--keep", "0"]).ok();
+    assert!(
+        !gen_dir(&f, &first).exists(),
+        "a dead process's lease kept it"
+    );
+    assert_eq!(fs::read_dir(f.state().join("leases")).unwrap().count(), 0);
+    write_fifo(&go, "go\n"); // let the orphaned shell finish
+}
+
+#[test]
+fn exec_relays_sigterm_to_the_command() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&[]).ok();
+    let (ready, go) = (f.path("ready"), f.path("go"));
+    mkfifo(&ready);
+    mkfifo(&go);
+    // The shell waits on a child that blocks on a FIFO; its TERM trap reports.
+    // (A TERM that reaches that child before it has reset its traps is lost:
+    // then the test releases it through the FIFO instead.)
+    let script = format!(
+        "trap 'kill $p 2>/dev/null; echo terminated; exit 9' TERM; \
+         (read x < {}) >/dev/null 2>&1 & p=$!; echo ready > {}; wait $p",
+        go.display(),
+        ready.display()
+    );
+    let exec = spawn(&f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
+    assert_eq!(read_fifo(&ready), "ready\n");
+    let pid = rustix::process::Pid::from_raw(exec.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let out = finish(exec);
+    release_fifo(&go);
+    assert_eq!(out.code, 9, "{}", out.stderr);
+    assert_eq!(out.stdout, "terminated\n");
+    assert_eq!(fs::read_dir(f.state().join("leases")).unwrap().count(), 0);
+}
+
+// ---- sync --chmod ----
+
+#[test]
+fn chmod_rules_apply_to_the_mirror_and_stay_up_to_date() {
+    let f = Fixture::new();
+    let p = f.file("pack/run.sh", "#!/bin/sh\n");
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o700)).unwrap();
+    let q = f.file("pack/data.txt", "d");
+    fs::set_permissions(&q, fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(f.src().join("pack"), fs::Permissions::from_mode(0o700)).unwrap();
+    fs::set_permissions(f.src(), fs::Permissions::from_mode(0o700)).unwrap();
+    f.sync(&["--chmod", "D755,F644,Fu+X"]).ok();
+    let d = f.dest();
+    assert_eq!(mode(&d.join("pack")), 0o755);
+    assert_eq!(
+        fs::metadata(&d).unwrap().permissions().mode() & 0o7777,
+        0o755
+    );
+    assert_eq!(mode(&d.join("pack/data.txt")), 0o644);
+    assert_eq!(
+        mode(&d.join("pack/run.sh")),
+        0o644,
+        "F644 came first, so X sees no x"
+    );
+    // The source keeps its modes, and the same rules find nothing to do.
+    assert_eq!(mode(&p), 0o700);
+    let out = f.sync(&["--chmod", "D755,F644,Fu+X"]).ok();
+    assert!(out.stdout.contains("up to date"), "{}", out.stdout);
+    f.sync(&["--chmod", "go-rwx,u+w"]).ok();
+    assert_eq!(mode(&d.join("pack/run.sh")), 0o700);
+    assert_eq!(mode(&d.join("pack/data.txt")), 0o600);
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+#[test]
+fn malformed_chmod_rules_are_refused_before_anything_is_written() {
+    let f = Fixture::new();
+    f.file("a", "a");
+    for bad in ["D755,", "D8", "u+q", "x+r", "D", "77777", "g=u"] {
+        f.sync(&["--chmod", bad])
+            .fails(2, &format!("invalid value {bad:?} for --chmod"));
+    }
+    assert_eq!(f.volume().len(), 0);
+}
+
+// ---- sync --label / --allow-downgrade ----
+
+#[test]
+fn an_older_label_is_refused_unless_allowed() {
+    let f = Fixture::new();
+    f.file("a.txt", "new");
+    f.sync(&["--label", "v1.10"]).ok();
+    let gen = live_gen(&f);
+    let before = f.volume();
+    f.file("a.txt", "old");
+    f.sync(&["--label", "v1.9"]).fails(
+        3,
+        &format!("refusing to replace live generation {gen} labelled v1.10 with older v1.9"),
+    );
+    f.sync(&["--label", "v1.9", "--dry-run"])
+        .fails(3, "--allow-downgrade");
+    assert_eq!(f.volume(), before);
+    f.sync(&["--label", "v1.9", "--allow-downgrade"]).ok();
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "old");
+    // Without --label there is nothing to order by; then nothing to order against.
+    f.file("a.txt", "unlabelled");
+    f.sync(&[]).ok();
+    f.sync(&["--label", "1.2.0"]).ok();
+    f.sync(&["--label", "1.2.0-rc1"])
+        .fails(3, "labelled 1.2.0 with older 1.2.0-rc1");
+    f.sync(&["--label", "v1.2"]).ok();
+    f.sync(&["--label", "1.2.1"]).ok();
+}
+
+#[test]
+fn a_new_label_on_the_same_content_is_a_new_generation() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    f.sync(&["--label", "v1"]).ok();
+    let first = live_gen(&f);
+    assert!(f
+        .sync(&["--label", "v1"])
+        .ok()
+        .stdout
+        .contains("up to date"));
+    assert!(f.sync(&[]).ok().stdout.contains("up to date"));
+    let out = f.sync(&["--label", "v1.1"]).ok();
+    assert!(out.stdout.contains("synced"), "{}", out.stdout);
+    assert_ne!(live_gen(&f), first);
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(s["live"]["label"], "v1.1");
+}
+
+#[test]
+fn labels_that_are_not_versions() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    f.sync(&["--label", "latest"])
+        .fails(2, "invalid value \"latest\" for --label: not a version");
+    assert_eq!(f.volume().len(), 0);
+    // Recorded as text when ordering is waived; then nothing can be ordered against it.
+    f.sync(&["--label", "hotfix build", "--allow-downgrade"])
+        .ok();
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(s["live"]["label"], "hotfix build");
+    f.file("a.txt", "b");
+    f.sync(&["--label", "v2"])
+        .fails(3, "is labelled \"hotfix build\", which is not a version");
+    f.sync(&["--label", "v2", "--allow-downgrade"]).ok();
+}
+
+// ---- sync --exec-after ----
+
+#[test]
+fn exec_after_runs_once_per_new_generation() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    let log = f.path("hook.log");
+    let hook = format!(
+        "echo \"$PACKSYNC_GENERATION $PACKSYNC_ROOT $(cat \"$PACKSYNC_ROOT/a.txt\")\" >> {}",
+        log.display()
+    );
+    f.sync(&["--exec-after", &hook]).ok();
+    let gen = live_gen(&f);
+    let root = fs::canonicalize(gen_dir(&f, &gen)).unwrap();
+    assert_eq!(
+        fs::read_to_string(&log).unwrap(),
+        format!("{gen} {} a\n", root.display())
+    );
+    // Up to date, or a dry run: not run.
+    f.sync(&["--exec-after", &hook]).ok();
+    f.file("a.txt", "b");
+    f.sync(&["--exec-after", &hook, "--dry-run"]).ok();
+    assert_eq!(fs::read_to_string(&log).unwrap().lines().count(), 1);
+    f.sync(&["--exec-after", &hook]).ok();
+    assert_eq!(fs::read_to_string(&log).unwrap().lines().count(), 2);
+}
+
+#[test]
+fn a_failing_exec_after_exits_1_and_the_generation_stays_live() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    let out = f.sync(&["--exec-after", "exit 3"]).fails(
+        1,
+        "--exec-after command \"exit 3\" failed with exit status 3",
+    );
+    assert!(out.stdout.contains("synced"), "{}", out.stdout);
+    let gen = live_gen(&f);
+    assert!(out.stderr.contains(&format!("generation {gen} stays live")));
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "a");
+    assert_eq!(fs::read_dir(f.state().join("leases")).unwrap().count(), 0);
+}
+
+#[test]
+fn exec_after_output_does_not_break_json() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    let out = f
+        .sync(&["--json", "--exec-after", "echo hello from the hook"])
+        .ok();
+    let v = json(&out);
+    assert_eq!(v["status"], "synced");
+    assert!(out.stderr.contains("hello from the hook"), "{}", out.stderr);
+}
+
+// ---- sync --verify ----
+
+#[test]
+fn verify_option_catches_a_reused_file_that_changed_in_place() {
+    let f = Fixture::new();
+    f.file("a.txt", "abc");
+    f.sync(&[]).ok();
+    let gen = live_gen(&f);
+    // Same size and mtime: the quick check reuses it, only its content differs.
+    corrupt_keeping_mtime(&f.dest().join("a.txt"), "xyz");
+    f.file("b.txt", "new");
+    let before = volume_but_staging(&f);
+    f.sync(&["--verify"]).fails(
+        1,
+        "--verify: the staged tree differs from the source: modified a.txt",
+    );
+    assert_eq!(volume_but_staging(&f), before, "something was published");
+    assert_eq!(fs::read_dir(f.state().join("stage")).unwrap().count(), 0);
+    assert_eq!(live_gen(&f), gen);
+    // With a clean tree, --verify publishes.
+    fs::write(f.dest().join("a.txt"), "abc").unwrap();
+    let out = f.sync(&["--verify", "--checksum"]).ok();
+    assert!(out.stdout.contains("synced"), "{}", out.stdout);
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+// ---- durations ----
+
+#[test]
+fn malformed_durations_are_refused() {
+    let f = Fixture::new();
+    f.file("a", "a");
+    f.sync(&[]).ok();
+    for bad in ["15 minutes", "m", "1.2.3s"] {
+        f.packsync(&["gc", "vol/packs", "--grace", bad])
+            .fails(2, &format!("invalid value {bad:?} for --grace"));
+        f.packsync(&["sync", "--grace", bad, "src", "vol/packs"])
+            .fails(2, "for --grace");
+    }
+}
+
+// ---- other layouts ----
+
+/// Two images publishing into one fanout DEST as slots `a` and `b`.
+fn two_slots(f: &Fixture) {
+    for (slot, entry) in [("a", "aws"), ("b", "gcp")] {
+        let p = f.path(&format!("img-{slot}/{entry}/pack.yaml"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, slot).unwrap();
+        let src = format!("img-{slot}");
+        let label = format!("v1-{slot}");
+        f.packsync(&[
+            "sync",
+            "--layout",
+            "fanout",
+            "--slot",
+            slot,
+            "--label",
+            &label,
+            &src,
+            "vol/packs",
+        ])
+        .ok();
+    }
+}
+
+#[test]
+fn the_commands_cover_every_fanout_slot_or_the_one_named() {
+    let f = Fixture::new();
+    two_slots(&f);
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(s["layout"], "fanout");
+    assert_eq!(s["resolves"], true);
+    let slots = s["slots"].as_array().unwrap();
+    assert_eq!(slots.len(), 2);
+    assert_eq!(
+        (&slots[0]["slot"], &slots[1]["slot"]),
+        (&"a".into(), &"b".into())
+    );
+    assert_eq!(slots[1]["live"]["label"], "v1-b");
+    let one = json(
+        &f.packsync(&["status", "--json", "--slot", "b", "vol/packs"])
+            .ok(),
+    );
+    assert_eq!(one["slot"], "b");
+    assert_eq!(one["live"]["label"], "v1-b");
+    f.packsync(&["status", "--slot", "zz", "vol/packs"])
+        .fails(3, "no slot zz here");
+
+    f.packsync(&["verify", "vol/packs"]).ok();
+    corrupt_keeping_mtime(&f.path("vol/packs/gcp/pack.yaml"), "x");
+    let out = f
+        .packsync(&["verify", "vol/packs"])
+        .fails(4, "(slot b): 1 difference(s)");
+    assert!(
+        out.stdout.contains("slot b: modified gcp/pack.yaml"),
+        "{}",
+        out.stdout
+    );
+    f.packsync(&["verify", "--slot", "a", "vol/packs"]).ok();
+
+    f.packsync(&["exec", "vol/packs", "--", "true"])
+        .fails(2, "publishes several slots (a, b); choose one with --slot");
+    let out = f
+        .packsync(&[
+            "exec",
+            "--slot",
+            "a",
+            "vol/packs",
+            "--",
+            "sh",
+            "-c",
+            "cat \"$PACKSYNC_ROOT/aws/pack.yaml\"; echo \" $PACKSYNC_ROOT\"",
+        ])
+        .ok();
+    let root = fs::canonicalize(f.path("vol/packs/..packsync/slots/a/gen")).unwrap();
+    assert!(
+        out.stdout.starts_with(&format!("a {}/", root.display())),
+        "{}",
+        out.stdout
+    );
+
+    f.packsync(&["wait", "vol/packs", "--timeout", "10s"]).ok();
+    f.packsync(&["wait", "vol/packs", "--slot", "b", "--label", "v1-b"])
+        .ok();
+    f.packsync(&["wait", "vol/packs", "--label", "v1-b", "--timeout", "0"])
+        .fails(5, "(slot a): no live generation labelled v1-b");
+    f.packsync(&["rollback", "vol/packs"])
+        .fails(2, "choose one with --slot");
+    f.packsync(&["rollback", "--slot", "a", "vol/packs"])
+        .fails(1, "no generation older than the live one");
+}
+
+#[test]
+fn wait_on_an_empty_mount_point_returns_after_the_first_fanout_sync() {
+    let f = Fixture::new();
+    fs::create_dir(f.dest()).unwrap(); // the volume's mount point
+    f.file("aws/pack.yaml", "x");
+    f.packsync(&["wait", "vol/packs", "--timeout", "200ms"])
+        .fails(5, "vol/packs: no live generation after 200ms");
+    let waiter = spawn(&f, &["wait", "vol/packs", "--timeout", "60s"]);
+    f.packsync(&["sync", "--layout", "fanout", "src", "vol/packs"])
+        .ok();
+    let out = finish(waiter).ok();
+    assert!(out.stdout.contains("is live"), "{}", out.stdout);
+    f.packsync(&["status", "--slot", "a", "vol/packs"])
+        .fails(3, "no slot a here");
+}
+
+#[test]
+fn rollback_verify_and_exec_with_the_dir_layout() {
+    let f = Fixture::new();
+    f.file("a.txt", "one");
+    f.sync(&["--layout", "dir", "--label", "v1"]).ok();
+    f.file("a.txt", "two");
+    f.sync(&["--layout", "dir", "--label", "v2"]).ok();
+    f.packsync(&["verify", "vol/packs"]).ok();
+    f.packsync(&["status", "--slot", "a", "vol/packs"])
+        .fails(2, "slots exist only with --layout fanout");
+    let out = f.packsync(&["rollback", "vol/packs"]).ok();
+    assert!(out.stdout.contains("(label v1)"), "{}", out.stdout);
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "one");
+    assert!(fs::symlink_metadata(f.dest()).unwrap().is_dir());
+    f.packsync(&["verify", "vol/packs"]).ok();
+    // With this layout the live generation is DEST itself.
+    let out = f
+        .packsync(&[
+            "exec",
+            "vol/packs",
+            "--",
+            "sh",
+            "-c",
+            "echo \"$PACKSYNC_ROOT\"",
+        ])
+        .ok();
+    assert_eq!(
+        out.stdout.trim(),
+        fs::canonicalize(f.dest()).unwrap().to_str().unwrap()
+    );
+    f.packsync(&["rollback", "vol/packs", "--to", "v2"]).ok();
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "two");
+}
