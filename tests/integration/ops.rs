@@ -283,6 +283,25 @@ fn verify_lists_each_difference_and_exits_4() {
 }
 
 #[test]
+fn sync_checksum_repairs_what_verify_found() {
+    let f = Fixture::new();
+    f.file("a.txt", "abc");
+    f.sync(&[]).ok();
+    let gen = live_gen(&f);
+    corrupt_keeping_mtime(&f.dest().join("a.txt"), "xyz");
+    f.packsync(&["verify", "vol/packs"])
+        .fails(4, "`packsync sync --checksum` repairs the tree");
+    // Size and mtime agree, so only the content tells.
+    assert!(f.sync(&[]).ok().stdout.contains("up to date"));
+    let out = f.sync(&["--checksum", "--itemize"]).ok();
+    assert!(out.stdout.contains("~ a.txt"), "{}", out.stdout);
+    // Not the edited generation under its old name: a tree of its own.
+    assert_ne!(live_gen(&f), gen);
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "abc");
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+#[test]
 fn verify_sees_a_changed_owner_as_root() {
     if !is_root() {
         eprintln!("skipped: owners are mirrored only as root");
