@@ -112,9 +112,10 @@ impl Ctx<'_> {
 /// write); larger ones by the kernel (`copy_large`).
 const SMALL: u64 = 1 << 20;
 
-/// The per-thread buffer of `copy_small`: a file up to this size is copied
-/// with one read and one write. Bounded, as the pool has many threads.
-const BUF_MAX: usize = 256 << 10;
+/// The per-thread buffer: a file up to this size is copied with one read
+/// and one write, a larger one hashed this much at a time. Small, as the
+/// pool has many threads: at 1 MiB, 16 threads held 3 MiB more at peak.
+const BUF_MAX: usize = 64 << 10;
 
 /// `copy_large` copies, hashes and starts writeback this much at a time.
 const CHUNK: u64 = 8 << 20;
@@ -468,11 +469,26 @@ fn copy_large(
     dst: BorrowedFd<'_>,
     durable: bool,
 ) -> io::Result<([u8; 32], u64)> {
+    BUF.with(|b| {
+        let mut buf = b.borrow_mut();
+        if buf.len() < BUF_MAX {
+            buf.resize(BUF_MAX, 0);
+        }
+        copy_large_with(src, dst, durable, &mut buf[..BUF_MAX])
+    })
+}
+
+/// `copy_large` with the thread's buffer.
+fn copy_large_with(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    durable: bool,
+    buf: &mut [u8],
+) -> io::Result<([u8; 32], u64)> {
     let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
     if sys::ficlone(dst, src).is_ok() {
         let size = sys::fstat(src)?.st_size as u64;
-        let n = hash_range(src, &mut h, &mut buf, 0, u64::MAX)?;
+        let n = hash_range(src, &mut h, buf, 0, u64::MAX)?;
         if n != size {
             return Err(io::Error::other("source size changed during copy"));
         }
@@ -487,7 +503,7 @@ fn copy_large(
                 if durable {
                     sys::start_writeback(dst, copied, n);
                 }
-                if hash_range(src, &mut h, &mut buf, copied, n)? != n {
+                if hash_range(src, &mut h, buf, copied, n)? != n {
                     return Err(io::Error::other("source size changed during copy"));
                 }
                 copied += n;
@@ -501,7 +517,7 @@ fn copy_large(
     }
     let mut written_back = 0u64;
     loop {
-        let n = sys::read(src, &mut buf)?;
+        let n = sys::read(src, buf)?;
         if n == 0 {
             break;
         }

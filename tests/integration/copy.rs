@@ -10,14 +10,14 @@ use sha2::{Digest, Sha256};
 
 use crate::fixture::{mirror, Fixture};
 
-/// Both sides of each limit in stage.rs: the 256 KiB buffer, the 1 MiB limit
+/// Both sides of each limit in stage.rs: the 64 KiB buffer, the 1 MiB limit
 /// of copying through user space, the 8 MiB chunks of `copy_large`.
 const SIZES: [usize; 9] = [
     0,
     1,
-    (256 << 10) - 1,
-    256 << 10,
-    (256 << 10) + 1,
+    (64 << 10) - 1,
+    64 << 10,
+    (64 << 10) + 1,
     1 << 20,
     (1 << 20) + 1,
     (8 << 20) + 3,
