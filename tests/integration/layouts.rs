@@ -624,3 +624,83 @@ fn links_of_a_slot_removed_by_hand_can_be_adopted() {
         "slot a untouched"
     );
 }
+
+/// DEST published twice (v1, then v2) with `layout_args`; `dest` as given.
+fn published_twice(f: &Fixture, layout_args: &[&str], dest: &str) {
+    for v in ["v1", "v2 new"] {
+        f.file("aws/pack.yaml", v);
+        let mut args = vec![
+            "sync",
+            "--grace",
+            "10m",
+            "--label",
+            v.split(' ').next().unwrap(),
+        ];
+        args.extend_from_slice(layout_args);
+        args.extend(["src", dest]);
+        f.packsync(&args).ok();
+    }
+}
+
+#[test]
+fn operator_commands_work_with_every_layout() {
+    let cases: [(&str, &[&str], &[&str]); 4] = [
+        ("symlink", &[], &[]),
+        ("fanout", &["--layout", "fanout"], &[]),
+        (
+            "fanout slot",
+            &["--layout", "fanout", "--slot", "a"],
+            &["--slot", "a"],
+        ),
+        ("dir", &["--layout", "dir"], &[]),
+    ];
+    for (what, sync_args, pick) in cases {
+        let f = Fixture::new();
+        published_twice(&f, sync_args, "vol/packs");
+        let with = |cmd: &[&str]| {
+            let mut args = cmd.to_vec();
+            args.extend_from_slice(pick);
+            f.packsync(&args)
+        };
+        let status = with(&["status", "vol/packs", "--json"]).ok();
+        let v: serde_json::Value = serde_json::from_str(status.stdout.trim()).unwrap();
+        assert_eq!(v["resolves"], true, "{what}: {v}");
+        assert_eq!(v["live"]["label"], "v2", "{what}: {v}");
+        assert_eq!(v["retained"].as_array().unwrap().len(), 1, "{what}: {v}");
+        with(&["verify", "vol/packs"]).ok();
+        with(&["wait", "vol/packs", "--timeout", "5s", "--label", "v2"]).ok();
+        let exec = with(&[
+            "exec",
+            "vol/packs",
+            "--",
+            "sh",
+            "-c",
+            "cat \"$PACKSYNC_ROOT/aws/pack.yaml\"",
+        ])
+        .ok();
+        assert_eq!(exec.stdout, "v2 new", "{what}");
+        with(&["rollback", "vol/packs"]).ok();
+        assert_eq!(
+            fs::read_to_string(f.dest().join("aws/pack.yaml")).unwrap(),
+            "v1",
+            "{what}: rolled back"
+        );
+        with(&["verify", "vol/packs"]).ok();
+        f.packsync(&["gc", "vol/packs", "--keep", "0", "--grace", "0"])
+            .ok();
+        let v: serde_json::Value =
+            serde_json::from_str(with(&["status", "vol/packs", "--json"]).ok().stdout.trim())
+                .unwrap();
+        assert_eq!(v["live"]["label"], "v1", "{what}: {v}");
+        assert_eq!(
+            v["retained"].as_array().unwrap().len(),
+            0,
+            "{what}: gc retired v2: {v}"
+        );
+        assert_eq!(
+            fs::read_to_string(f.dest().join("aws/pack.yaml")).unwrap(),
+            "v1",
+            "{what}: the live tree survives gc"
+        );
+    }
+}

@@ -1,0 +1,314 @@
+//! The Kubernetes examples run: every `packsync` command line of every
+//! manifest in examples/kubernetes/, against a temporary root that stands in
+//! for the images and volumes, exactly as examples/kubernetes/README.md
+//! ("How the test runs the manifests") describes. No YAML parser, no cluster.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::fixture::bin;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// One manifest as the test reads it.
+#[derive(Debug, Default)]
+struct Example {
+    name: String,
+    /// `source P D`: the image provides P, filled from repository directory D.
+    sources: Vec<(String, String)>,
+    /// `volume P`: an empty volume is mounted at P.
+    volumes: Vec<String>,
+    /// `env N=V`
+    env: Vec<(String, String)>,
+    /// `expect P D`: after the lines ran, the tree through P equals D.
+    expects: Vec<(String, String)>,
+    /// The packsync command lines, in file order, with their line numbers.
+    commands: Vec<(usize, String)>,
+}
+
+/// Read the `# packsync-test:` directives and the command lines.
+fn parse(name: &str, text: &str) -> Example {
+    let mut ex = Example {
+        name: name.to_string(),
+        ..Default::default()
+    };
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if let Some(d) = t.strip_prefix("# packsync-test:") {
+            let words: Vec<&str> = d.split_whitespace().collect();
+            match words.as_slice() {
+                ["source", p, d] => ex.sources.push((p.to_string(), d.to_string())),
+                ["volume", p] => ex.volumes.push(p.to_string()),
+                ["env", kv] => {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .unwrap_or_else(|| panic!("{name}:{}: env needs NAME=value", i + 1));
+                    ex.env.push((k.to_string(), v.to_string()));
+                }
+                ["expect", p, d] => ex.expects.push((p.to_string(), d.to_string())),
+                _ => panic!("{name}:{}: unknown directive {d:?}", i + 1),
+            }
+            continue;
+        }
+        let mut c = t;
+        if let Some(rest) = c.strip_prefix("- ") {
+            c = rest;
+        }
+        if let Some(rest) = c.strip_prefix("exec ") {
+            c = rest;
+        }
+        if c.starts_with("packsync ") {
+            ex.commands.push((i + 1, c.to_string()));
+        }
+    }
+    ex
+}
+
+/// Every word that starts with `/` moves under `root`.
+fn rewrite(line: &str, root: &Path) -> String {
+    line.split(' ')
+        .map(|w| {
+            if w.starts_with('/') {
+                format!("{}{w}", root.display())
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `cp -a`: symlinks stay symlinks, modes are kept.
+fn copy_tree(from: &Path, to: &Path) {
+    let m = fs::symlink_metadata(from).unwrap();
+    if m.file_type().is_symlink() {
+        symlink(fs::read_link(from).unwrap(), to).unwrap();
+    } else if m.is_dir() {
+        fs::create_dir_all(to).unwrap();
+        for e in fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        }
+        fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777)).unwrap();
+    } else {
+        fs::copy(from, to).unwrap();
+        fs::set_permissions(to, fs::Permissions::from_mode(m.mode() & 0o7777)).unwrap();
+    }
+}
+
+/// Entries, types, bytes, permission bits and symlink targets below `root`
+/// (the root itself followed, as a reader opening P would).
+fn listing(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for e in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let perms = m.mode() & 0o7777;
+            let what = if m.file_type().is_symlink() {
+                format!("symlink -> {}", fs::read_link(&p).unwrap().display())
+            } else if m.is_dir() {
+                format!("dir {perms:o}")
+            } else {
+                let data = fs::read(&p).unwrap();
+                format!("file {perms:o} {} bytes {:?}", data.len(), digest(&data))
+            };
+            out.insert(rel, what);
+            if m.is_dir() {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    let m = fs::metadata(root).unwrap_or_else(|e| panic!("{}: {e}", root.display()));
+    out.insert(".".into(), format!("dir {:o}", m.mode() & 0o7777));
+    walk(root, root, &mut out);
+    out
+}
+
+fn digest(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+/// Run one manifest's lines twice under a fresh root; the failures found.
+fn run(ex: &Example) -> Vec<String> {
+    let mut failures = Vec::new();
+    let tmp = tempfile::Builder::new()
+        .prefix("packsync-examples")
+        .tempdir()
+        .unwrap();
+    let root = tmp.path();
+    assert!(
+        root.to_str().is_some_and(|s| s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c))),
+        "temporary root {} has shell metacharacters",
+        root.display()
+    );
+    let under = |p: &str| root.join(p.trim_start_matches('/'));
+    for (p, d) in &ex.sources {
+        let to = under(p);
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        copy_tree(&repo().join(d), &to);
+    }
+    for p in &ex.volumes {
+        fs::create_dir_all(under(p)).unwrap();
+    }
+    // A typo in a path would otherwise only fail in a real cluster.
+    for (n, line) in &ex.commands {
+        for w in line.split(' ').filter(|w| w.starts_with('/')) {
+            let p = under(w);
+            if !p.exists() && !p.parent().is_some_and(Path::exists) {
+                failures.push(format!(
+                    "{}:{n}: {w}: neither it nor its parent is provided by a source or volume directive",
+                    ex.name
+                ));
+            }
+        }
+    }
+    if !failures.is_empty() {
+        return failures;
+    }
+    let bin_dir = bin().parent().unwrap().to_path_buf();
+    let path = match std::env::var_os("PATH") {
+        Some(p) => {
+            let mut dirs = vec![bin_dir];
+            dirs.extend(std::env::split_paths(&p));
+            std::env::join_paths(dirs).unwrap()
+        }
+        None => bin_dir.into_os_string(),
+    };
+    for round in 1..=2 {
+        for (n, line) in &ex.commands {
+            let cmd = rewrite(line, root);
+            let out = Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .env("PATH", &path)
+                .envs(ex.env.iter().map(|(k, v)| (k, v)))
+                .current_dir(root)
+                .output()
+                .unwrap();
+            if !out.status.success() {
+                failures.push(format!(
+                    "{}:{n} (run {round}): `{line}` exited {:?}: {}",
+                    ex.name,
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+                return failures;
+            }
+            if round == 2 && line.starts_with("packsync sync ") {
+                let stdout = String::from_utf8_lossy(&out.stdout);
+                if !stdout.contains("up to date") {
+                    failures.push(format!(
+                        "{}:{n}: a repeated sync was not up to date: {}",
+                        ex.name,
+                        stdout.trim()
+                    ));
+                }
+            }
+        }
+        for (p, d) in &ex.expects {
+            let got = listing(&under(p));
+            let want = listing(&repo().join(d));
+            if got != want {
+                let diff: Vec<String> = want
+                    .iter()
+                    .filter(|(k, v)| got.get(*k) != Some(*v))
+                    .map(|(k, v)| format!("want {k}: {v}, got {:?}", got.get(k)))
+                    .chain(
+                        got.keys()
+                            .filter(|k| !want.contains_key(*k))
+                            .map(|k| format!("extra {k}")),
+                    )
+                    .take(5)
+                    .collect();
+                failures.push(format!(
+                    "{} (run {round}): expect {p} {d}: {}",
+                    ex.name,
+                    diff.join("; ")
+                ));
+            }
+        }
+    }
+    failures
+}
+
+fn manifests() -> Vec<Example> {
+    let dir = repo().join("examples/kubernetes");
+    let mut paths: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            parse(&name, &fs::read_to_string(p).unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn every_kubernetes_example_runs_twice_and_leaves_the_expected_trees() {
+    let all = manifests();
+    assert!(all.len() >= 3, "expected the three example manifests");
+    let mut failures = Vec::new();
+    for ex in &all {
+        if ex.commands.is_empty() {
+            failures.push(format!("{}: no packsync command line found", ex.name));
+        }
+        if ex.expects.is_empty() {
+            failures.push(format!("{}: no expect directive", ex.name));
+        }
+        failures.extend(run(ex));
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn the_reader_of_the_examples_finds_commands_and_directives() {
+    let ex = parse(
+        "t.yaml",
+        "# packsync-test: source /img examples/packs\n\
+         # packsync-test: volume /vol\n\
+         # packsync-test: env V=1.0\n\
+         # packsync-test: expect /vol/x examples/packs\n\
+         #   packsync sync /not /a-command\n\
+         args:\n\
+           - |\n\
+             packsync sync /img /vol/x --label \"$V\"\n\
+         \x20\x20- packsync wait /vol/x\n\
+             exec packsync exec /vol/x -- true\n\
+             exec st2-register-content --config-file /etc/st2/st2.conf\n",
+    );
+    assert_eq!(
+        ex.sources,
+        [("/img".to_string(), "examples/packs".to_string())]
+    );
+    assert_eq!(ex.volumes, ["/vol"]);
+    assert_eq!(ex.env, [("V".to_string(), "1.0".to_string())]);
+    let cmds: Vec<&str> = ex.commands.iter().map(|c| c.1.as_str()).collect();
+    assert_eq!(
+        cmds,
+        [
+            "packsync sync /img /vol/x --label \"$V\"",
+            "packsync wait /vol/x",
+            "packsync exec /vol/x -- true"
+        ]
+    );
+    assert_eq!(
+        rewrite(cmds[0], Path::new("/tmp/R")),
+        "packsync sync /tmp/R/img /tmp/R/vol/x --label \"$V\""
+    );
+}
