@@ -573,7 +573,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             )
         })?;
         let granularity_ns = caps.granularity_ns;
-        reporter.begin(plan.added + plan.changed + plan.reused, plan.copied_bytes);
+        reporter.begin(tree.count(), plan.copied_bytes);
         let job = stage::Job {
             sources: &src_fds,
             labels: &labels,
