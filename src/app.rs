@@ -452,8 +452,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     if let (Some(mut rest), Some(header), Some(lt)) =
         (live.rest, live.manifest.as_ref(), live_tree.as_mut())
     {
-        if !plan.up_to_date() || cfg.dry_run || (cfg.label.is_some() && cfg.label != header.label)
-        {
+        if !plan.up_to_date() || cfg.dry_run || (cfg.label.is_some() && cfg.label != header.label) {
             // Entries that cannot be read only cost reuse: those files are copied.
             let _ = attach_manifest(lt, &mut rest, header);
             plan = plan_of(&mut tree, Some(lt));
@@ -499,9 +498,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         live_label.as_deref(),
     )?;
     // A new label on the same content is a new generation (the label is part of it).
-    let up_to_date = plan.up_to_date()
-        && live.gen.is_some()
-        && (cfg.label.is_none() || cfg.label == live_label);
+    let up_to_date =
+        plan.up_to_date() && live.gen.is_some() && (cfg.label.is_none() || cfg.label == live_label);
     if cfg.itemize {
         print_itemized(&plan);
     }

@@ -10,8 +10,8 @@
 
 pub mod app;
 pub mod caps;
-pub mod claim;
 pub mod chmod;
+pub mod claim;
 pub mod cli;
 pub mod commit;
 pub mod config;

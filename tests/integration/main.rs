@@ -4,7 +4,7 @@ mod copy;
 mod examples;
 mod faults;
 mod fixture;
-mod ops;
 mod layouts;
+mod ops;
 mod property;
 mod sync;
