@@ -328,13 +328,31 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
             bad_src.insert(*g);
         }
     }
+    let mut broken_paths = std::collections::HashSet::new();
     for (path, sg, lg) in pairs {
         let broken = sg.is_some_and(|s| bad_src.contains(&s) || s2l.get(&s) == Some(&None))
             || lg.is_some_and(|l| bad_live.contains(&l) || l2s.get(&l) == Some(&None));
         if broken {
             plan.changed += 1;
             plan.note(Op::Change, Kind::File, path);
+            broken_paths.insert(path.as_slice());
         }
+    }
+    // Hardlinking such a file from the live tree would carry the live grouping
+    // into the new generation (two separate files joined on one inode): copy it.
+    if !broken_paths.is_empty() {
+        src.for_each_mut(&mut |path, e| {
+            let size = e.meta.size;
+            if let Node::File(f) = &mut e.node {
+                if f.reuse && broken_paths.contains(path) {
+                    f.reuse = false;
+                    plan.reused -= 1;
+                    plan.reused_bytes -= size;
+                    plan.copied += 1;
+                    plan.copied_bytes += size;
+                }
+            }
+        });
     }
     if plan.changes.len() > 1 {
         plan.changes
@@ -562,10 +580,16 @@ mod tests {
             file.group = None;
         }
         let mut src = t(vec![a1, b1]);
-        assert_eq!(
-            itemized(&build(&mut src, Some(&live), &C)),
-            vec!["~ a", "~ b"]
-        );
+        let p = build(&mut src, Some(&live), &C);
+        assert_eq!(itemized(&p), vec!["~ a", "~ b"]);
+        // Linking both from the live inode would join them again: they are copied.
+        let reused: Vec<bool> = src
+            .entries
+            .iter()
+            .map(|e| matches!(&e.node, Node::File(f) if f.reuse))
+            .collect();
+        assert_eq!(reused, vec![false, false]);
+        assert_eq!((p.reused, p.copied), (0, 2));
     }
 
     #[test]
