@@ -12,6 +12,7 @@ a 100-entry tree, divided by the entries.
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -69,6 +70,8 @@ class Scale:
         snap = os.path.join(self.dir, "bin", "packsync-under-test")
         shutil.copy2(self.packsync_orig, snap)
         self.packsync = snap
+        with open(snap, "rb") as f:
+            self.sha = hashlib.sha256(f.read()).hexdigest()
         self.rows = []
 
     def tree(self, n):
@@ -126,9 +129,9 @@ def report(s, cmdline):
     commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip()
     L.append(f"Machine: {os.cpu_count()} cores, Linux {platform.release()}; filesystem: "
-             f"{os.environ.get('BENCH_FS_NOTE', s.root)}; packsync at {commit}, "
-             f"{bench.version([s.packsync, '--version'])}; rsync: "
-             f"{bench.version(['rsync', '--version'])}.")
+             f"{os.environ.get('BENCH_FS_NOTE', s.root)}; packsync: `{s.packsync_orig}`, "
+             f"{bench.version([s.packsync, '--version'])}, sha256 {s.sha[:16]} (repo at "
+             f"{commit}); rsync: {bench.version(['rsync', '--version'])}.")
     L.append("")
     L.append("Trees of N files of 0–64 bytes, 100 to a directory. Page cache warm, flushed")
     L.append("(`sync`) before each run; packsync durable as it ships. Seconds are medians of")
@@ -161,8 +164,9 @@ def report(s, cmdline):
             f"{t} {bench.fmt_kib(s.base[f'{t}_{name}_rss_kib'])}" for t in tools) + ".")
         L.append("")
     others = [r[f"{t}_{n}_other"] for r in s.rows for t in tools for n in ("full", "noop")]
-    L.append(f"Other processes (and the kernel's writeback threads) used a median "
-             f"{statistics.median(others):.0%} of the machine's CPU during these runs.")
+    L.append(f"Other processes used a median {statistics.median(others):.0%} of the machine's "
+             "CPU during these runs (this counts the kernel's writeback, journal and loop")
+    L.append("threads too, which work for a durable sync while it flushes).")
     L.append("")
     return "\n".join(L)
 
