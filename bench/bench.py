@@ -25,6 +25,10 @@ import trees  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+# The binary as it ships: statically linked (README "Building the static binary").
+SHIPPED = "target/x86_64-unknown-linux-gnu/release/packsync"
+BUILD = ("RUSTFLAGS='-C target-feature=+crt-static' "
+         "cargo build --release --target x86_64-unknown-linux-gnu")
 
 TARGETS = {
     "full_rsync": 0.70,
@@ -214,7 +218,7 @@ class Bench:
         self.scale = "quick" if args.quick else "full"
         self.rounds = args.rounds or (3 if args.quick else 5)
         self.dir = os.path.abspath(os.environ.get("BENCH_DIR", "/tmp/packsync-bench"))
-        self.packsync = os.environ.get("PACKSYNC") or os.path.join(REPO, "target/release/packsync")
+        self.packsync = os.environ.get("PACKSYNC") or os.path.join(REPO, SHIPPED)
         self.packsync = os.path.abspath(self.packsync)
         self.floor = os.environ["FLOOR_BIN"]
         self.root = os.path.abspath(os.environ.get("BENCH_ROOT", self.dir))
@@ -529,7 +533,7 @@ class Bench:
         os.makedirs(self.run_dir)
         if not self.have_packsync:
             say(f"bench: packsync binary not found at {self.packsync_orig}\n"
-                f"bench:   (build it with `cargo build --release`, or set PACKSYNC=/path/to/packsync);\n"
+                f"bench:   (build it with `{BUILD}`, or set PACKSYNC=/path/to/packsync);\n"
                 f"bench:   benchmarking rsync, cp -a and the floor only")
         t_start = time.perf_counter()
         for name in self.tree_names:

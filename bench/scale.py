@@ -65,7 +65,7 @@ class Scale:
         self.dir = os.path.abspath(os.environ.get("BENCH_DIR", "/tmp/packsync-bench"))
         self.logs = os.path.join(self.dir, "logs")
         os.makedirs(self.logs, exist_ok=True)
-        ps = os.environ.get("PACKSYNC") or os.path.join(REPO, "target/release/packsync")
+        ps = os.environ.get("PACKSYNC") or os.path.join(REPO, bench.SHIPPED)
         self.packsync_orig = os.path.abspath(ps)
         snap = os.path.join(self.dir, "bin", "packsync-under-test")
         shutil.copy2(self.packsync_orig, snap)
@@ -95,9 +95,12 @@ class Scale:
         work = os.path.join(self.root, "run", "scale")
         row = {"files": n, "entries": entries_of(n)}
         tools = ["packsync"] + ([] if self.args.no_rsync else ["rsync"])
-        for tool in tools:
-            full, noop = [], []
-            for _ in range(self.args.rounds):
+        runs = {(t, k): [] for t in tools for k in ("full", "noop")}
+        # Tools alternate and their order rotates every round: the first run
+        # to grow the page cache into memory the machine has not touched yet
+        # pays for it (first-touch faults cost several µs a page in a VM).
+        for rnd in range(self.args.rounds):
+            for tool in bench.Bench.rotate(tools, rnd):
                 bench.rm_rf(work)
                 os.makedirs(work)
                 dest = os.path.join(work, "dest")
@@ -106,13 +109,13 @@ class Scale:
                 else:
                     os.mkdir(dest)
                     argv = ["rsync", "-a", "--delete", src + "/", dest + "/"]
-                full.append(self.run(argv, f"{tool}-full"))
-                noop.append(self.run(argv, f"{tool}-noop"))
-            bench.rm_rf(work)
-            for name, runs in (("full", full), ("noop", noop)):
-                row[f"{tool}_{name}_s"] = statistics.median(r.seconds for r in runs)
-                row[f"{tool}_{name}_rss_kib"] = statistics.median(r.rss for r in runs)
-                row[f"{tool}_{name}_other"] = statistics.median(r.other or 0 for r in runs)
+                runs[(tool, "full")].append(self.run(argv, f"{tool}-full"))
+                runs[(tool, "noop")].append(self.run(argv, f"{tool}-noop"))
+        bench.rm_rf(work)
+        for (tool, name), rs in runs.items():
+            row[f"{tool}_{name}_s"] = statistics.median(r.seconds for r in rs)
+            row[f"{tool}_{name}_rss_kib"] = statistics.median(r.rss for r in rs)
+            row[f"{tool}_{name}_other"] = statistics.median(r.other or 0 for r in rs)
         return row
 
     def go(self):
@@ -135,8 +138,9 @@ def report(s, cmdline):
     L.append("")
     L.append("Trees of N files of 0–64 bytes, 100 to a directory. Page cache warm, flushed")
     L.append("(`sync`) before each run; packsync durable as it ships. Seconds are medians of")
-    L.append(f"{s.args.rounds} run(s); µs/entry is seconds per entry; RSS is peak RSS (`time -f %M`);")
-    L.append("B/entry is the RSS above the same command's on a 100-file tree, per entry.")
+    L.append(f"{s.args.rounds} rounds, the tools alternated and their order rotated every round;")
+    L.append("µs/entry is seconds per entry; RSS is peak RSS (`time -f %M`); B/entry is the")
+    L.append("RSS above the same command's on a 100-file tree, per entry.")
     L.append("")
     tools = ["packsync"] + ([] if s.args.no_rsync else ["rsync"])
     for name, what in (("full", "Full copy into an empty destination"),
@@ -175,7 +179,7 @@ def main():
     ap = argparse.ArgumentParser(prog="bench/scale.sh")
     ap.add_argument("--sizes", default="10000,100000,1000000",
                     type=lambda v: [int(x) for x in v.split(",")])
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-rsync", action="store_true")
     ap.add_argument("--out")
     args = ap.parse_args()

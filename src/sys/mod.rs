@@ -47,8 +47,38 @@ pub fn kind_of(st: &Stat) -> StatKind {
     }
 }
 
-fn cname(name: &[u8]) -> io::Result<CString> {
-    CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+/// Bytes of a name (with its NUL) kept on the stack: nearly every name fits,
+/// so a syscall on a name costs no allocation.
+const STACK_NAME: usize = 256;
+
+/// A name made into a C string for one syscall. Large on purpose: it lives
+/// on the stack for the length of one call.
+#[allow(clippy::large_enum_variant)]
+enum CName {
+    Stack([u8; STACK_NAME], usize),
+    Heap(CString),
+}
+
+impl CName {
+    fn as_c_str(&self) -> &CStr {
+        match self {
+            CName::Stack(b, n) => CStr::from_bytes_with_nul(&b[..*n]).expect("checked in cname"),
+            CName::Heap(c) => c,
+        }
+    }
+}
+
+fn cname(name: &[u8]) -> io::Result<CName> {
+    let nul = || io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL");
+    if name.contains(&0) {
+        return Err(nul());
+    }
+    if name.len() < STACK_NAME {
+        let mut b = [0u8; STACK_NAME];
+        b[..name.len()].copy_from_slice(name);
+        return Ok(CName::Stack(b, name.len() + 1));
+    }
+    CString::new(name).map(CName::Heap).map_err(|_| nul())
 }
 
 const DIR_FLAGS: OFlags = OFlags::RDONLY
