@@ -110,45 +110,7 @@ pub fn run(
         manifest.digest[..GEN_LEN].to_string()
     };
     let mut claims = vec![Claim::take(state, &name)?];
-    let mname = format!("{name}.manifest");
-    match sys::link_at(
-        stage.fd(),
-        b"manifest",
-        state.meta.as_fd(),
-        mname.as_bytes(),
-    ) {
-        Ok(()) => {}
-        // The same tree's, if packsync wrote it; anything but a file (a planted symlink) is replaced.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            if sys::stat_at(state.meta.as_fd(), mname.as_bytes())
-                .is_ok_and(|st| sys::kind_of(&st) != sys::StatKind::File)
-            {
-                sys::remove_tree_at(state.meta.as_fd(), mname.as_bytes())
-                    .and_then(|_| {
-                        sys::link_at(
-                            stage.fd(),
-                            b"manifest",
-                            state.meta.as_fd(),
-                            mname.as_bytes(),
-                        )
-                    })
-                    .with_context(|| {
-                        format!(
-                            "cannot store the manifest {}/meta/{mname}",
-                            state.path.display()
-                        )
-                    })?;
-            }
-        }
-        // Filesystems without hardlinks: a rename replaces an identical manifest.
-        Err(_) => sys::rename_at(
-            stage.fd(),
-            b"manifest",
-            state.meta.as_fd(),
-            mname.as_bytes(),
-        )
-        .context("cannot store the manifest")?,
-    }
+    store_manifest(state, stage, &name)?;
     sys::crash_point("after-manifest");
     if vol.layout == Layout::Dir {
         // DEST is the live tree: the staged tree is exchanged in, not renamed into gen/.
@@ -314,28 +276,51 @@ fn ensure_present(state: &State, stage: &Stage, name: &str) -> Result<()> {
     }
     let mname = format!("{name}.manifest");
     if !sys::exists_at(state.meta.as_fd(), mname.as_bytes())? {
+        store_manifest(state, stage, name)?;
+    }
+    Ok(())
+}
+
+/// Store the staged manifest as `meta/<name>.manifest`: by hardlink, so the
+/// staged one stays for a retry, or by rename where the volume has no
+/// hardlinks. One already there is the same tree's (the name is its digest)
+/// and is kept; anything but a file there (a planted symlink) is replaced.
+fn store_manifest(state: &State, stage: &Stage, name: &str) -> Result<()> {
+    let mname = format!("{name}.manifest");
+    let failed = || {
+        format!(
+            "cannot store the manifest {}/meta/{mname}",
+            state.path.display()
+        )
+    };
+    let link = || {
         sys::link_at(
             stage.fd(),
             b"manifest",
             state.meta.as_fd(),
             mname.as_bytes(),
         )
-        .or_else(|_| {
-            sys::rename_at(
-                stage.fd(),
-                b"manifest",
-                state.meta.as_fd(),
-                mname.as_bytes(),
-            )
-        })
-        .with_context(|| {
-            format!(
-                "cannot store the manifest {}/meta/{mname}",
-                state.path.display()
-            )
-        })?;
+    };
+    match link() {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            if sys::stat_at(state.meta.as_fd(), mname.as_bytes())
+                .is_ok_and(|st| sys::kind_of(&st) != sys::StatKind::File)
+            {
+                sys::remove_tree_at(state.meta.as_fd(), mname.as_bytes())
+                    .and_then(|_| link())
+                    .with_context(failed)?;
+            }
+            Ok(())
+        }
+        Err(_) => sys::rename_at(
+            stage.fd(),
+            b"manifest",
+            state.meta.as_fd(),
+            mname.as_bytes(),
+        )
+        .with_context(failed),
     }
-    Ok(())
 }
 
 /// Point DEST at generation `name` with one rename (or exchange), whatever
