@@ -85,6 +85,9 @@ pub struct Summary {
     pub reused: u64,
     pub retired: Vec<String>,
     pub warnings: Vec<String>,
+    /// `--exec-after`: what the hook did; `None` when it did not run (not
+    /// given, up to date, dry run).
+    pub exec_after: Option<ops::exec::After>,
     pub seconds: f64,
     pub dry_run: bool,
 }
@@ -636,13 +639,17 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     summary.status = "synced";
     summary.generation = Some(gen.name.clone());
     summary.retired = collect(&vol, &state, &policy, reporter, &mut summary);
-    let hook = cfg
-        .exec_after
-        .as_deref()
-        .map(|c| ops::exec::after(c, &vol, &state, &gen.name, cfg.json));
+    // The hook's failure is in the summary, then the error (exit 1): the swap stays.
+    let failure = cfg.exec_after.as_deref().and_then(|c| {
+        let (after, failure) = ops::exec::after(c, &vol, &state, &gen.name, cfg.json);
+        summary.exec_after = Some(after);
+        failure
+    });
     let code = finish(cfg, summary, start)?;
-    hook.transpose()?;
-    Ok(code)
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(code),
+    }
 }
 
 /// Garbage collection after a sync: its failure is a warning, as the sync
@@ -754,7 +761,7 @@ fn print_itemized(plan: &Plan) {
 fn finish(cfg: &SyncConfig, mut s: Summary, start: Instant) -> Result<i32> {
     s.seconds = (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
     if cfg.json {
-        println!("{}", serde_json::to_string(&s)?);
+        report::json(&s)?;
     } else if !cfg.quiet {
         let what = format!(
             "{} entries ({}): {} copied ({}), {} reused, {} deleted",

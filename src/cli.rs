@@ -8,6 +8,7 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand, ValueE
 
 use crate::config::{self, Command, Config, Layout, SyncConfig};
 use crate::error;
+use crate::report;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -179,9 +180,44 @@ pub enum LayoutArg {
     Dir,
 }
 
-/// Parse the process arguments into a `Config`.
+/// Parse the process arguments into a `Config`. A command-line error is
+/// returned for the caller to print and exit with; when `--json` is on the
+/// command line, it is also printed here as a JSON object on stdout.
 pub fn parse() -> Result<Config, clap::Error> {
-    let matches = Args::command().get_matches();
+    parse_from(std::env::args_os()).inspect_err(|e| {
+        if e.use_stderr() && json_requested(std::env::args_os()) {
+            report::json_error(&one_line(e), e.exit_code());
+        }
+    })
+}
+
+/// `--json` among the arguments packsync itself reads (not after `--`, where
+/// `exec`'s command starts).
+fn json_requested(args: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    args.into_iter()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .any(|a| a == "--json")
+}
+
+/// clap's message without its usage and help hints, on one line.
+fn one_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    let joined = lines.join(" ");
+    joined
+        .strip_prefix("error: ")
+        .unwrap_or(&joined)
+        .to_string()
+}
+
+fn parse_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Config, clap::Error> {
+    let matches = Args::command().try_get_matches_from(argv)?;
     let args = Args::from_arg_matches(&matches)?;
     // --exclude and --include interleave: their relative order decides.
     let order = matches.subcommand_matches("sync").map(|m| {
@@ -273,4 +309,42 @@ pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
 /// A usage error for a flag value that clap cannot check by itself.
 pub fn bad_value(flag: &str, value: &str, why: impl std::fmt::Display) -> anyhow::Error {
     error::usage(format!("invalid value {value:?} for {flag}: {why}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn argv(args: &[&str]) -> Vec<std::ffi::OsString> {
+        std::iter::once("packsync")
+            .chain(args.iter().copied())
+            .map(Into::into)
+            .collect()
+    }
+
+    #[test]
+    fn json_is_looked_for_before_the_command_of_exec() {
+        assert!(json_requested(argv(&["sync", "--json", "--bogus"])));
+        assert!(!json_requested(argv(&["sync", "--bogus"])));
+        assert!(!json_requested(argv(&[
+            "exec",
+            "vol/packs",
+            "--",
+            "jq",
+            "--json"
+        ])));
+    }
+
+    #[test]
+    fn a_parse_error_reads_as_one_line() {
+        let Err(e) = parse_from(argv(&["sync", "--json", "--bogus", "src", "dst"])) else {
+            panic!("--bogus parsed");
+        };
+        assert_eq!(one_line(&e), "unexpected argument '--bogus' found");
+        let Err(e) = parse_from(argv(&["sync", "--json", "src"])) else {
+            panic!("one path parsed");
+        };
+        let msg = one_line(&e);
+        assert!(!msg.contains('\n') && msg.contains("PATH"), "{msg}");
+    }
 }

@@ -18,6 +18,18 @@ pub struct Config {
     pub command: Command,
 }
 
+impl Config {
+    /// `--json` (sync, status, verify): the result, or the error, is one
+    /// JSON object on stdout.
+    pub fn json(&self) -> bool {
+        match &self.command {
+            Command::Sync(s) => s.json,
+            Command::Status { json, .. } | Command::Verify { json, .. } => *json,
+            _ => false,
+        }
+    }
+}
+
 /// `slot` in the commands below is `--slot`: with `--layout fanout`, which
 /// slot's tree (none: every tree DEST publishes, or the only one).
 pub enum Command {

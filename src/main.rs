@@ -5,12 +5,10 @@ fn main() {
         Ok(cfg) => cfg,
         Err(e) => e.exit(),
     };
+    let json = cfg.json();
     let code = match packsync::app::run(cfg) {
         Ok(code) => code,
-        Err(err) => {
-            eprintln!("packsync: error: {err:#}");
-            packsync::error::exit_code(&err)
-        }
+        Err(err) => packsync::report::error(&err, json),
     };
     std::process::exit(code);
 }

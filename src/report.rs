@@ -1,8 +1,9 @@
 //! Reporting: the progress bar on a terminal, a line now and then in a log,
-//! the closing summary, and the JSON summary. The only file that knows
-//! indicatif; stages talk to a `Reporter` and stay silent in tests.
+//! the closing summary, the JSON summary, and how a failed command is shown.
+//! The only file that knows indicatif; stages talk to a `Reporter` and stay
+//! silent in tests.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -129,6 +130,58 @@ impl Reporter for Progress {
     }
 }
 
+/// Set once a `--json` run printed its object: stdout holds one JSON object,
+/// so an error that comes after it (`verify` drift, a failing `--exec-after`)
+/// is in that object and on stderr, never a second object.
+static JSON_PRINTED: AtomicBool = AtomicBool::new(false);
+
+/// Print the one JSON object of a `--json` run on stdout.
+pub fn json(value: &impl serde::Serialize) -> anyhow::Result<()> {
+    use std::io::Write;
+    let text = serde_json::to_string(value)?;
+    let mut out = std::io::stdout().lock();
+    // An error, not println!'s panic, when the reader of stdout went away.
+    writeln!(out, "{text}")
+        .and_then(|()| out.flush())
+        .map_err(|e| anyhow::anyhow!("cannot write the JSON output to stdout: {e}"))?;
+    JSON_PRINTED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// A failed command under `--json` (README, "Exit codes").
+#[derive(serde::Serialize)]
+struct Failed<'a> {
+    status: &'static str,
+    error: &'a str,
+    exit_code: i32,
+}
+
+/// Show a failed command and return its exit status: one line on stderr,
+/// and with `--json` the same message as a JSON object on stdout.
+pub fn error(err: &anyhow::Error, json: bool) -> i32 {
+    let code = crate::error::exit_code(err);
+    let msg = format!("{err:#}");
+    eprintln!("packsync: error: {msg}");
+    if json {
+        json_error(&msg, code);
+    }
+    code
+}
+
+/// The JSON object of a failed `--json` run, unless the run already printed
+/// its object (which then tells what went wrong).
+pub fn json_error(msg: &str, exit_code: i32) {
+    if JSON_PRINTED.load(Ordering::Relaxed) {
+        return;
+    }
+    // stdout gone: the line already on stderr is all there is to say.
+    let _ = json(&Failed {
+        status: "error",
+        error: msg,
+        exit_code,
+    });
+}
+
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
@@ -174,6 +227,20 @@ mod tests {
     fn escape_keeps_one_path_on_one_line() {
         assert_eq!(escape(b"a b/\xff\n\\c\td"), "a b/\\xff\\n\\\\c\\td");
         assert_eq!(escape("é".as_bytes()), "é");
+    }
+
+    #[test]
+    fn a_failure_reads_as_one_json_object() {
+        let v = serde_json::to_value(Failed {
+            status: "error",
+            error: "src: source does not exist",
+            exit_code: 2,
+        })
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"status": "error", "error": "src: source does not exist", "exit_code": 2})
+        );
     }
 
     #[test]

@@ -121,10 +121,53 @@ fn exit_status(status: std::process::ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
+/// What `sync --exec-after` did, for the summary (`exec_after` in `--json`).
+#[derive(serde::Serialize)]
+pub struct After {
+    /// CMD as given.
+    pub command: String,
+    /// CMD ran and exited 0.
+    pub ok: bool,
+    /// CMD's status as a shell reports it (128 + a signal), or `None` when
+    /// it could not be started.
+    pub exit_code: Option<i32>,
+    /// The error packsync reports on stderr when CMD failed, or `None`.
+    pub error: Option<String>,
+}
+
 /// `sync --exec-after CMD`: run CMD with `sh -c` on the generation just
 /// published. Its output goes to packsync's (to stderr with `--json`, so
-/// stdout stays one JSON object); a failure is an error, the swap stays.
-pub fn after(cmd: &str, vol: &Volume, state: &State, gen: &str, json: bool) -> Result<()> {
+/// stdout stays one JSON object). Returns what happened for the summary and,
+/// when CMD failed, the error to exit with once the summary is out: the
+/// swap stays either way.
+pub fn after(
+    cmd: &str,
+    vol: &Volume,
+    state: &State,
+    gen: &str,
+    json: bool,
+) -> (After, Option<anyhow::Error>) {
+    let (exit_code, failure) = match run_after(cmd, vol, state, gen, json) {
+        Ok(0) => (Some(0), None),
+        Ok(code) => (
+            Some(code),
+            Some(anyhow::anyhow!(
+                "--exec-after command {cmd:?} failed with exit status {code}; generation {gen} stays live"
+            )),
+        ),
+        Err(e) => (None, Some(e)),
+    };
+    let after = After {
+        command: cmd.to_string(),
+        ok: failure.is_none(),
+        exit_code,
+        error: failure.as_ref().map(|e| format!("{e:#}")),
+    };
+    (after, failure)
+}
+
+/// Run the hook leased on `gen`; its exit status.
+fn run_after(cmd: &str, vol: &Volume, state: &State, gen: &str, json: bool) -> Result<i32> {
     let (lease, root) = pin(vol, state, gen)?;
     let mut c = Command::new("sh");
     c.arg("-c")
@@ -141,11 +184,5 @@ pub fn after(cmd: &str, vol: &Volume, state: &State, gen: &str, json: bool) -> R
         .and_then(|mut child| wait_relaying(&mut child))
         .with_context(|| format!("cannot run --exec-after command {cmd:?}"))?;
     drop(lease);
-    if !status.success() {
-        anyhow::bail!(
-            "--exec-after command {cmd:?} failed with exit status {}; generation {gen} stays live",
-            exit_status(status)
-        );
-    }
-    Ok(())
+    Ok(exit_status(status))
 }

@@ -78,16 +78,15 @@ pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
     let targets = super::open(dest, slot)?;
     let all: Vec<Status> = targets.iter().map(collect).collect::<Result<_>>()?;
     if json {
-        let text = match all.as_slice() {
-            [one] => serde_json::to_string(one)?,
-            _ => serde_json::to_string(&Slots {
+        match all.as_slice() {
+            [one] => report::json(one)?,
+            _ => report::json(&Slots {
                 dest: &targets[0].vol.display,
                 layout: all[0].layout,
                 resolves: all.iter().all(|s| s.resolves),
                 slots: &all,
             })?,
-        };
-        println!("{text}");
+        }
     } else {
         let blocks: Vec<String> = all.iter().map(table).collect();
         print!("{}", blocks.join("\n"));

@@ -40,15 +40,14 @@ pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
     let reports: Vec<Report> = targets.iter().map(check).collect::<Result<_>>()?;
     let several = reports.len() > 1;
     if json {
-        let text = match reports.as_slice() {
-            [one] => serde_json::to_string(one)?,
-            _ => serde_json::to_string(&Slots {
+        match reports.as_slice() {
+            [one] => report::json(one)?,
+            _ => report::json(&Slots {
                 dest: &targets[0].vol.display,
                 ok: reports.iter().all(|r| r.ok),
                 slots: &reports,
             })?,
-        };
-        println!("{text}");
+        }
     } else {
         for (r, t) in reports.iter().zip(&targets) {
             if r.ok {

@@ -730,7 +730,76 @@ fn exec_after_output_does_not_break_json() {
         .ok();
     let v = json(&out);
     assert_eq!(v["status"], "synced");
+    assert_eq!(
+        v["exec_after"],
+        serde_json::json!({
+            "command": "echo hello from the hook",
+            "ok": true,
+            "exit_code": 0,
+            "error": null
+        })
+    );
     assert!(out.stderr.contains("hello from the hook"), "{}", out.stderr);
+    // Up to date: the hook does not run.
+    let v = json(&f.sync(&["--json", "--exec-after", "echo again"]).ok());
+    assert_eq!(v["status"], "up to date");
+    assert!(v["exec_after"].is_null(), "{v}");
+}
+
+#[test]
+fn a_failing_exec_after_is_in_the_json_summary_and_exits_1() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    let out = f.sync(&["--json", "--exec-after", "exit 3"]);
+    assert_eq!(
+        out.code, 1,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    // One object, the summary: no second, error-only object after it.
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+    let v = json(&out);
+    assert_eq!(v["status"], "synced");
+    let gen = live_gen(&f);
+    assert_eq!(v["generation"], gen.as_str());
+    let hook = &v["exec_after"];
+    assert_eq!(hook["command"], "exit 3");
+    assert_eq!(hook["ok"], false);
+    assert_eq!(hook["exit_code"], 3);
+    let msg = format!(
+        "--exec-after command \"exit 3\" failed with exit status 3; generation {gen} stays live"
+    );
+    assert_eq!(hook["error"], msg.as_str());
+    assert_eq!(out.stderr, format!("packsync: error: {msg}\n"));
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "a");
+}
+
+#[test]
+fn verify_json_with_drift_prints_its_report_once_and_exits_4() {
+    let f = Fixture::new();
+    f.file("a.txt", "abc");
+    f.sync(&[]).ok();
+    corrupt_keeping_mtime(&f.dest().join("a.txt"), "xyz");
+    let out = f.packsync(&["verify", "--json", "vol/packs"]);
+    assert_eq!(
+        out.code, 4,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
+    let v = json(&out);
+    assert_eq!(v["ok"], false);
+    assert!(v.get("status").is_none(), "not an error object: {v}");
+    assert_eq!(v["differences"][0]["what"], "modified");
+    assert_eq!(v["differences"][0]["path"], "a.txt");
+    // The one-line error stays on stderr for logs.
+    assert!(
+        out.stderr
+            .starts_with("packsync: error: vol/packs: 1 difference(s)"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
 }
 
 // ---- sync --verify ----

@@ -3,7 +3,7 @@
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
-use crate::fixture::{mirror, Fixture};
+use crate::fixture::{mirror, Fixture, Run};
 
 #[test]
 fn first_sync_mirrors_the_source_through_a_relative_link() {
@@ -335,6 +335,89 @@ fn max_delete_guards_mass_deletion() {
         .fails(3, "refusing to delete 3 entries");
     assert_eq!(f.volume(), before);
     f.sync(&["--max-delete", "3"]).ok();
+}
+
+// ---- --json errors: one object on stdout, the same line on stderr ----
+
+/// Check a failed `--json` run as a script would: the exit status, stdout
+/// one JSON object `{"status": "error", "error", "exit_code"}`, and the
+/// message the same as the line on stderr. Returns the message.
+#[track_caller]
+fn json_error(run: &Run, code: i32) -> String {
+    assert_eq!(
+        run.code, code,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "one line: {}", run.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert_eq!(v["status"], "error", "{v}");
+    assert_eq!(v["exit_code"], code, "{v}");
+    assert_eq!(v.as_object().unwrap().len(), 3, "{v}");
+    v["error"].as_str().expect("error is text").to_string()
+}
+
+#[test]
+fn json_sync_errors_are_json_on_stdout_with_the_same_exit_code() {
+    let f = Fixture::new();
+    f.file("a", "1");
+    f.file("b", "2");
+    let before = f.volume();
+    // Bad arguments: exit 2, naming the path.
+    let run = f.packsync(&["sync", "--json", "nope", "vol/packs"]);
+    let msg = json_error(&run, 2);
+    assert_eq!(msg, "nope: source does not exist");
+    assert_eq!(run.stderr, format!("packsync: error: {msg}\n"));
+    assert_eq!(f.volume(), before);
+    // A guard: exit 3.
+    f.sync(&["--json"]).ok();
+    fs::remove_file(f.src().join("a")).unwrap();
+    let msg = json_error(&f.sync(&["--json", "--max-delete", "0"]), 3);
+    assert!(msg.contains("refusing to delete 1 entries"), "{msg}");
+    assert!(msg.starts_with("vol/packs: "), "{msg}");
+    // Without --json, stdout stays empty.
+    let run = f
+        .sync(&["--max-delete", "0"])
+        .fails(3, "refusing to delete 1 entries");
+    assert_eq!(run.stdout, "");
+}
+
+#[test]
+fn json_status_and_verify_errors_are_json() {
+    let f = Fixture::new();
+    for cmd in ["status", "verify"] {
+        let run = f.packsync(&[cmd, "--json", "vol/packs"]);
+        let msg = json_error(&run, 3);
+        assert!(
+            msg.starts_with("vol/packs: not a packsync destination"),
+            "{cmd}: {msg}"
+        );
+        assert_eq!(run.stderr, format!("packsync: error: {msg}\n"));
+    }
+}
+
+#[test]
+fn json_command_line_errors_are_json_and_keep_clap_usage_on_stderr() {
+    let f = Fixture::new();
+    let run = f.sync(&["--json", "--no-such-flag"]);
+    let msg = json_error(&run, 2);
+    assert!(msg.contains("--no-such-flag"), "{msg}");
+    assert!(
+        run.stderr.contains("Usage: packsync sync"),
+        "{}",
+        run.stderr
+    );
+    // A value clap rejects.
+    let msg = json_error(&f.sync(&["--json", "--layout", "sideways"]), 2);
+    assert!(msg.contains("sideways"), "{msg}");
+    // Without --json, clap's text alone.
+    let run = f.sync(&["--no-such-flag"]);
+    assert_eq!(run.code, 2);
+    assert_eq!(run.stdout, "");
+    // --help is not an error: its text, not JSON.
+    let run = f.packsync(&["sync", "--json", "--help"]).ok();
+    assert!(run.stdout.starts_with("Mirror SOURCE"), "{}", run.stdout);
 }
 
 fn is_root() -> bool {
