@@ -144,7 +144,7 @@ pub struct File {
     pub ino: u64,
     pub nlink: u32,
     /// Change time when scanned: a copy that sees another one was raced.
-    pub ctime: (i64, u32),
+    pub ctime: u64,
     /// SHA-256 of the content, once known.
     pub hash: Option<[u8; 32]>,
     /// Hardlink group, shared by every path of one inode (`None`: a single link).

@@ -673,10 +673,12 @@ pub fn mtime_of(st: &Stat) -> (i64, u32) {
     t
 }
 
-pub fn ctime_of(st: &Stat) -> (i64, u32) {
+/// The change time as one number (nanoseconds since the epoch, wrapping):
+/// only ever compared for equality, to see that a file changed.
+pub fn ctime_of(st: &Stat) -> u64 {
     #[allow(clippy::unnecessary_cast)]
-    let t = (st.st_ctime as i64, st.st_ctime_nsec as u32);
-    t
+    let (s, ns) = (st.st_ctime as i64, st.st_ctime_nsec as u64);
+    (s as u64).wrapping_mul(1_000_000_000).wrapping_add(ns)
 }
 
 pub mod forward;

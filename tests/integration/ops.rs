@@ -78,6 +78,19 @@ fn read_fifo(p: &Path) -> String {
     s
 }
 
+/// `packsync exec vol/packs -- sh -c SCRIPT`, returned once the command is
+/// running: `script(ready, go)` gets two FIFOs, must write a line to `ready`
+/// and may wait for one on `go`.
+fn exec_held(f: &Fixture, script: impl Fn(&Path, &Path) -> String) -> (Child, PathBuf) {
+    let (ready, go) = (f.path("ready"), f.path("go"));
+    mkfifo(&ready);
+    mkfifo(&go);
+    let script = script(&ready, &go);
+    let exec = spawn(f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
+    assert_eq!(read_fifo(&ready), "ready\n");
+    (exec, go)
+}
+
 fn write_fifo(p: &Path, s: &str) {
     fs::File::options()
         .write(true)
@@ -484,16 +497,13 @@ fn gc_keeps_a_generation_leased_by_exec() {
     f.file("a.txt", "one");
     f.sync(&[]).ok();
     let first = live_gen(&f);
-    let (ready, go) = (f.path("ready"), f.path("go"));
-    mkfifo(&ready);
-    mkfifo(&go);
-    let script = format!(
-        "echo ready > {}; read x < {}; cat \"$PACKSYNC_ROOT/a.txt\"",
-        ready.display(),
-        go.display()
-    );
-    let exec = spawn(&f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
-    assert_eq!(read_fifo(&ready), "ready\n");
+    let (exec, go) = exec_held(&f, |ready, go| {
+        format!(
+            "echo ready > {}; read x < {}; cat \"$PACKSYNC_ROOT/a.txt\"",
+            ready.display(),
+            go.display()
+        )
+    });
     // A new generation, then a collection that keeps nothing it need not.
     f.file("a.txt", "two");
     f.sync(&["--keep", "0"]).ok();
@@ -517,16 +527,13 @@ fn a_lease_left_by_a_killed_exec_expires() {
     f.file("a.txt", "one");
     f.sync(&[]).ok();
     let first = live_gen(&f);
-    let (ready, go) = (f.path("ready"), f.path("go"));
-    mkfifo(&ready);
-    mkfifo(&go);
-    let script = format!(
-        "echo ready > {}; read x < {}",
-        ready.display(),
-        go.display()
-    );
-    let mut exec = spawn(&f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
-    assert_eq!(read_fifo(&ready), "ready\n");
+    let (mut exec, go) = exec_held(&f, |ready, go| {
+        format!(
+            "echo ready > {}; read x < {}",
+            ready.display(),
+            go.display()
+        )
+    });
     exec.kill().unwrap(); // SIGKILL: no chance to remove the lease
     exec.wait().unwrap();
     assert_eq!(fs::read_dir(f.state().join("leases")).unwrap().count(), 1);
@@ -545,20 +552,17 @@ fn exec_relays_sigterm_to_the_command() {
     let f = Fixture::new();
     f.file("a.txt", "one");
     f.sync(&[]).ok();
-    let (ready, go) = (f.path("ready"), f.path("go"));
-    mkfifo(&ready);
-    mkfifo(&go);
     // The shell waits on a child that blocks on a FIFO; its TERM trap reports.
     // (A TERM that reaches that child before it has reset its traps is lost:
     // then the test releases it through the FIFO instead.)
-    let script = format!(
-        "trap 'kill $p 2>/dev/null; echo terminated; exit 9' TERM; \
-         (read x < {}) >/dev/null 2>&1 & p=$!; echo ready > {}; wait $p",
-        go.display(),
-        ready.display()
-    );
-    let exec = spawn(&f, &["exec", "vol/packs", "--", "sh", "-c", &script]);
-    assert_eq!(read_fifo(&ready), "ready\n");
+    let (exec, go) = exec_held(&f, |ready, go| {
+        format!(
+            "trap 'kill $p 2>/dev/null; echo terminated; exit 9' TERM; \
+             (read x < {}) >/dev/null 2>&1 & p=$!; echo ready > {}; wait $p",
+            go.display(),
+            ready.display()
+        )
+    });
     let pid = rustix::process::Pid::from_raw(exec.id() as i32).unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let out = finish(exec);
