@@ -28,6 +28,17 @@ fn json(run: &Run) -> serde_json::Value {
     serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
 }
 
+/// A `--json` run that exited `code` with exactly one JSON object on stdout.
+fn one_json_object(run: &Run, code: i32) -> serde_json::Value {
+    assert_eq!(
+        run.code, code,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "{}", run.stdout);
+    json(run)
+}
+
 fn mode(p: &Path) -> u32 {
     fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
 }
@@ -755,14 +766,8 @@ fn a_failing_exec_after_is_in_the_json_summary_and_exits_1() {
     let f = Fixture::new();
     f.file("a.txt", "a");
     let out = f.sync(&["--json", "--exec-after", "exit 3"]);
-    assert_eq!(
-        out.code, 1,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
     // One object, the summary: no second, error-only object after it.
-    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
-    let v = json(&out);
+    let v = one_json_object(&out, 1);
     assert_eq!(v["status"], "synced");
     let gen = live_gen(&f);
     assert_eq!(v["generation"], gen.as_str());
@@ -785,13 +790,7 @@ fn verify_json_with_drift_prints_its_report_once_and_exits_4() {
     f.sync(&[]).ok();
     corrupt_keeping_mtime(&f.dest().join("a.txt"), "xyz");
     let out = f.packsync(&["verify", "--json", "vol/packs"]);
-    assert_eq!(
-        out.code, 4,
-        "stdout: {}\nstderr: {}",
-        out.stdout, out.stderr
-    );
-    assert_eq!(out.stdout.lines().count(), 1, "{}", out.stdout);
-    let v = json(&out);
+    let v = one_json_object(&out, 4);
     assert_eq!(v["ok"], false);
     assert!(v.get("status").is_none(), "not an error object: {v}");
     assert_eq!(v["differences"][0]["what"], "modified");
