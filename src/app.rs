@@ -538,6 +538,15 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
                 }
             }
             summary.retired = collect(&vol, state, &policy, reporter, &mut summary);
+            // A hook that failed on the live generation (or never ran on it) runs now.
+            let retry = cfg
+                .exec_after
+                .is_some()
+                .then_some(())
+                .and(live.gen.as_deref());
+            if let Some(gen) = retry.filter(|g| !ops::exec::after_done(state, g)) {
+                return finish_with_hook(cfg, &vol, state, gen, summary, start);
+            }
         }
         return finish(cfg, summary, start);
     }
@@ -639,9 +648,21 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     summary.status = "synced";
     summary.generation = Some(gen.name.clone());
     summary.retired = collect(&vol, &state, &policy, reporter, &mut summary);
-    // The hook's failure is in the summary, then the error (exit 1): the swap stays.
+    finish_with_hook(cfg, &vol, &state, &gen.name, summary, start)
+}
+
+/// Run `--exec-after` (if given) on `gen`, then `finish`. The hook's failure
+/// is in the summary, then the error (exit 1): the swap stays.
+fn finish_with_hook(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    gen: &str,
+    mut summary: Summary,
+    start: Instant,
+) -> Result<i32> {
     let failure = cfg.exec_after.as_deref().and_then(|c| {
-        let (after, failure) = ops::exec::after(c, &vol, &state, &gen.name, cfg.json);
+        let (after, failure) = ops::exec::after(c, vol, state, gen, cfg.json);
         summary.exec_after = Some(after);
         failure
     });

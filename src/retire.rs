@@ -261,7 +261,7 @@ fn remove_generation(
         return Ok(Outcome::Kept);
     }
     drop(intent);
-    for what in ["retired", "used", "root"] {
+    for what in ["retired", "used", "root", "after"] {
         let _ = sys::unlink_at(state.meta.as_fd(), format!("{gen}.{what}").as_bytes());
     }
     let _ = sys::unlink_at(state.trash.as_fd(), maside.as_bytes());
@@ -448,7 +448,7 @@ fn remove_orphan_meta(vol: &Volume, state: &State) {
         let Some((gen, what)) = name.rsplit_once('.') else {
             continue;
         };
-        if !matches!(what, "manifest" | "retired" | "used")
+        if !matches!(what, "manifest" | "retired" | "used" | "after")
             || !crate::volume::valid_gen(gen.as_bytes())
             || sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
             || wanted(vol, state, gen)

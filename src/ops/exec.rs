@@ -135,11 +135,18 @@ pub struct After {
     pub error: Option<String>,
 }
 
+/// Whether an `--exec-after` command succeeded on `gen` (`meta/<GEN>.after`).
+pub fn after_done(state: &State, gen: &str) -> bool {
+    sys::stat_at(state.meta.as_fd(), format!("{gen}.after").as_bytes())
+        .is_ok_and(|st| sys::kind_of(&st) == sys::StatKind::File)
+}
+
 /// `sync --exec-after CMD`: run CMD with `sh -c` on the generation just
-/// published. Its output goes to packsync's (to stderr with `--json`, so
-/// stdout stays one JSON object). Returns what happened for the summary and,
-/// when CMD failed, the error to exit with once the summary is out: the
-/// swap stays either way.
+/// published, or on the live one when an earlier CMD on it did not succeed.
+/// Its output goes to packsync's (to stderr with `--json`, so stdout stays
+/// one JSON object). Success is recorded as `meta/<GEN>.after`. Returns what
+/// happened for the summary and, when CMD failed, the error to exit with
+/// once the summary is out: the swap stays either way.
 pub fn after(
     cmd: &str,
     vol: &Volume,
@@ -148,7 +155,11 @@ pub fn after(
     json: bool,
 ) -> (After, Option<anyhow::Error>) {
     let (exit_code, failure) = match run_after(cmd, vol, state, gen, json) {
-        Ok(0) => (Some(0), None),
+        Ok(0) => {
+            // Without the record, the next sync only runs CMD once more.
+            let _ = state.stamp(gen, "after");
+            (Some(0), None)
+        }
         Ok(code) => (
             Some(code),
             Some(anyhow::anyhow!(

@@ -755,10 +755,48 @@ fn exec_after_output_does_not_break_json() {
         })
     );
     assert!(out.stderr.contains("hello from the hook"), "{}", out.stderr);
-    // Up to date: the hook does not run.
+    // Up to date, and the hook succeeded on this generation: it does not run.
     let v = json(&f.sync(&["--json", "--exec-after", "echo again"]).ok());
     assert_eq!(v["status"], "up to date");
     assert!(v["exec_after"].is_null(), "{v}");
+}
+
+#[test]
+fn a_retried_sync_reruns_a_failed_exec_after_until_it_succeeds() {
+    let f = Fixture::new();
+    f.file("a.txt", "a");
+    let count = f.path("runs");
+    // Fails the first time it runs, succeeds after: a flaky registration.
+    let hook = format!(
+        "echo run >> {c}; [ $(wc -l < {c}) -ge 2 ]",
+        c = count.display()
+    );
+    let first = f.sync(&["--json", "--exec-after", &hook]);
+    assert_eq!(json(&first)["exec_after"]["ok"], false);
+    assert_eq!(first.code, 1);
+    let gen = live_gen(&f);
+    // The init container restarts: the tree is up to date, the hook runs again.
+    let v = json(&f.sync(&["--json", "--exec-after", &hook]).ok());
+    assert_eq!(v["status"], "up to date");
+    assert_eq!(v["exec_after"]["ok"], true, "{v}");
+    assert_eq!(live_gen(&f), gen);
+    // Once it succeeded on this generation, it is not run again for it.
+    let v = json(&f.sync(&["--json", "--exec-after", &hook]).ok());
+    assert!(v["exec_after"].is_null(), "{v}");
+    assert_eq!(fs::read_to_string(&count).unwrap().lines().count(), 2);
+    // A new generation runs it; the old one's record goes with the old one.
+    f.file("a.txt", "b");
+    let v = json(&f.sync(&["--json", "--exec-after", &hook]).ok());
+    assert_eq!(v["exec_after"]["ok"], true, "{v}");
+    f.packsync(&["gc", "vol/packs", "--keep", "0", "--grace", "0"])
+        .ok();
+    assert!(!gen_dir(&f, &gen).exists());
+    let left: Vec<_> = fs::read_dir(f.state().join("meta"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(gen.as_str()))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 #[test]
