@@ -85,11 +85,25 @@ pub struct Summary {
     pub reused: u64,
     pub retired: Vec<String>,
     pub warnings: Vec<String>,
+    /// `--itemize` under `--json`: the lines `--itemize` prints without
+    /// `--json`, in the same order; the key is absent without `--itemize`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Vec<Itemized>>,
     /// `--exec-after`: what the hook did; `None` when it did not run (not
     /// given, up to date, dry run).
     pub exec_after: Option<ops::exec::After>,
     pub seconds: f64,
     pub dry_run: bool,
+}
+
+/// One `--itemize` line as JSON: `{"change": "+", "path": "a/b.txt"}`.
+#[derive(serde::Serialize)]
+pub struct Itemized {
+    /// `+` added, `~` changed, `-` deleted.
+    pub change: char,
+    /// As the text line shows it: escaped by `report::escape` (as `verify
+    /// --json` paths are), a directory with a trailing `/`, `.` the root.
+    pub path: String,
 }
 
 fn validate_sources(cfg: &SyncConfig) -> Result<(Vec<OwnedFd>, Vec<PathBuf>, Vec<String>)> {
@@ -503,8 +517,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     // A new label on the same content is a new generation (the label is part of it).
     let up_to_date =
         plan.up_to_date() && live.gen.is_some() && (cfg.label.is_none() || cfg.label == live_label);
+    // Under --json the lines go into the one object: stdout stays one JSON object.
     if cfg.itemize {
-        print_itemized(&plan);
+        if cfg.json {
+            summary.changes = Some(itemized(&plan).collect());
+        } else {
+            print_itemized(&plan);
+        }
     }
     for w in warnings.take() {
         reporter.warn(&w);
@@ -766,16 +785,27 @@ fn probe_exchange(stage: &Stage) -> Result<()> {
     Ok(r?)
 }
 
-fn print_itemized(plan: &Plan) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    for c in &plan.changes {
+/// The changes of `plan` as `--itemize` shows them, in path order.
+fn itemized(plan: &Plan) -> impl Iterator<Item = Itemized> + '_ {
+    plan.changes.iter().map(|c| {
         let slash = if c.kind == crate::tree::Kind::Dir && c.path != b"." {
             "/"
         } else {
             ""
         };
-        let _ = writeln!(out, "{} {}{slash}", c.op.symbol(), report::escape(&c.path));
+        Itemized {
+            change: c.op.symbol(),
+            path: format!("{}{slash}", report::escape(&c.path)),
+        }
+    })
+}
+
+/// One line a change, written as they are made: the list is not copied.
+fn print_itemized(plan: &Plan) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for c in itemized(plan) {
+        let _ = writeln!(out, "{} {}", c.change, c.path);
     }
 }
 

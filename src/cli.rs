@@ -109,7 +109,7 @@ pub struct SyncArgs {
     /// Show what would change; write nothing
     #[arg(short = 'n', long)]
     pub dry_run: bool,
-    /// One line per change: + added, ~ changed, - deleted
+    /// One line per change: + added, ~ changed, - deleted (with --json, in its changes field)
     #[arg(short = 'i', long)]
     pub itemize: bool,
     /// One JSON summary on stdout

@@ -138,6 +138,110 @@ fn json_summary_is_one_object() {
     assert_eq!(v["status"], "up to date");
 }
 
+/// Check a successful `--json` run as a script would: exit 0 and stdout one
+/// line holding one JSON object. Returns the object.
+#[track_caller]
+fn json_summary(run: &Run) -> serde_json::Value {
+    assert_eq!(
+        run.code, 0,
+        "stdout: {}\nstderr: {}",
+        run.stdout, run.stderr
+    );
+    assert_eq!(run.stdout.lines().count(), 1, "one line: {}", run.stdout);
+    let v: serde_json::Value =
+        serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
+    assert!(v.is_object(), "{v}");
+    v
+}
+
+/// `changes` of a `--json --itemize` summary as `--itemize` lines.
+#[track_caller]
+fn changes_as_lines(v: &serde_json::Value) -> Vec<String> {
+    v["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no changes list: {v}"))
+        .iter()
+        .map(|c| {
+            assert_eq!(c.as_object().unwrap().len(), 2, "{c}");
+            format!(
+                "{} {}",
+                c["change"].as_str().unwrap(),
+                c["path"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn json_with_itemize_lists_the_changes_inside_the_one_object() {
+    let f = Fixture::new();
+    f.file("keep/a.py", "a");
+    f.file("keep/c.py", "c");
+    f.file("gone.txt", "g");
+    f.sync(&[]).ok();
+    let live = fs::read_link(f.dest()).unwrap();
+    fs::remove_file(f.src().join("gone.txt")).unwrap();
+    f.file("keep/c.py", "changed");
+    f.file("new.txt", "n");
+    let before = f.volume();
+
+    // The text lines, unchanged by --json's existence.
+    let text = f.sync(&["--dry-run", "--itemize"]).ok();
+    let lines: Vec<String> = text
+        .stdout
+        .lines()
+        .filter(|l| !l.starts_with("packsync: "))
+        .map(String::from)
+        .collect();
+    for want in ["- gone.txt", "~ keep/c.py", "+ new.txt"] {
+        assert!(lines.iter().any(|l| l == want), "{want}: {}", text.stdout);
+    }
+
+    // What would change, as JSON: the same lines, in the same order.
+    let v = json_summary(&f.sync(&["--dry-run", "--itemize", "--json"]));
+    assert_eq!(v["status"], "would sync", "{v}");
+    assert_eq!(v["dry_run"], true, "{v}");
+    assert_eq!(changes_as_lines(&v), lines);
+    assert_eq!(f.volume(), before, "a dry run writes nothing");
+
+    // The sync itself reports the same changes.
+    let v = json_summary(&f.sync(&["--itemize", "--json"]));
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(v["added"], 1, "{v}");
+    assert_eq!(v["deleted"], 1, "{v}");
+    assert_eq!(changes_as_lines(&v), lines);
+    assert_ne!(fs::read_link(f.dest()).unwrap(), live);
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+
+    // Up to date: an empty list; without --itemize: no key at all.
+    let v = json_summary(&f.sync(&["--itemize", "--json"]));
+    assert_eq!(v["status"], "up to date", "{v}");
+    assert_eq!(v["changes"], serde_json::json!([]), "{v}");
+    let v = json_summary(&f.sync(&["--json"]));
+    assert!(v.get("changes").is_none(), "{v}");
+}
+
+#[test]
+fn json_itemize_paths_are_escaped_as_in_the_text_lines() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let f = Fixture::new();
+    fs::write(f.src().join(OsStr::from_bytes(b"new\nline")), "1").unwrap();
+    fs::write(f.src().join(OsStr::from_bytes(b"\xff-not-utf8")), "2").unwrap();
+    fs::create_dir(f.src().join("back\\slash")).unwrap();
+    let text = f.sync(&["-n", "-i"]).ok();
+    let v = json_summary(&f.sync(&["-n", "-i", "--json"]));
+    let lines = changes_as_lines(&v);
+    for want in ["+ new\\nline", "+ \\xff-not-utf8", "+ back\\\\slash/"] {
+        assert!(lines.iter().any(|l| l == want), "{want}: {v}");
+        assert!(
+            text.stdout.contains(&format!("{want}\n")),
+            "{}",
+            text.stdout
+        );
+    }
+}
+
 #[test]
 fn retains_keep_generations_and_removes_older_ones() {
     let f = Fixture::new();
