@@ -118,8 +118,8 @@ fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
         m.uid,
         m.gid,
         m.size,
-        m.mtime.0,
-        m.mtime.1,
+        { m.mtime.s },
+        { m.mtime.ns },
         hash,
         group,
         escape(path)
@@ -325,7 +325,7 @@ fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
         uid: f[2].parse().context("bad uid")?,
         gid: f[3].parse().context("bad gid")?,
         size: f[4].parse().context("bad size")?,
-        mtime: parse_time(f[5])?,
+        mtime: parse_time(f[5])?.into(),
     };
     let path = unescape(f[8])?;
     let node = match f[0] {
@@ -410,7 +410,7 @@ mod tests {
                 uid: 1,
                 gid: 2,
                 size: 3,
-                mtime: (1_700_000_000, 123_456_789),
+                mtime: (1_700_000_000, 123_456_789).into(),
             },
             node: Node::File(File {
                 hash: Some([hash; 32]),
@@ -421,7 +421,7 @@ mod tests {
         let tree = Tree {
             root: Meta {
                 mode: 0o755,
-                mtime: (5, 6),
+                mtime: (5, 6).into(),
                 ..Default::default()
             },
             root_srcs: 1,

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 
-use crate::tree::{Entry, Kind, Meta, Node, Tree};
+use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 
 /// How "unchanged" is judged.
 #[derive(Clone, Copy, Debug)]
@@ -88,11 +88,11 @@ impl Plan {
 }
 
 /// Equal mtimes on a volume that keeps them to `g` nanoseconds.
-pub fn mtime_eq(a: (i64, u32), b: (i64, u32), g: u64) -> bool {
+pub fn mtime_eq(a: Time, b: Time, g: u64) -> bool {
     if g <= 1 {
         return a == b;
     }
-    let ns = |t: (i64, u32)| t.0 as i128 * 1_000_000_000 + t.1 as i128;
+    let ns = |t: Time| t.s as i128 * 1_000_000_000 + t.ns as i128;
     (ns(a) - ns(b)).abs() < g as i128
 }
 
@@ -380,7 +380,7 @@ mod tests {
             meta: Meta {
                 mode: 0o644,
                 size,
-                mtime: (mtime, 0),
+                mtime: (mtime, 0).into(),
                 ..Default::default()
             },
             node: Node::File(File {
@@ -493,7 +493,7 @@ mod tests {
     fn coarse_volume_mtimes_still_compare_equal() {
         let live = t(vec![f("x", 1, 100)]);
         let mut src = live.clone();
-        src.entries[0].meta.mtime = (100, 900_000_000);
+        src.entries[0].meta.mtime = (100, 900_000_000).into();
         assert!(!build(&mut src.clone(), Some(&live), &C).up_to_date());
         let sshfs = Compare {
             granularity_ns: 1_000_000_000,
@@ -510,7 +510,7 @@ mod tests {
                 mode: 0o777,
                 size: 1,
                 uid,
-                mtime: (mtime, 0),
+                mtime: (mtime, 0).into(),
                 ..Default::default()
             },
             node: Node::Symlink(b"x".as_slice().into()),
@@ -527,7 +527,7 @@ mod tests {
         };
         assert!(build(&mut src.clone(), Some(&live), &fuse).up_to_date());
         // A file's times still count, and so does a link's target.
-        src.entries[1].meta.mtime = (2, 0);
+        src.entries[1].meta.mtime = (2, 0).into();
         src.entries[0].node = Node::Symlink(b"y".as_slice().into());
         assert_eq!(
             itemized(&build(&mut src, Some(&live), &fuse)),

@@ -88,7 +88,7 @@ pub fn meta_of(st: &sys::Stat, size: u64) -> Meta {
         uid: st.st_uid,
         gid: st.st_gid,
         size,
-        mtime: sys::mtime_of(st),
+        mtime: sys::mtime_of(st).into(),
     }
 }
 

@@ -270,7 +270,7 @@ fn copy_dir(
                     return Ok(());
                 }
                 let owner = ctx.job.owners.then_some((e.meta.uid, e.meta.gid));
-                if let Err(err) = sys::set_symlink_meta(out, &e.name, owner, e.meta.mtime) {
+                if let Err(err) = sys::set_symlink_meta(out, &e.name, owner, e.meta.mtime.pair()) {
                     if !is_owner_refusal(&err) {
                         return Err(err).with_context(|| {
                             format!(
@@ -280,7 +280,7 @@ fn copy_dir(
                         });
                     }
                     ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
-                    sys::set_symlink_meta(out, &e.name, None, e.meta.mtime)?;
+                    sys::set_symlink_meta(out, &e.name, None, e.meta.mtime.pair())?;
                 }
                 ctx.job.reporter.advance(0);
             }
@@ -337,7 +337,7 @@ fn reuse(
     let ok = sys::kind_of(&st) == sys::StatKind::File
         && st.st_size as u64 == meta.size
         && st.st_mode & 0o7777 == meta.mode
-        && crate::plan::mtime_eq(sys::mtime_of(&st), meta.mtime, granularity_ns);
+        && crate::plan::mtime_eq(sys::mtime_of(&st).into(), meta.mtime, granularity_ns);
     if !ok {
         sys::unlink_at(out, name)?;
     }
@@ -358,12 +358,12 @@ fn apply_meta(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, meta: &Meta) -> io::Result<()> 
             }
         }
     }
-    if let Err(e) = sys::set_meta_fd(fd, owner, Some(meta.mode), meta.mtime) {
+    if let Err(e) = sys::set_meta_fd(fd, owner, Some(meta.mode), meta.mtime.pair()) {
         if owner.is_none() || !is_owner_refusal(&e) {
             return Err(e);
         }
         ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
-        sys::set_meta_fd(fd, None, Some(meta.mode), meta.mtime)?;
+        sys::set_meta_fd(fd, None, Some(meta.mode), meta.mtime.pair())?;
     }
     Ok(())
 }
@@ -400,7 +400,7 @@ fn copy_file(
     if n != meta.size
         || st.st_size as u64 != meta.size
         || st.st_ino != scanned.ino
-        || sys::mtime_of(&st) != meta.mtime
+        || sys::mtime_of(&st) != meta.mtime.pair()
         || sys::ctime_of(&st) != scanned.ctime
     {
         bail!("{shown} changed while being copied; run the sync again once the source is stable");
@@ -412,13 +412,13 @@ fn copy_file(
         dst.as_fd(),
         owner,
         (meta.mode != 0o600 || owner.is_some()).then_some(meta.mode),
-        meta.mtime,
+        meta.mtime.pair(),
     ) {
         if owner.is_none() || !is_owner_refusal(&e) {
             return Err(e).with_context(|| format!("cannot set metadata of {shown} in staging"));
         }
         ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
-        sys::set_meta_fd(dst.as_fd(), None, Some(meta.mode), meta.mtime)?;
+        sys::set_meta_fd(dst.as_fd(), None, Some(meta.mode), meta.mtime.pair())?;
     }
     ctx.flush(dst.as_fd())
         .with_context(|| format!("cannot flush {shown} in staging"))?;

@@ -13,7 +13,28 @@ pub struct Meta {
     pub gid: u32,
     /// Bytes for files, target length for symlinks, 0 for directories.
     pub size: u64,
-    pub mtime: (i64, u32),
+    pub mtime: Time,
+}
+
+/// Seconds and nanoseconds since the epoch, packed into 12 bytes (every
+/// entry holds one: a tuple would take 16).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+#[repr(C, packed(4))]
+pub struct Time {
+    pub s: i64,
+    pub ns: u32,
+}
+
+impl Time {
+    pub fn pair(self) -> (i64, u32) {
+        (self.s, self.ns)
+    }
+}
+
+impl From<(i64, u32)> for Time {
+    fn from((s, ns): (i64, u32)) -> Time {
+        Time { s, ns }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use crate::manifest::hex;
 use crate::scan::{self, Filter, Warnings};
 use crate::sys;
-use crate::tree::{Entry, Kind, Meta, Node, Tree};
+use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 
 /// One way the tree on disk differs from its manifest.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -135,13 +135,9 @@ pub fn summarize(diffs: &[Difference], n: usize) -> String {
     s
 }
 
-fn mtime_eq(a: (i64, u32), b: (i64, u32), g: u64) -> bool {
-    let ns = |t: (i64, u32)| t.0 as i128 * 1_000_000_000 + t.1 as i128;
-    (ns(a) - ns(b)).abs() < g.max(1) as i128
-}
-
-fn fmt_time(t: (i64, u32)) -> String {
-    format!("{}.{:09}", t.0, t.1)
+fn fmt_time(t: Time) -> String {
+    let (s, ns) = t.pair();
+    format!("{s}.{ns:09}")
 }
 
 /// Compare `found` (scanned and hashed) with `expected` (a manifest's tree).
@@ -311,7 +307,7 @@ fn meta_diffs(
             format!("{}:{}", f.uid, f.gid),
         ));
     }
-    if !mtime_eq(e.mtime, f.mtime, rules.granularity_ns) {
+    if !crate::plan::mtime_eq(e.mtime, f.mtime, rules.granularity_ns) {
         out.push(diff("mtime changed", fmt_time(e.mtime), fmt_time(f.mtime)));
     }
 }
@@ -335,7 +331,7 @@ mod tests {
             uid: 1,
             gid: 1,
             size,
-            mtime: (100, 5),
+            mtime: (100, 5).into(),
         }
     }
 
@@ -412,7 +408,7 @@ mod tests {
         }
         found.entries[1].meta.mode = 0o600;
         found.entries[1].meta.uid = 0;
-        found.entries[1].meta.mtime = (101, 0);
+        found.entries[1].meta.mtime = (101, 0).into();
         found.entries[2].meta.size = 4;
         found.entries[3].node = Node::Symlink(b"b".as_slice().into());
         found.entries.push(file("zz-extra", 1, 1, None, 9));
@@ -441,7 +437,7 @@ mod tests {
         let expected = tree(vec![file("a", 3, 1, None, 1)]);
         let mut found = expected.clone();
         found.entries[0].meta.uid = 7;
-        found.entries[0].meta.mtime = (100, 900);
+        found.entries[0].meta.mtime = (100, 900).into();
         let coarse = Rules {
             owners: false,
             granularity_ns: 1000,
