@@ -90,7 +90,8 @@ pub struct Summary {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub changes: Option<Vec<Itemized>>,
     /// `--exec-after`: what the hook did; `None` when it did not run (not
-    /// given, up to date, dry run).
+    /// given, dry run, or up to date with a success on the live generation
+    /// already recorded).
     pub exec_after: Option<ops::exec::After>,
     pub seconds: f64,
     pub dry_run: bool,
@@ -558,12 +559,11 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             }
             summary.retired = collect(&vol, state, &policy, reporter, &mut summary);
             // A hook that failed on the live generation (or never ran on it) runs now.
-            let retry = cfg
-                .exec_after
-                .is_some()
-                .then_some(())
-                .and(live.gen.as_deref());
-            if let Some(gen) = retry.filter(|g| !ops::exec::after_done(state, g)) {
+            let retry = live
+                .gen
+                .as_deref()
+                .filter(|g| cfg.exec_after.is_some() && !ops::exec::after_done(state, g));
+            if let Some(gen) = retry {
                 return finish_with_hook(cfg, &vol, state, gen, summary, start);
             }
         }

@@ -230,20 +230,6 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_reads_as_one_json_object() {
-        let v = serde_json::to_value(Failed {
-            status: "error",
-            error: "src: source does not exist",
-            exit_code: 2,
-        })
-        .unwrap();
-        assert_eq!(
-            v,
-            serde_json::json!({"status": "error", "error": "src: source does not exist", "exit_code": 2})
-        );
-    }
-
-    #[test]
     fn human_bytes_reads_well() {
         assert_eq!(human_bytes(12), "12 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");

@@ -6,7 +6,7 @@
 //! through file descriptors (or `AT_SYMLINK_NOFOLLOW` for symlinks, which have
 //! no descriptor). Nothing in this module knows about generations or plans.
 
-use std::ffi::{CStr, CString, OsStr};
+use std::ffi::{CStr, OsStr};
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -47,40 +47,6 @@ pub fn kind_of(st: &Stat) -> StatKind {
     }
 }
 
-/// Bytes of a name (with its NUL) kept on the stack: nearly every name fits,
-/// so a syscall on a name costs no allocation.
-const STACK_NAME: usize = 256;
-
-/// A name made into a C string for one syscall. Large on purpose: it lives
-/// on the stack for the length of one call.
-#[allow(clippy::large_enum_variant)]
-enum CName {
-    Stack([u8; STACK_NAME], usize),
-    Heap(CString),
-}
-
-impl CName {
-    fn as_c_str(&self) -> &CStr {
-        match self {
-            CName::Stack(b, n) => CStr::from_bytes_with_nul(&b[..*n]).expect("checked in cname"),
-            CName::Heap(c) => c,
-        }
-    }
-}
-
-fn cname(name: &[u8]) -> io::Result<CName> {
-    let nul = || io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL");
-    if name.contains(&0) {
-        return Err(nul());
-    }
-    if name.len() < STACK_NAME {
-        let mut b = [0u8; STACK_NAME];
-        b[..name.len()].copy_from_slice(name);
-        return Ok(CName::Stack(b, name.len() + 1));
-    }
-    CString::new(name).map(CName::Heap).map_err(|_| nul())
-}
-
 const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
@@ -98,34 +64,23 @@ pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
 
 /// Open the directory `name` inside `dir`; a symlink there is refused (ELOOP/ENOTDIR).
 pub fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
-    Ok(rfs::openat(
-        dir,
-        cname(name)?.as_c_str(),
-        DIR_FLAGS,
-        Mode::empty(),
-    )?)
+    Ok(rfs::openat(dir, name, DIR_FLAGS, Mode::empty())?)
 }
 
 /// Open a regular file for reading; refuses a symlink.
 pub fn open_read_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     let flags =
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
-    Ok(rfs::openat(
-        dir,
-        cname(name)?.as_c_str(),
-        flags,
-        Mode::empty(),
-    )?)
+    Ok(rfs::openat(dir, name, flags, Mode::empty())?)
 }
 
 /// Create an empty regular file without opening it (mknod): nothing is
 /// left for FUSE to release after it is unlinked. Falls back to an
 /// `O_EXCL` create where mknod is refused.
 pub fn make_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    let c = cname(name)?;
     match rfs::mknodat(
         dir,
-        c.as_c_str(),
+        name,
         FileType::RegularFile,
         Mode::from_raw_mode(0o600),
         0,
@@ -139,20 +94,11 @@ pub fn make_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
 /// Create a new file, private (0600) until its content is written.
 pub fn create_excl_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    Ok(rfs::openat(
-        dir,
-        cname(name)?.as_c_str(),
-        flags,
-        Mode::from_raw_mode(0o600),
-    )?)
+    Ok(rfs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?)
 }
 
 pub fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Stat> {
-    Ok(rfs::statat(
-        dir,
-        cname(name)?.as_c_str(),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )?)
+    Ok(rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
 pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
@@ -190,15 +136,11 @@ pub fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
 }
 
 pub fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
-    Ok(rfs::readlinkat(dir, cname(name)?.as_c_str(), Vec::new())?.into_bytes())
+    Ok(rfs::readlinkat(dir, name, Vec::new())?.into_bytes())
 }
 
 pub fn mkdir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<()> {
-    Ok(rfs::mkdirat(
-        dir,
-        cname(name)?.as_c_str(),
-        Mode::from_raw_mode(mode),
-    )?)
+    Ok(rfs::mkdirat(dir, name, Mode::from_raw_mode(mode))?)
 }
 
 /// `mkdir` that accepts an existing directory (but not a symlink or file there).
@@ -212,11 +154,7 @@ pub fn ensure_dir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<
 }
 
 pub fn symlink_at(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    Ok(rfs::symlinkat(
-        cname(target)?.as_c_str(),
-        dir,
-        cname(name)?.as_c_str(),
-    )?)
+    Ok(rfs::symlinkat(target, dir, name)?)
 }
 
 /// Hard link without following a symlink at the source name.
@@ -226,29 +164,15 @@ pub fn link_at(
     to_dir: BorrowedFd<'_>,
     to: &[u8],
 ) -> io::Result<()> {
-    Ok(rfs::linkat(
-        from_dir,
-        cname(from)?.as_c_str(),
-        to_dir,
-        cname(to)?.as_c_str(),
-        AtFlags::empty(),
-    )?)
+    Ok(rfs::linkat(from_dir, from, to_dir, to, AtFlags::empty())?)
 }
 
 pub fn unlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    Ok(rfs::unlinkat(
-        dir,
-        cname(name)?.as_c_str(),
-        AtFlags::empty(),
-    )?)
+    Ok(rfs::unlinkat(dir, name, AtFlags::empty())?)
 }
 
 pub fn rmdir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    Ok(rfs::unlinkat(
-        dir,
-        cname(name)?.as_c_str(),
-        AtFlags::REMOVEDIR,
-    )?)
+    Ok(rfs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
 }
 
 pub fn rename_at(
@@ -257,12 +181,7 @@ pub fn rename_at(
     to_dir: BorrowedFd<'_>,
     to: &[u8],
 ) -> io::Result<()> {
-    Ok(rfs::renameat(
-        from_dir,
-        cname(from)?.as_c_str(),
-        to_dir,
-        cname(to)?.as_c_str(),
-    )?)
+    Ok(rfs::renameat(from_dir, from, to_dir, to)?)
 }
 
 /// Swap two names atomically; `Unsupported` where the filesystem lacks it.
@@ -272,13 +191,7 @@ pub fn rename_exchange(
     b_dir: BorrowedFd<'_>,
     b: &[u8],
 ) -> io::Result<()> {
-    match rfs::renameat_with(
-        a_dir,
-        cname(a)?.as_c_str(),
-        b_dir,
-        cname(b)?.as_c_str(),
-        RenameFlags::EXCHANGE,
-    ) {
+    match rfs::renameat_with(a_dir, a, b_dir, b, RenameFlags::EXCHANGE) {
         Ok(()) => Ok(()),
         Err(e) if exchange_unsupported(e) => Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -297,13 +210,7 @@ pub fn rename_noreplace(
     to_dir: BorrowedFd<'_>,
     to: &[u8],
 ) -> io::Result<()> {
-    match rfs::renameat_with(
-        from_dir,
-        cname(from)?.as_c_str(),
-        to_dir,
-        cname(to)?.as_c_str(),
-        RenameFlags::NOREPLACE,
-    ) {
+    match rfs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
         Ok(()) => Ok(()),
         Err(e) if exchange_unsupported(e) => Err(io::Error::new(
             io::ErrorKind::Unsupported,
@@ -345,17 +252,16 @@ pub fn set_symlink_meta(
     owner: Option<(u32, u32)>,
     mtime: (i64, u32),
 ) -> io::Result<()> {
-    let c = cname(name)?;
     if let Some((uid, gid)) = owner {
         rfs::chownat(
             dir,
-            c.as_c_str(),
+            name,
             Some(rfs::Uid::from_raw(uid)),
             Some(rfs::Gid::from_raw(gid)),
             AtFlags::SYMLINK_NOFOLLOW,
         )?;
     }
-    rfs::utimensat(dir, c.as_c_str(), &times(mtime), AtFlags::SYMLINK_NOFOLLOW)?;
+    rfs::utimensat(dir, name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }
 
@@ -414,12 +320,7 @@ pub fn touch_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
         last_access: now,
         last_modification: now,
     };
-    Ok(rfs::utimensat(
-        dir,
-        cname(name)?.as_c_str(),
-        &t,
-        AtFlags::SYMLINK_NOFOLLOW,
-    )?)
+    Ok(rfs::utimensat(dir, name, &t, AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
 fn times(mtime: (i64, u32)) -> Timestamps {
