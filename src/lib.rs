@@ -12,6 +12,7 @@ pub mod app;
 pub mod caps;
 pub mod chmod;
 pub mod claim;
+pub mod clock;
 pub mod cli;
 pub mod commit;
 pub mod config;

@@ -583,6 +583,8 @@ pub fn ctime_of(st: &Stat) -> u64 {
 }
 
 pub mod forward;
+mod dirfd;
+pub use dirfd::{component, DirFd};
 
 /// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
 /// up its staging directory before exiting 130/143.
