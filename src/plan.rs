@@ -61,9 +61,8 @@ pub struct Plan {
     pub added: u64,
     pub changed: u64,
     pub deleted: u64,
-    /// Files to hardlink from the live generation, and their bytes.
+    /// Files to hardlink from the live generation.
     pub reused: u64,
-    pub reused_bytes: u64,
     /// Files to copy from a source, and their bytes.
     pub copied: u64,
     pub copied_bytes: u64,
@@ -87,13 +86,29 @@ impl Plan {
     }
 }
 
-/// Equal mtimes on a volume that keeps them to `g` nanoseconds.
+/// Whether a time read from a volume that keeps mtimes to `g` nanoseconds
+/// (sshfs: 1 s, a FAT-like volume: 2 s) equals a source time: it must be
+/// the source time truncated down to a multiple of `g`, never merely within
+/// `g` of it (61.9 s and 62.0 s are different times). Both are truncated,
+/// so callers may pass the two in either order: the volume's time is
+/// already a multiple of `g`, and truncating it changes nothing.
 pub fn mtime_eq(a: Time, b: Time, g: u64) -> bool {
+    truncate(a, g) == truncate(b, g)
+}
+
+/// `t` as a volume keeping `g` nanoseconds stores it: the multiple of `g`
+/// at or below it (also before the epoch).
+fn truncate(t: Time, g: u64) -> Time {
     if g <= 1 {
-        return a == b;
+        return t;
     }
-    let ns = |t: Time| t.s as i128 * 1_000_000_000 + t.ns as i128;
-    (ns(a) - ns(b)).abs() < g as i128
+    const GIGA: i128 = 1_000_000_000;
+    let ns = t.s as i128 * GIGA + t.ns as i128;
+    let kept = ns - ns.rem_euclid(g as i128);
+    Time {
+        s: kept.div_euclid(GIGA) as i64,
+        ns: kept.rem_euclid(GIGA) as u32,
+    }
 }
 
 fn meta_eq(a: &Meta, b: &Meta, kind: Kind, c: &Compare) -> bool {
@@ -229,7 +244,6 @@ fn diff(
                             sf.reuse = true;
                             sf.hash = lf.hash;
                             plan.reused += 1;
-                            plan.reused_bytes += s.meta.size;
                         } else {
                             count_copy(s, plan);
                         }
@@ -347,7 +361,6 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
                 if f.reuse && broken_paths.contains(path) {
                     f.reuse = false;
                     plan.reused -= 1;
-                    plan.reused_bytes -= size;
                     plan.copied += 1;
                     plan.copied_bytes += size;
                 }
@@ -502,6 +515,77 @@ mod tests {
         assert!(build(&mut src, Some(&live), &sshfs).up_to_date());
     }
 
+    const NS: u64 = 1;
+    const US: u64 = 1_000;
+    const SEC: u64 = 1_000_000_000;
+
+    /// (source time, volume time, granularity, equal?)
+    type Case = ((i64, u32), (i64, u32), u64, bool);
+
+    #[test]
+    fn a_volume_time_equals_the_source_time_truncated_never_one_within_g() {
+        let cases: [Case; 20] = [
+            // 1 ns: exact.
+            ((61, 5), (61, 5), NS, true),
+            ((61, 5), (61, 4), NS, false),
+            ((61, 999_999_999), (62, 0), NS, false),
+            // 1 µs: the nanoseconds below it are dropped, never rounded.
+            ((61, 1_999), (61, 1_000), US, true),
+            ((61, 999), (61, 1_000), US, false),
+            ((61, 999_999_999), (61, 999_999_000), US, true),
+            ((61, 999_999_999), (62, 0), US, false),
+            // 1 s (sshfs): x.999999999 is x, not x+1; equal after truncation.
+            ((61, 999_999_999), (62, 0), SEC, false),
+            ((61, 999_999_999), (61, 0), SEC, true),
+            ((61, 120_000_000), (62, 0), SEC, false),
+            ((61, 900_000_000), (62, 0), SEC, false),
+            ((62, 0), (62, 0), SEC, true),
+            ((62, 0), (61, 0), SEC, false),
+            // Before the epoch, truncation still goes down: -0.5 s is kept as -1 s.
+            ((-1, 500_000_000), (-1, 0), SEC, true),
+            ((-1, 500_000_000), (0, 0), SEC, false),
+            // 2 s (FAT-like): the volume keeps even seconds.
+            ((61, 500_000_000), (60, 0), 2 * SEC, true),
+            ((61, 500_000_000), (62, 0), 2 * SEC, false),
+            ((59, 999_999_999), (60, 0), 2 * SEC, false),
+            ((63, 0), (62, 0), 2 * SEC, true),
+            ((64, 0), (62, 0), 2 * SEC, false),
+        ];
+        for (src, vol, g, want) in cases {
+            assert_eq!(
+                mtime_eq(src.into(), vol.into(), g),
+                want,
+                "source {src:?} volume {vol:?} at {g} ns"
+            );
+            // The order of the two does not matter: callers pass either first.
+            assert_eq!(mtime_eq(vol.into(), src.into(), g), want, "swapped");
+        }
+    }
+
+    #[test]
+    fn a_file_one_second_apart_on_a_whole_second_volume_is_copied_not_reused() {
+        // The live generation was made from another source: 62.0 s on sshfs.
+        let mut live = t(vec![f("x", 1, 62)]);
+        live.root.mtime = (62, 0).into();
+        let sshfs = Compare {
+            granularity_ns: SEC,
+            ..C
+        };
+        let mut src = t(vec![f("x", 1, 61)]);
+        src.root.mtime = (62, 0).into();
+        src.entries[0].meta.mtime = (61, 120_000_000).into();
+        let p = build(&mut src, Some(&live), &sshfs);
+        assert_eq!(itemized(&p), vec!["~ x"]);
+        assert_eq!((p.reused, p.copied), (0, 1));
+        assert!(matches!(&src.entries[0].node, Node::File(f) if !f.reuse));
+        // 62.7 s in the source is kept as 62 s: that one is up to date.
+        let mut src = live.clone();
+        src.entries[0].meta.mtime = (62, 700_000_000).into();
+        let p = build(&mut src, Some(&live), &sshfs);
+        assert!(p.up_to_date(), "{:?}", itemized(&p));
+        assert_eq!(p.reused, 1);
+    }
+
     #[test]
     fn symlink_times_and_owners_count_only_where_the_volume_kept_them() {
         let link = |mtime, uid| Entry {
@@ -598,5 +682,434 @@ mod tests {
         let p = build(&mut src, None, &C);
         assert_eq!(itemized(&p), vec!["+ .", "+ a", "+ a/x"]);
         assert_eq!(p.copied, 1);
+    }
+
+    // ---- the plan against a model of the volume, on random trees ----
+
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// Every granularity a volume is known to keep: exact, µs, sshfs, FAT.
+    const GRANULARITIES: [u64; 4] = [NS, US, SEC, 2 * SEC];
+
+    /// An entry as generated. Names come from a three-letter alphabet, and
+    /// each field from a few values, so that source and live entries collide
+    /// and often agree: reuse is then a real choice.
+    #[derive(Clone, Debug)]
+    enum Gen {
+        File {
+            meta: Meta,
+            content: u8,
+            group: Option<u32>,
+        },
+        Link {
+            meta: Meta,
+            target: u8,
+        },
+        Dir {
+            meta: Meta,
+            children: BTreeMap<u8, Gen>,
+        },
+    }
+
+    fn time() -> impl Strategy<Value = Time> {
+        // Whole seconds one apart, and nanoseconds at both ends of each unit.
+        let ns = [0, 1, 999, 1_000, 500_000_000, 999_999_000, 999_999_999];
+        (60i64..63, prop::sample::select(ns.to_vec())).prop_map(Time::from)
+    }
+
+    fn meta(modes: &'static [u32]) -> impl Strategy<Value = Meta> {
+        (prop::sample::select(modes), 0u32..2, time()).prop_map(|(mode, uid, mtime)| Meta {
+            mode,
+            uid,
+            gid: uid + 10,
+            size: 0,
+            mtime,
+        })
+    }
+
+    fn entry() -> impl Strategy<Value = Gen> {
+        let file = (
+            meta(&[0o644, 0o755]),
+            0u64..3,
+            0u8..3,
+            prop::option::of(0u32..2),
+        )
+            .prop_map(|(mut meta, size, content, group)| {
+                meta.size = size;
+                Gen::File {
+                    meta,
+                    content,
+                    group,
+                }
+            });
+        let link = (meta(&[0o777]), 0u8..2).prop_map(|(mut meta, target)| {
+            meta.size = 1;
+            Gen::Link { meta, target }
+        });
+        prop_oneof![3 => file, 1 => link].prop_recursive(3, 24, 3, |inner| {
+            (
+                meta(&[0o755, 0o700]),
+                prop::collection::btree_map(0u8..3, inner, 0..3),
+            )
+                .prop_map(|(meta, children)| Gen::Dir { meta, children })
+        })
+    }
+
+    fn tree() -> impl Strategy<Value = Tree> {
+        (
+            meta(&[0o755, 0o700]),
+            prop::collection::btree_map(0u8..3, entry(), 0..4),
+        )
+            .prop_map(|(root, children)| {
+                let mut t = Tree {
+                    root,
+                    root_srcs: 1,
+                    entries: entries(children),
+                };
+                one_inode_per_group(&mut t);
+                t
+            })
+    }
+
+    fn entries(children: BTreeMap<u8, Gen>) -> Vec<Entry> {
+        children
+            .into_iter()
+            .map(|(n, g)| {
+                let name = [b'a' + n];
+                let (meta, node) = match g {
+                    Gen::File {
+                        meta,
+                        content,
+                        group,
+                    } => (
+                        meta,
+                        Node::File(File {
+                            hash: Some([content; 32]),
+                            group,
+                            ..Default::default()
+                        }),
+                    ),
+                    Gen::Link { meta, target } => (meta, Node::Symlink(vec![b'p' + target].into())),
+                    Gen::Dir { meta, children } => (
+                        meta,
+                        Node::Dir(Dir {
+                            srcs: 1,
+                            entries: entries(children),
+                        }),
+                    ),
+                };
+                Entry {
+                    name: name.as_slice().into(),
+                    meta,
+                    node,
+                }
+            })
+            .collect()
+    }
+
+    /// The paths of a hardlink group are one inode: the same metadata and
+    /// content for all (the first one's); a group of one is a plain file.
+    fn one_inode_per_group(t: &mut Tree) {
+        let mut first: HashMap<u32, (Meta, Option<[u8; 32]>, usize)> = HashMap::new();
+        t.for_each(&mut |_, e| {
+            if let Node::File(f) = &e.node {
+                if let Some(g) = f.group {
+                    first.entry(g).or_insert((e.meta, f.hash, 0)).2 += 1;
+                }
+            }
+        });
+        t.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                if let Some((meta, hash, n)) = f.group.and_then(|g| first.get(&g)) {
+                    if *n < 2 {
+                        f.group = None;
+                    } else {
+                        e.meta = *meta;
+                        f.hash = *hash;
+                    }
+                }
+            }
+        });
+    }
+
+    /// What a volume that keeps times to `g` stores for `t`: the multiple of
+    /// `g` at or below it.
+    fn stored(t: Time, g: u64) -> Time {
+        let (g, giga) = (g as i128, 1_000_000_000i128);
+        let ns = t.s as i128 * giga + t.ns as i128;
+        let kept = ns.div_euclid(g) * g;
+        Time::from((kept.div_euclid(giga) as i64, kept.rem_euclid(giga) as u32))
+    }
+
+    /// The live generation as read back from a volume of granularity `c`'s:
+    /// times as the volume stored them (a symlink's own are whatever the
+    /// volume gave it where it cannot set them), a hash where the manifest
+    /// still describes the file (not for content 2).
+    fn on_volume(made_from: &Tree, c: &Compare) -> Tree {
+        let mut t = made_from.clone();
+        t.root.mtime = stored(t.root.mtime, c.granularity_ns);
+        t.for_each_mut(&mut |_, e| {
+            if e.kind() != Kind::Symlink || c.link_meta {
+                e.meta.mtime = stored(e.meta.mtime, c.granularity_ns);
+            } else {
+                e.meta.mtime = (99, 7).into();
+                e.meta.uid = 99;
+            }
+            if let Node::File(f) = &mut e.node {
+                if f.hash == Some([2; 32]) {
+                    f.hash = None;
+                }
+            }
+        });
+        t
+    }
+
+    /// Every entry by path (`.` for the root), children left out.
+    fn by_path(t: &Tree) -> BTreeMap<Vec<u8>, Entry> {
+        let mut m = BTreeMap::new();
+        let root = Entry {
+            name: Default::default(),
+            meta: t.root,
+            node: Node::Dir(Dir::default()),
+        };
+        m.insert(b".".to_vec(), root);
+        t.for_each(&mut |p, e| {
+            let mut e = e.clone();
+            if let Node::Dir(d) = &mut e.node {
+                d.entries.clear();
+            }
+            m.insert(p.to_vec(), e);
+        });
+        m
+    }
+
+    /// The spec's "unchanged", written out apart from the plan: a volume
+    /// entry holds the source entry when type, mode, size, link target,
+    /// owner (where compared), content (with `--checksum`) are the same
+    /// and its time is the source time as the volume stores it.
+    fn holds(src: &Entry, vol: &Entry, c: &Compare) -> bool {
+        let link = src.kind() == Kind::Symlink;
+        let own_meta = !link || c.link_meta;
+        src.kind() == vol.kind()
+            && (link || src.meta.mode == vol.meta.mode)
+            && (src.kind() != Kind::File || src.meta.size == vol.meta.size)
+            && (!c.owners
+                || !own_meta
+                || (src.meta.uid, src.meta.gid) == (vol.meta.uid, vol.meta.gid))
+            && (!own_meta || vol.meta.mtime == stored(src.meta.mtime, c.granularity_ns))
+            && match (&src.node, &vol.node) {
+                (Node::Symlink(a), Node::Symlink(b)) => a == b,
+                (Node::File(a), Node::File(b)) => {
+                    !c.checksum || (b.hash.is_some() && a.hash == b.hash)
+                }
+                _ => true,
+            }
+    }
+
+    fn compare() -> impl Strategy<Value = Compare> {
+        (
+            any::<bool>(),
+            any::<bool>(),
+            prop::sample::select(GRANULARITIES.to_vec()),
+            any::<bool>(),
+        )
+            .prop_map(|(owners, checksum, granularity_ns, link_meta)| Compare {
+                owners,
+                checksum,
+                granularity_ns,
+                link_meta,
+            })
+    }
+
+    /// (source, live generation as the volume shows it, comparison). The
+    /// source is a tree of its own, or the live one's source with another
+    /// tree laid over it, or the live one's source with new times on some
+    /// entries (the near misses: one nanosecond, one unit of the volume).
+    fn case() -> impl Strategy<Value = (Tree, Option<Tree>, Compare)> {
+        let retime = prop::collection::vec(prop::option::weighted(0.5, time()), 8);
+        (tree(), tree(), 0u8..3, retime, 0u8..8, compare()).prop_map(
+            |(before, other, how, retime, first, c)| {
+                let mut src = match how {
+                    0 => other,
+                    1 => {
+                        let mut s = before.clone();
+                        s.overlay(other);
+                        s
+                    }
+                    _ => {
+                        let mut s = before.clone();
+                        let mut i = 0;
+                        s.for_each_mut(&mut |_, e| {
+                            if let Some(t) = retime[i % retime.len()] {
+                                e.meta.mtime = t;
+                            }
+                            i += 1;
+                        });
+                        s
+                    }
+                };
+                one_inode_per_group(&mut src);
+                if !c.checksum {
+                    // Without --checksum no source file is hashed before the plan.
+                    src.for_each_mut(&mut |_, e| {
+                        if let Node::File(f) = &mut e.node {
+                            f.hash = None;
+                        }
+                    });
+                }
+                let live = (first != 0).then(|| on_volume(&before, &c));
+                (src, live, c)
+            },
+        )
+    }
+
+    fn reused(t: &Tree) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        t.for_each(&mut |p, e| {
+            if matches!(&e.node, Node::File(f) if f.reuse) {
+                v.push(p.to_vec());
+            }
+        });
+        v
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 2000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// The plan applied in memory to the live tree yields the source, as
+        /// the volume can hold it, hardlink groups included; counting finds
+        /// what listing finds.
+        #[test]
+        fn the_plan_applied_to_the_live_tree_yields_the_source((src, live, c) in case()) {
+            let mut planned = src.clone();
+            let plan = build(&mut planned, live.as_ref(), &c);
+            let mut counted_tree = src.clone();
+            let counted = build_counted(&mut counted_tree, live.as_ref(), &c);
+            prop_assert_eq!(
+                (counted.up_to_date(), counted.added, counted.changed, counted.deleted),
+                (plan.up_to_date(), plan.added, plan.changed, plan.deleted)
+            );
+            prop_assert_eq!(
+                (counted.reused, counted.copied, counted.copied_bytes),
+                (plan.reused, plan.copied, plan.copied_bytes)
+            );
+            prop_assert!(counted.changes.is_empty());
+            prop_assert_eq!(&counted_tree, &planned, "the same files marked for reuse");
+            prop_assert_eq!(plan.up_to_date(), plan.changes.is_empty());
+
+            let want = by_path(&src);
+            let mut got = live.as_ref().map(by_path).unwrap_or_default();
+            let mut touched = std::collections::HashSet::new();
+            for ch in &plan.changes {
+                let p = &ch.path;
+                touched.insert(p.clone());
+                match ch.op {
+                    Op::Delete => {
+                        let gone = got.remove(p);
+                        prop_assert!(gone.is_some_and(|e| e.kind() == ch.kind), "{:?}", ch);
+                    }
+                    Op::Add => {
+                        prop_assert!(!got.contains_key(p), "{:?} added over an entry", ch);
+                        prop_assert_eq!(want[p].kind(), ch.kind);
+                        got.insert(p.clone(), want[p].clone());
+                    }
+                    Op::Change => {
+                        prop_assert!(got.contains_key(p), "{:?} changes nothing", ch);
+                        prop_assert_eq!(want[p].kind(), ch.kind);
+                        got.insert(p.clone(), want[p].clone());
+                    }
+                }
+            }
+            prop_assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>());
+            for (p, e) in &got {
+                prop_assert!(
+                    touched.contains(p) || holds(&want[p], e, &c),
+                    "{:?} left as {:?}, source has {:?}", String::from_utf8_lossy(p), e, want[p]
+                );
+            }
+            let reuse = reused(&planned);
+            prop_assert_eq!(plan.reused as usize, reuse.len());
+            for p in &reuse {
+                prop_assert!(!touched.contains(p), "{:?} reused and changed", p);
+            }
+
+            // Hardlink groups, as staging makes them: a group's first path is
+            // linked from the live inode (when reused) or copied, the others
+            // are linked to it; a file on its own is linked or copied alone.
+            let live_inode = |p: &[u8]| -> String {
+                let live = by_path(live.as_ref().unwrap());
+                match &live[p].node {
+                    Node::File(File { group: Some(g), .. }) => format!("live group {g}"),
+                    _ => format!("live {p:?}"),
+                }
+            };
+            let mut inode_of: BTreeMap<Vec<u8>, String> = BTreeMap::new();
+            let mut leader: HashMap<u32, Vec<u8>> = HashMap::new();
+            let mut files = Vec::new();
+            planned.for_each(&mut |p, e| {
+                if let Node::File(f) = &e.node {
+                    files.push((p.to_vec(), f.group, f.reuse));
+                }
+            });
+            for (p, group, reuse) in &files {
+                let inode = match group.map(|g| leader.entry(g).or_insert_with(|| p.clone()).clone()) {
+                    Some(l) if l != *p => inode_of[&l].clone(),
+                    _ if *reuse => live_inode(p),
+                    _ => format!("new {p:?}"),
+                };
+                inode_of.insert(p.clone(), inode);
+            }
+            for (a, ga, _) in &files {
+                for (b, gb, _) in &files {
+                    let linked = a == b || ga.is_some() && ga == gb;
+                    prop_assert_eq!(
+                        inode_of[a] == inode_of[b], linked,
+                        "{:?} and {:?}: {:?}", String::from_utf8_lossy(a), String::from_utf8_lossy(b), inode_of
+                    );
+                }
+            }
+        }
+
+        /// Reuse is chosen only where the live entry's metadata is what the
+        /// new generation's manifest says for it: a reused file keeps the
+        /// live inode, so its mode, size, owner, content and its time (the
+        /// manifest's, as this volume stores it) must already be right.
+        #[test]
+        fn a_reused_file_has_exactly_the_metadata_its_manifest_records(
+            (src, live, c) in case(),
+        ) {
+            let mut manifest = src.clone();
+            build(&mut manifest, live.as_ref(), &c);
+            let recorded = by_path(&manifest);
+            let sources = by_path(&src);
+            for p in reused(&manifest) {
+                let live = by_path(live.as_ref().expect("reuse needs a live tree"));
+                let (m, l) = (&recorded[&p], &live[&p]);
+                let (Node::File(mf), Node::File(lf)) = (&m.node, &l.node) else {
+                    return Err(TestCaseError::fail(format!("{p:?} reused from a non-file")));
+                };
+                prop_assert!(lf.hash.is_some(), "{:?}: reused without a known hash", p);
+                prop_assert_eq!(mf.hash, lf.hash, "{:?}: the manifest's hash", p);
+                prop_assert_eq!(
+                    (m.meta.mode, m.meta.size),
+                    (l.meta.mode, l.meta.size),
+                    "{:?}", p
+                );
+                if c.owners {
+                    prop_assert_eq!((m.meta.uid, m.meta.gid), (l.meta.uid, l.meta.gid));
+                }
+                prop_assert_eq!(
+                    stored(m.meta.mtime, c.granularity_ns),
+                    l.meta.mtime,
+                    "{:?} at {} ns: manifest {:?}, live inode {:?}",
+                    String::from_utf8_lossy(&p), c.granularity_ns, m.meta.mtime, l.meta.mtime
+                );
+                if c.checksum {
+                    let Node::File(sf) = &sources[&p].node else { unreachable!() };
+                    prop_assert_eq!(sf.hash, lf.hash, "--checksum: the same content");
+                }
+            }
+        }
     }
 }
