@@ -8,7 +8,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::fixture::{mirror, Fixture};
+use crate::fixture::{mirror, write_at, Fixture};
 
 /// Both sides of each limit in stage.rs: the 64 KiB buffer, the 1 MiB limit
 /// of copying through user space, the 8 MiB chunks of `copy_large`.
@@ -67,18 +67,6 @@ fn write(path: &Path, data: &[u8]) {
     fs::write(path, data).unwrap();
 }
 
-/// Write `data` with the mtime `secs` after the epoch.
-fn write_at(path: &Path, data: &[u8], secs: u64) {
-    write(path, data);
-    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
-    fs::File::options()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_modified(t)
-        .unwrap();
-}
-
 #[test]
 fn files_of_every_size_are_copied_and_hashed_exactly() {
     for extra in [&[][..], &["--no-fsync"][..]] {
@@ -104,12 +92,12 @@ fn files_of_every_size_are_copied_and_hashed_exactly() {
 fn a_large_file_changed_in_the_middle_is_copied_again_whole() {
     let f = Fixture::new();
     let mut data = content(7, (20 << 20) + 11);
-    write_at(&f.src().join("big.bin"), &data, 1_700_000_000);
+    write_at(&f.src().join("big.bin"), &data, 1_700_000_000, 0);
     write(&f.src().join("small.txt"), b"unchanged\n");
     f.sync(&[]).ok();
     // Same size, new bytes in the third chunk, a new mtime.
     data[(16 << 20) + 5] ^= 0xff;
-    write_at(&f.src().join("big.bin"), &data, 1_700_000_100);
+    write_at(&f.src().join("big.bin"), &data, 1_700_000_100, 0);
     let out = f.sync(&["--json"]).ok();
     let summary: serde_json::Value = serde_json::from_str(out.stdout.trim()).unwrap();
     assert_eq!(summary["copied"], 1, "{}", out.stdout);

@@ -18,13 +18,10 @@ mod writers;
 use std::fs;
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use crate::fixture::{bin, mirror, snapshot};
-
-pub fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
-}
+pub use crate::fixture::{code, is_root, ok, packsync, stderr};
+use crate::fixture::{mirror, set_mtime, snapshot, write_at};
 
 /// Whether the binary has the crash and pause hooks.
 pub fn hooks() -> bool {
@@ -74,14 +71,7 @@ impl Rng {
 /// Write `data` at `path` with an mtime that only this variant has (trees
 /// written within one clock tick would otherwise pass a size+mtime check).
 fn write_variant(path: &Path, data: &[u8], variant: u32) {
-    fs::write(path, data).unwrap();
-    let t =
-        std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_600_000_000 + 60 * variant as u64);
-    fs::File::options()
-        .write(true)
-        .open(path)
-        .and_then(|f| f.set_modified(t))
-        .unwrap();
+    write_at(path, data, 1_600_000_000 + 60 * variant as i64, 0);
 }
 
 /// Write (replacing what was there) a source tree in which every file says
@@ -139,10 +129,6 @@ pub fn variant_of(bytes: &[u8]) -> Option<u32> {
     std::str::from_utf8(&rest[..end]).ok()?.parse().ok()
 }
 
-pub fn packsync() -> Command {
-    Command::new(bin())
-}
-
 /// Spawn `cmd` stopped at pause point `point` (the `fault-injection` hook);
 /// returns once it is there. Creating `resume` lets it go on.
 pub fn start_paused(cmd: &mut Command, point: &str, resume: &Path) -> std::process::Child {
@@ -169,30 +155,6 @@ pub fn start_paused(cmd: &mut Command, point: &str, resume: &Path) -> std::proce
     }
     let _ = child.kill();
     panic!("{point} was never reached");
-}
-
-/// The exit code, or 128 + the signal that ended the process.
-pub fn code(out: &Output) -> i32 {
-    use std::os::unix::process::ExitStatusExt;
-    out.status
-        .code()
-        .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0))
-}
-
-#[track_caller]
-pub fn ok(out: Output) -> Output {
-    assert_eq!(
-        code(&out),
-        0,
-        "expected success\nstdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-pub fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// DEST resolves to a complete generation equal to one of `sources`; its index.
@@ -303,11 +265,8 @@ impl Victim {
         fs::create_dir_all(dir.join("sub")).unwrap();
         fs::write(dir.join("secret"), "victim secret\n").unwrap();
         fs::write(dir.join("sub/file"), "victim file\n").unwrap();
-        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
         for p in ["secret", "sub/file", "sub", ""] {
-            let f = fs::File::open(dir.join(p)).unwrap();
-            f.set_times(fs::FileTimes::new().set_modified(old).set_accessed(old))
-                .unwrap();
+            set_mtime(&dir.join(p), 1_000_000_000, 0);
         }
         let mut v = Victim {
             dir,

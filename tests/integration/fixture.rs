@@ -3,7 +3,7 @@
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 pub struct Fixture {
     pub dir: tempfile::TempDir,
@@ -17,17 +17,17 @@ pub struct Run {
 }
 
 impl Run {
-    fn from(out: Output) -> Run {
-        use std::os::unix::process::ExitStatusExt;
-        let code = out
-            .status
-            .code()
-            .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0));
+    pub fn from(out: Output) -> Run {
         Run {
-            code,
+            code: code(&out),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
+    }
+
+    /// Wait for a spawned command (its output piped) to end.
+    pub fn wait(child: Child) -> Run {
+        Run::from(child.wait_with_output().unwrap())
     }
 
     #[track_caller]
@@ -66,6 +66,72 @@ pub fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_packsync"))
 }
 
+/// The one way to run the binary: a command for it, to add arguments to.
+pub fn packsync() -> Command {
+    Command::new(bin())
+}
+
+/// The exit code, or 128 + the signal that ended the process (as a shell says).
+pub fn code(out: &Output) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    out.status
+        .code()
+        .unwrap_or_else(|| 128 + out.status.signal().unwrap_or(0))
+}
+
+#[track_caller]
+pub fn ok(out: Output) -> Output {
+    assert_eq!(
+        code(&out),
+        0,
+        "expected success\nstdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Whether the tests run as root (owners, mounts, device nodes).
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Set the mtime (and atime) of `path` to `secs`.`nsec` after the epoch,
+/// of a symlink itself rather than its target.
+pub fn set_mtime(path: &Path, secs: i64, nsec: u32) {
+    let t = rustix::fs::Timespec {
+        tv_sec: secs,
+        tv_nsec: nsec.into(),
+    };
+    let ts = rustix::fs::Timestamps {
+        last_access: t,
+        last_modification: t,
+    };
+    rustix::fs::utimensat(
+        rustix::fs::CWD,
+        path,
+        &ts,
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .unwrap_or_else(|e| panic!("set mtime of {}: {e}", path.display()));
+}
+
+/// Write `data` at `path` with the mtime `secs`.`nsec`.
+pub fn write_at(path: &Path, data: &[u8], secs: i64, nsec: u32) {
+    fs::write(path, data).unwrap();
+    set_mtime(path, secs, nsec);
+}
+
+/// The mtime of `path` (not following a symlink) as (seconds, nanoseconds).
+pub fn mtime(path: &Path) -> (i64, u32) {
+    let m = fs::symlink_metadata(path).unwrap();
+    (m.mtime(), m.mtime_nsec() as u32)
+}
+
 impl Fixture {
     pub fn new() -> Fixture {
         let dir = tempfile::Builder::new()
@@ -93,7 +159,8 @@ impl Fixture {
         self.path("vol/.packs.packsync")
     }
 
-    /// Write a file below src/ (parents created), with a fixed mtime.
+    /// Write a file below src/ (parents created). Its mtime is the time of
+    /// writing: `set_mtime` gives it another.
     pub fn file(&self, rel: &str, content: &str) -> PathBuf {
         let p = self.src().join(rel);
         fs::create_dir_all(p.parent().unwrap()).unwrap();
@@ -101,23 +168,24 @@ impl Fixture {
         p
     }
 
-    pub fn packsync(&self, args: &[&str]) -> Run {
-        self.packsync_os(
-            &args
-                .iter()
-                .map(|a| a.as_ref())
-                .collect::<Vec<&std::ffi::OsStr>>(),
-        )
+    /// `packsync ARGS`, run in the fixture's directory.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = packsync();
+        c.args(args).current_dir(self.dir.path());
+        c
     }
 
-    pub fn packsync_os(&self, args: &[&std::ffi::OsStr]) -> Run {
-        Run::from(
-            Command::new(bin())
-                .args(args)
-                .current_dir(self.dir.path())
-                .output()
-                .unwrap(),
-        )
+    pub fn packsync(&self, args: &[&str]) -> Run {
+        Run::from(self.command(args).output().unwrap())
+    }
+
+    /// `packsync ARGS` started with its output piped; `Run::wait` ends it.
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
     }
 
     /// `packsync sync --grace 0 src vol/packs` plus `extra`.
@@ -132,6 +200,50 @@ impl Fixture {
     /// Snapshot of everything below vol/ (state directory included).
     pub fn volume(&self) -> Vec<String> {
         snapshot(&self.path("vol"), true)
+    }
+
+    /// Run `run`, and check that it left the whole volume (DEST, the state
+    /// directory and everything else below vol/, vol/ itself: a name made
+    /// and removed again shows in its mtime) and the source as they were,
+    /// entry by entry: types, bytes, modes, link targets, mtimes, owners,
+    /// inodes.
+    #[track_caller]
+    pub fn unchanged_by(&self, run: impl FnOnce() -> Run) -> Run {
+        let look = || {
+            let mut v = self.volume();
+            v.push(format!("vol/ itself: mtime={:?}", mtime(&self.path("vol"))));
+            (v, snapshot(&self.src(), true))
+        };
+        let before = look();
+        let out = run();
+        let after = look();
+        assert_eq!(
+            after.0, before.0,
+            "the volume changed; stderr: {}",
+            out.stderr
+        );
+        assert_eq!(
+            after.1, before.1,
+            "the source changed; stderr: {}",
+            out.stderr
+        );
+        out
+    }
+
+    /// `packsync ARGS` must be refused with `code` and one line holding
+    /// `needle`, changing nothing (`unchanged_by`).
+    #[track_caller]
+    pub fn refused(&self, args: &[&str], code: i32, needle: &str) -> Run {
+        self.unchanged_by(|| self.packsync(args).fails(code, needle))
+    }
+
+    /// `refused` for `packsync sync --grace 0 EXTRA src vol/packs`.
+    #[track_caller]
+    pub fn sync_refused(&self, extra: &[&str], code: i32, needle: &str) -> Run {
+        let mut args = vec!["sync", "--grace", "0"];
+        args.extend_from_slice(extra);
+        args.extend(["src", "vol/packs"]);
+        self.refused(&args, code, needle)
     }
 }
 

@@ -147,7 +147,7 @@ fn fanout_refuses_entries_it_did_not_create_and_adopt_replaces_them() {
     write(&f.dest().join("notes.txt"), "old");
     fs::create_dir(f.dest().join("lost+found")).unwrap();
     let before = f.volume();
-    let out = fanout(&f, "src", &[]).fails(3, "--adopt");
+    let out = f.unchanged_by(|| fanout(&f, "src", &[]).fails(3, "--adopt"));
     assert!(
         out.stderr.contains("aws") && out.stderr.contains("removed_pack"),
         "{}",
@@ -190,14 +190,14 @@ fn fanout_reserves_dot_dot_names_and_refuses_a_dest_of_another_layout() {
     g.file("aws/a", "1");
     g.sync(&[]).ok(); // the default symlink layout
     let before = g.volume();
-    fanout(&g, "src", &[]).fails(3, "--layout symlink");
+    g.unchanged_by(|| fanout(&g, "src", &[]).fails(3, "--layout symlink"));
     assert_eq!(g.volume(), before);
 
     let h = Fixture::new();
     h.file("aws/a", "1");
     fanout(&h, "src", &[]).ok();
     let before = h.volume();
-    h.sync(&[]).fails(3, "--layout fanout");
+    h.sync_refused(&[], 3, "--layout fanout");
     assert_eq!(h.volume(), before);
 }
 
@@ -205,11 +205,9 @@ fn fanout_reserves_dot_dot_names_and_refuses_a_dest_of_another_layout() {
 fn slot_and_adopt_need_fanout_and_slot_names_are_checked() {
     let f = Fixture::new();
     f.file("a", "1");
-    f.sync(&["--slot", "x"])
-        .fails(2, "--slot needs --layout fanout");
-    f.sync(&["--adopt"])
-        .fails(2, "--adopt needs --layout fanout");
-    fanout(&f, "src", &["--slot", "../escape"]).fails(2, "--slot");
+    f.sync_refused(&["--slot", "x"], 2, "--slot needs --layout fanout");
+    f.sync_refused(&["--adopt"], 2, "--adopt needs --layout fanout");
+    f.unchanged_by(|| fanout(&f, "src", &["--slot", "../escape"]).fails(2, "--slot"));
     assert!(!f.dest().exists());
 }
 
@@ -282,15 +280,18 @@ fn an_entry_claimed_by_two_slots_is_refused_and_nothing_changes() {
     write(&f.path("img-b/aws/pack.yaml"), "b-aws");
     write(&f.path("img-b/new_pack/pack.yaml"), "b");
     let before = f.volume();
-    let out = fanout(&f, "img-b", &["--slot", "b"]).fails(3, "aws belongs to slot a");
+    let out =
+        f.unchanged_by(|| fanout(&f, "img-b", &["--slot", "b"]).fails(3, "aws belongs to slot a"));
     assert!(!out.stderr.contains("gcp"), "{}", out.stderr);
     assert_eq!(f.volume(), before, "nothing changed");
     // --adopt takes over what packsync did not make, never another slot's entry.
-    fanout(&f, "img-b", &["--slot", "b", "--adopt"]).fails(3, "aws belongs to slot a");
+    f.unchanged_by(|| {
+        fanout(&f, "img-b", &["--slot", "b", "--adopt"]).fails(3, "aws belongs to slot a")
+    });
     assert_eq!(f.volume(), before);
     // The sync without --slot is a slot of its own.
     write(&f.path("img-c/aws/pack.yaml"), "c");
-    fanout(&f, "img-c", &[]).fails(3, "aws belongs to slot a");
+    f.unchanged_by(|| fanout(&f, "img-c", &[]).fails(3, "aws belongs to slot a"));
     assert_eq!(f.volume(), before);
     // Once a drops it, b may take it.
     fs::remove_dir_all(f.path("img-a/aws")).unwrap();
@@ -477,7 +478,7 @@ fn dir_layout_keeps_dest_a_real_directory_and_swaps_it_whole() {
     dir_sync().ok();
     assert_eq!(f.volume(), before, "up to date");
     // The default layout refuses to turn it into a link.
-    f.sync(&[]).fails(3, "--layout dir");
+    f.sync_refused(&[], 3, "--layout dir");
 }
 
 #[test]
@@ -499,7 +500,7 @@ struct Tmpfs(PathBuf);
 
 impl Tmpfs {
     fn mount(at: PathBuf) -> Option<Tmpfs> {
-        if rustix::process::geteuid().as_raw() != 0 {
+        if !crate::fixture::is_root() {
             eprintln!("skipped: mounting a tmpfs needs root");
             return None;
         }
@@ -542,8 +543,11 @@ fn dir_layout_works_on_tmpfs_and_refuses_a_mount_point() {
     assert_eq!(mirror(&dest), mirror(&f.src()));
     // The tmpfs root is a mount point: it cannot be renamed, so it is refused whole.
     let before = snapshot(&f.path("tmpfs"), true);
-    f.packsync(&["sync", "--layout", "dir", "src", t.0.to_str().unwrap()])
-        .fails(3, "mount point");
+    f.refused(
+        &["sync", "--layout", "dir", "src", t.0.to_str().unwrap()],
+        3,
+        "mount point",
+    );
     assert_eq!(snapshot(&f.path("tmpfs"), true), before);
     assert!(!f.path(".tmpfs.packsync").exists(), "no state left behind");
 }
@@ -610,7 +614,7 @@ fn links_of_a_slot_removed_by_hand_can_be_adopted() {
     fs::remove_dir_all(f.dest().join("..packsync/slots/b")).unwrap();
     write(&f.path("img-c/gcp/pack.yaml"), "c");
     let before = f.volume();
-    fanout(&f, "img-c", &["--slot", "c"]).fails(3, "--adopt");
+    f.unchanged_by(|| fanout(&f, "img-c", &["--slot", "c"]).fails(3, "--adopt"));
     assert_eq!(f.volume(), before);
     fanout(&f, "img-c", &["--slot", "c", "--adopt"]).ok();
     assert_eq!(link(&f.dest().join("gcp")), "..data-c/gcp");

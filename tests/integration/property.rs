@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use proptest::prelude::*;
 
-use crate::fixture::{mirror, Fixture};
+use crate::fixture::{mirror, set_mtime, Fixture};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -72,24 +72,6 @@ fn dirs(root: &Path, i: u16) -> PathBuf {
         .unwrap_or_else(|| root.to_path_buf())
 }
 
-fn set_mtime(p: &Path, secs: i64, nsec: i64) {
-    let t = rustix::fs::Timespec {
-        tv_sec: secs,
-        tv_nsec: nsec,
-    };
-    let ts = rustix::fs::Timestamps {
-        last_access: t,
-        last_modification: t,
-    };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        p,
-        &ts,
-        rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .unwrap();
-}
-
 fn apply(root: &Path, op: &Op, n: usize) {
     let file = |m: &fs::Metadata| m.is_file();
     match *op {
@@ -123,11 +105,7 @@ fn apply(root: &Path, op: &Op, n: usize) {
         }
         Op::ChangeMtime(i, v) => {
             if let Some(p) = pick(root, i, |_| true) {
-                set_mtime(
-                    &p,
-                    1_600_000_000 + v as i64 % 1000,
-                    (v % 1_000_000_000) as i64,
-                );
+                set_mtime(&p, 1_600_000_000 + v as i64 % 1000, v % 1_000_000_000);
             }
         }
         Op::Retarget(i, v) => {
@@ -160,7 +138,7 @@ fn apply(root: &Path, op: &Op, n: usize) {
                 let meta = fs::metadata(&p).unwrap();
                 fs::remove_file(&p).unwrap();
                 fs::write(&p, data).unwrap();
-                set_mtime(&p, meta.mtime(), meta.mtime_nsec());
+                set_mtime(&p, meta.mtime(), meta.mtime_nsec() as u32);
             }
         }
     }

@@ -3,7 +3,7 @@
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
-use crate::fixture::{mirror, Fixture, Run};
+use crate::fixture::{is_root, mirror, packsync, Fixture, Run};
 
 #[test]
 fn first_sync_mirrors_the_source_through_a_relative_link() {
@@ -344,8 +344,11 @@ fn several_sources_overlay_in_order() {
 fn missing_source_is_refused() {
     let f = Fixture::new();
     let before = f.volume();
-    f.packsync(&["sync", "nope", "vol/packs"])
-        .fails(2, "nope: source does not exist");
+    f.refused(
+        &["sync", "nope", "vol/packs"],
+        2,
+        "nope: source does not exist",
+    );
     assert_eq!(f.volume(), before);
 }
 
@@ -353,8 +356,11 @@ fn missing_source_is_refused() {
 fn source_that_is_a_file_is_refused() {
     let f = Fixture::new();
     f.file("a", "1");
-    f.packsync(&["sync", "src/a", "vol/packs"])
-        .fails(2, "src/a: source is not a directory");
+    f.refused(
+        &["sync", "src/a", "vol/packs"],
+        2,
+        "src/a: source is not a directory",
+    );
     assert_eq!(f.volume(), Vec::<String>::new());
 }
 
@@ -363,17 +369,21 @@ fn dest_inside_source_and_source_inside_dest_are_refused() {
     let f = Fixture::new();
     f.file("a", "1");
     f.file("d/x", "1");
-    f.packsync(&["sync", "src", "src/out"])
-        .fails(2, "DEST is inside SOURCE");
+    f.refused(&["sync", "src", "src/out"], 2, "DEST is inside SOURCE");
     assert!(!f.src().join("out").exists());
     f.sync(&[]).ok();
     let before = f.volume();
-    f.packsync(&["sync", "vol/packs/d", "vol/packs"])
-        .fails(2, "SOURCE is inside DEST");
-    f.packsync(&["sync", "vol/packs/", "vol/packs"])
-        .fails(2, "is inside");
-    f.packsync(&["sync", "vol/.packs.packsync", "vol/packs"])
-        .fails(2, "SOURCE is inside DEST");
+    f.refused(
+        &["sync", "vol/packs/d", "vol/packs"],
+        2,
+        "SOURCE is inside DEST",
+    );
+    f.refused(&["sync", "vol/packs/", "vol/packs"], 2, "is inside");
+    f.refused(
+        &["sync", "vol/.packs.packsync", "vol/packs"],
+        2,
+        "SOURCE is inside DEST",
+    );
     assert_eq!(f.volume(), before);
 }
 
@@ -381,8 +391,7 @@ fn dest_inside_source_and_source_inside_dest_are_refused() {
 fn missing_parent_suggests_mkpath() {
     let f = Fixture::new();
     f.file("a", "1");
-    f.packsync(&["sync", "src", "vol/x/y/packs"])
-        .fails(2, "--mkpath");
+    f.refused(&["sync", "src", "vol/x/y/packs"], 2, "--mkpath");
     assert!(!f.path("vol/x").exists());
     f.packsync(&["sync", "--mkpath", "src", "vol/x/y/packs"])
         .ok();
@@ -395,7 +404,7 @@ fn dest_that_is_a_file_is_refused() {
     f.file("a", "1");
     fs::write(f.dest(), "not a dir").unwrap();
     let before = f.volume();
-    f.sync(&[]).fails(2, "not a directory");
+    f.sync_refused(&[], 2, "not a directory");
     assert_eq!(f.volume(), before);
 }
 
@@ -406,7 +415,7 @@ fn a_foreign_symlink_at_dest_is_refused() {
     fs::create_dir(f.path("elsewhere")).unwrap();
     symlink("../elsewhere", f.dest()).unwrap();
     let before = f.volume();
-    f.sync(&[]).fails(3, "not a packsync destination");
+    f.sync_refused(&[], 3, "not a packsync destination");
     assert_eq!(f.volume(), before);
     assert_eq!(fs::read_dir(f.path("elsewhere")).unwrap().count(), 0);
 }
@@ -418,7 +427,7 @@ fn empty_source_does_not_replace_a_full_tree() {
     f.sync(&[]).ok();
     fs::remove_file(f.src().join("a")).unwrap();
     let before = f.volume();
-    f.sync(&[]).fails(3, "--allow-empty");
+    f.sync_refused(&[], 3, "--allow-empty");
     assert_eq!(f.volume(), before);
     f.sync(&["--allow-empty"]).ok();
     assert_eq!(fs::read_dir(f.dest()).unwrap().count(), 0);
@@ -435,8 +444,7 @@ fn max_delete_guards_mass_deletion() {
         fs::remove_file(f.src().join(format!("f{i}"))).unwrap();
     }
     let before = f.volume();
-    f.sync(&["--max-delete", "2"])
-        .fails(3, "refusing to delete 3 entries");
+    f.sync_refused(&["--max-delete", "2"], 3, "refusing to delete 3 entries");
     assert_eq!(f.volume(), before);
     f.sync(&["--max-delete", "3"]).ok();
 }
@@ -469,7 +477,11 @@ fn json_sync_errors_are_json_on_stdout_with_the_same_exit_code() {
     f.file("b", "2");
     let before = f.volume();
     // Bad arguments: exit 2, naming the path.
-    let run = f.packsync(&["sync", "--json", "nope", "vol/packs"]);
+    let run = f.refused(
+        &["sync", "--json", "nope", "vol/packs"],
+        2,
+        "nope: source does not exist",
+    );
     let msg = json_error(&run, 2);
     assert_eq!(msg, "nope: source does not exist");
     assert_eq!(run.stderr, format!("packsync: error: {msg}\n"));
@@ -477,13 +489,12 @@ fn json_sync_errors_are_json_on_stdout_with_the_same_exit_code() {
     // A guard: exit 3.
     f.sync(&["--json"]).ok();
     fs::remove_file(f.src().join("a")).unwrap();
-    let msg = json_error(&f.sync(&["--json", "--max-delete", "0"]), 3);
+    let run = f.sync_refused(&["--json", "--max-delete", "0"], 3, "refusing to delete");
+    let msg = json_error(&run, 3);
     assert!(msg.contains("refusing to delete 1 entries"), "{msg}");
     assert!(msg.starts_with("vol/packs: "), "{msg}");
     // Without --json, stdout stays empty.
-    let run = f
-        .sync(&["--max-delete", "0"])
-        .fails(3, "refusing to delete 1 entries");
+    let run = f.sync_refused(&["--max-delete", "0"], 3, "refusing to delete 1 entries");
     assert_eq!(run.stdout, "");
 }
 
@@ -504,7 +515,7 @@ fn json_status_and_verify_errors_are_json() {
 #[test]
 fn json_command_line_errors_are_json_and_keep_clap_usage_on_stderr() {
     let f = Fixture::new();
-    let run = f.sync(&["--json", "--no-such-flag"]);
+    let run = f.unchanged_by(|| f.sync(&["--json", "--no-such-flag"]));
     let msg = json_error(&run, 2);
     assert!(msg.contains("--no-such-flag"), "{msg}");
     assert!(
@@ -513,19 +524,16 @@ fn json_command_line_errors_are_json_and_keep_clap_usage_on_stderr() {
         run.stderr
     );
     // A value clap rejects.
-    let msg = json_error(&f.sync(&["--json", "--layout", "sideways"]), 2);
+    let run = f.unchanged_by(|| f.sync(&["--json", "--layout", "sideways"]));
+    let msg = json_error(&run, 2);
     assert!(msg.contains("sideways"), "{msg}");
     // Without --json, clap's text alone.
-    let run = f.sync(&["--no-such-flag"]);
+    let run = f.unchanged_by(|| f.sync(&["--no-such-flag"]));
     assert_eq!(run.code, 2);
     assert_eq!(run.stdout, "");
     // --help is not an error: its text, not JSON.
     let run = f.packsync(&["sync", "--json", "--help"]).ok();
     assert!(run.stdout.starts_with("Mirror SOURCE"), "{}", run.stdout);
-}
-
-fn is_root() -> bool {
-    rustix::process::geteuid().is_root()
 }
 
 #[test]
@@ -569,10 +577,7 @@ fn a_directory_left_by_cp_is_taken_over() {
 #[test]
 fn completions_are_committed_and_current() {
     for shell in ["bash", "zsh", "fish"] {
-        let out = std::process::Command::new(crate::fixture::bin())
-            .args(["completions", shell])
-            .output()
-            .unwrap();
+        let out = packsync().args(["completions", shell]).output().unwrap();
         assert!(out.status.success());
         let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("completions")

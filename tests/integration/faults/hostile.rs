@@ -23,6 +23,37 @@ fn sync(src: &Path, dest: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The host part of the names this machine's packsync writes
+/// (`<host>-<pid>-<random>`), read from the lease `packsync exec` holds on
+/// the live generation of `dest`: `leases/<GEN>.<host>-<pid>-<random>`.
+fn host_tag(dest: &Path) -> String {
+    let gen = fs::read_link(dest).unwrap();
+    let gen = gen.file_name().unwrap().to_string_lossy().into_owned();
+    let leases = dest.parent().unwrap().join(format!(
+        ".{}.packsync/leases",
+        dest.file_name().unwrap().to_string_lossy()
+    ));
+    let out = ok(packsync()
+        .arg("exec")
+        .arg(dest)
+        .args(["--", "ls"])
+        .arg(&leases)
+        .output()
+        .unwrap());
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lease = listing.trim();
+    let owner = lease
+        .strip_prefix(&format!("{gen}."))
+        .unwrap_or_else(|| panic!("not a lease on {gen}: {listing:?}"));
+    let mut parts = owner.rsplitn(3, '-');
+    let (random, pid, host) = (parts.next(), parts.next(), parts.next());
+    assert!(
+        random.is_some_and(|r| r.len() == 16) && pid.is_some_and(|p| p.parse::<u32>().is_ok()),
+        "lease {lease:?}"
+    );
+    host.unwrap().to_string()
+}
+
 /// A pid no process has now (one that just exited).
 fn dead_pid() -> u32 {
     let mut c = Command::new("true").spawn().unwrap();
@@ -50,7 +81,7 @@ fn symlinks_planted_in_the_volume_are_never_followed() {
     ok(sync(&a, &f.dest(), &[]));
     let live = fs::canonicalize(f.dest()).unwrap();
     let st = f.state();
-    let me = packsync::volume::host_tag();
+    let me = host_tag(&f.dest());
     let dead = format!("{me}-{}-0123456789abcdef", dead_pid());
     // In the live generation, a directory its manifest lists.
     fs::remove_dir_all(live.join("d3")).unwrap();
