@@ -319,7 +319,8 @@ pub fn mirror(dest: &Path) -> Vec<String> {
     v
 }
 
-fn links(root: &Path) -> Vec<String> {
+/// `hardlinks [paths]` lines: which files below `root` share an inode.
+pub fn links(root: &Path) -> Vec<String> {
     let mut by_ino: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
     fn collect(root: &Path, dir: &Path, by: &mut std::collections::BTreeMap<u64, Vec<String>>) {
         for e in fs::read_dir(dir).unwrap() {

@@ -18,7 +18,7 @@ use std::thread;
 use std::time::Duration;
 
 use super::{code, common_paths, entries, ok, packsync, variant_of, variant_tree, Victim};
-use crate::fixture::Fixture;
+use crate::fixture::{links, set_mtime, Fixture};
 
 const FILES: usize = 20;
 const ROUNDS: usize = 8;
@@ -106,21 +106,24 @@ impl Drop for Rig {
     }
 }
 
-/// A tree as a client shows it: symlinks keep the times they were made with
-/// (`linkmeta 0`); sshfs keeps whole seconds and shows no hardlinks at all
-/// (see `server_hardlinks`).
-fn view(root: &Path, whole_seconds: bool) -> Vec<String> {
+/// A tree as a client shows it, or a source as a client must show its
+/// mirror. Symlinks keep the times they were made with (`linkmeta 0`: a
+/// FUSE volume would set the target's). On sshfs, and only there, two things
+/// the protocol cannot carry: a source's mtimes are truncated to the whole
+/// second, and hardlinks are not shown (`server_hardlinks` compares them on
+/// the server). DEST's own times are never rounded: they must be `s.0`.
+fn view(root: &Path, sshfs: bool, is_source: bool) -> Vec<String> {
     super::mirror_without_link_meta(root)
         .into_iter()
-        .filter(|l| !l.starts_with("hardlinks "))
+        .filter(|l| !(sshfs && l.starts_with("hardlinks ")))
         .map(|l| {
-            if !whole_seconds {
+            if !(sshfs && is_source) {
                 return l;
             }
             l.split(' ')
                 .map(
                     |w| match w.strip_prefix("mtime=").and_then(|t| t.split_once('.')) {
-                        Some((secs, _)) => format!("mtime={secs}"),
+                        Some((secs, _)) => format!("mtime={secs}.0"),
                         None => w.to_string(),
                     },
                 )
@@ -130,18 +133,28 @@ fn view(root: &Path, whole_seconds: bool) -> Vec<String> {
         .collect()
 }
 
-/// The hardlink pair of `variant_tree`, as the server's own directory shows it.
+/// DEST (through a client) equals one of `sources`: its index.
 #[track_caller]
-fn server_hardlinks(rig: &Rig, dest: &str) {
-    use std::os::unix::fs::MetadataExt;
+fn one_of(dest: &Path, sources: &[PathBuf], sshfs: bool) -> usize {
+    let got = view(dest, sshfs, false);
+    sources
+        .iter()
+        .position(|s| view(s, sshfs, true) == got)
+        .unwrap_or_else(|| {
+            // The full report, naming what differs from each source.
+            super::one_of(dest, sources, &|p| {
+                view(p, sshfs, sources.iter().any(|s| s == p))
+            })
+        })
+}
+
+/// The hardlink groups of `src`, as the server's own directory shows DEST.
+#[track_caller]
+fn server_hardlinks(rig: &Rig, dest: &str, src: &Path) {
     let root = fs::canonicalize(Path::new(&rig.vars["NETFS_RIG_SERVER_DIR"]).join(dest)).unwrap();
-    let ino = |p: &str| fs::metadata(root.join(p)).unwrap().ino();
-    assert_eq!(
-        ino("d0/f0000.txt"),
-        ino("d1/hardlink"),
-        "hardlink group in {}",
-        root.display()
-    );
+    let want = links(src);
+    assert!(!want.is_empty(), "{} has a hardlink pair", src.display());
+    assert_eq!(links(&root), want, "hardlink groups in {}", root.display());
 }
 
 /// Serialise rig users of this machine (one glusterd port).
@@ -173,6 +186,7 @@ fn netfs_rig_writers_and_readers_on_two_clients() {
         };
         fidelity(backend, &rig);
         writers_and_readers(backend, &rig);
+        seconds_apart(backend, &rig);
     }
 }
 
@@ -201,11 +215,8 @@ fn fidelity(backend: &str, rig: &Rig) {
     ok(sync(&a, &[]));
     victim.assert_untouched();
     let sshfs = backend == "sshfs";
-    assert_eq!(
-        super::one_of(&a, std::slice::from_ref(&src), &|p| view(p, sshfs)),
-        0
-    );
-    server_hardlinks(rig, "fid/packs");
+    assert_eq!(one_of(&a, std::slice::from_ref(&src), sshfs), 0);
+    server_hardlinks(rig, "fid/packs", &src);
     let manifest = fs::read_dir(rig.mnt("A").join("fid/.packs.packsync/meta"))
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -335,14 +346,14 @@ fn writers_and_readers(backend: &str, rig: &Rig) {
                     super::stderr(&out)
                 );
             }
-            let via_a = super::one_of(&a, &sources, &|p| view(p, sshfs));
-            server_hardlinks(rig, "race/packs");
+            let via_a = one_of(&a, &sources, sshfs);
+            server_hardlinks(rig, "race/packs", &sources[via_a]);
             // B may show the old link for its cache time (about 1 s on GlusterFS).
             let mut via_b = None;
             for _ in 0..30 {
                 via_b = sources
                     .iter()
-                    .position(|s| view(s, sshfs) == view(&b, sshfs));
+                    .position(|s| view(s, sshfs, true) == view(&b, sshfs, false));
                 if via_b == Some(via_a) {
                     break;
                 }
@@ -386,4 +397,103 @@ fn writers_and_readers(backend: &str, rig: &Rig) {
     );
     assert_eq!((ta, tb), (0, 0), "{backend}: torn reads");
     assert!(wa + wb > 0, "the readers ran");
+}
+
+/// Source `k` of `seconds_apart`: `variant_tree`'s content (marker `v<k>`,
+/// the same sizes for every k), every entry's mtime at 1600000060+k s and
+/// 0.123456789 s: one whole second apart, so the three differ even where
+/// the volume keeps seconds, and a time 0.88 s away from another source's
+/// is not that source's.
+fn straddling_tree(root: &Path, k: u32) {
+    variant_tree(root, k, FILES, 0);
+    fn walk(d: &Path, secs: i64) {
+        for e in fs::read_dir(d).unwrap() {
+            let p = e.unwrap().path();
+            if fs::symlink_metadata(&p).unwrap().is_dir() {
+                walk(&p, secs);
+            }
+            set_mtime(&p, secs, 123_456_789);
+        }
+    }
+    let secs = 1_600_000_060 + k as i64;
+    walk(root, secs);
+    set_mtime(root, secs, 123_456_789);
+}
+
+/// Three writers on the two clients sync three sources into one DEST,
+/// round after round: all three at once, then one after another from the
+/// newest source down (so each plans against the generation of the source
+/// one second newer than its own). After each, the live generation is
+/// exactly the source its manifest names (only sshfs's whole seconds
+/// aside): never a tree with files hardlinked from another source's.
+fn seconds_apart(backend: &str, rig: &Rig) {
+    const ROUNDS: usize = 4;
+    let sshfs = backend == "sshfs";
+    let f = Fixture::new();
+    let sources: Vec<PathBuf> = (1..=3).map(|k| f.path(&format!("src{k}"))).collect();
+    for (k, s) in (1..=3).zip(&sources) {
+        straddling_tree(s, k);
+    }
+    let (a, b) = (
+        rig.mnt("A").join("secs/packs"),
+        rig.mnt("B").join("secs/packs"),
+    );
+    fs::create_dir_all(a.parent().unwrap()).unwrap();
+    let state = rig.mnt("A").join("secs/.packs.packsync");
+    let spawn = |i: usize| {
+        packsync()
+            .args(["sync", "--json", "--grace", "0", "--keep", "0"])
+            .arg(&sources[i])
+            .arg(if i.is_multiple_of(2) { &a } else { &b })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (mut reused, mut checks) = (0, 0);
+    let mut wait = |c: Child| {
+        let out = ok(c.wait_with_output().unwrap());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        reused += v["reused"].as_u64().unwrap_or(0);
+    };
+    let check = |when: &str| {
+        let gen = fs::read_link(&a).unwrap();
+        let gen = gen.file_name().unwrap().to_string_lossy().into_owned();
+        let manifest = fs::read_to_string(state.join(format!("meta/{gen}.manifest"))).unwrap();
+        let named: Vec<&str> = manifest
+            .lines()
+            .filter_map(|l| l.strip_prefix("source "))
+            .collect();
+        let k = sources
+            .iter()
+            .position(|s| named == [fs::canonicalize(s).unwrap().to_str().unwrap()])
+            .unwrap_or_else(|| panic!("{backend} {when}: {gen} names {named:?}"));
+        let (got, want) = (view(&a, sshfs, false), view(&sources[k], sshfs, true));
+        if got != want {
+            let extra: Vec<&String> = got.iter().filter(|l| !want.contains(l)).collect();
+            let lacks: Vec<&String> = want.iter().filter(|l| !got.contains(l)).collect();
+            panic!(
+                "{backend} {when}: generation {gen} names {} but differs from it in {} entries:\n\
+                 DEST has {extra:#?}\nthe source has {lacks:#?}",
+                sources[k].display(),
+                extra.len()
+            );
+        }
+        server_hardlinks(rig, "secs/packs", &sources[k]);
+    };
+    for round in 0..ROUNDS {
+        let children: Vec<Child> = (0..3).map(spawn).collect();
+        children.into_iter().for_each(&mut wait);
+        check(&format!("round {round}, all at once"));
+        for i in (0..3).rev() {
+            wait(spawn(i));
+            check(&format!("round {round}, source {} alone", i + 1));
+            checks += 1;
+        }
+        checks += 1;
+    }
+    eprintln!(
+        "netfs {backend}: 3 writers x {ROUNDS} rounds on sources one second apart, {checks} checks; \
+         every live generation equals the source its manifest names ({reused} files reused)"
+    );
 }
