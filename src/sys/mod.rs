@@ -582,8 +582,8 @@ pub fn ctime_of(st: &Stat) -> u64 {
     (s as u64).wrapping_mul(1_000_000_000).wrapping_add(ns)
 }
 
-pub mod forward;
 mod dirfd;
+pub mod forward;
 pub use dirfd::{component, DirFd};
 
 /// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
@@ -647,4 +647,21 @@ pub fn pause_point(_point: &str) {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
     }
+}
+
+/// Metadata of a path the user named (a SOURCE), following symlinks.
+pub fn stat_path(path: &std::path::Path) -> io::Result<Stat> {
+    Ok(rfs::stat(path)?)
+}
+
+/// A path the user named, absolute and without symlinks or `..`: to tell
+/// whether DEST lies inside a SOURCE, and to record the SOURCE.
+pub fn canonical(path: &std::path::Path) -> io::Result<std::path::PathBuf> {
+    std::fs::canonicalize(path)
+}
+
+/// Whether setting an owner failed because the volume or the user may not
+/// (not root, root_squash, an id the filesystem cannot store): a soft failure.
+pub fn is_owner_refusal(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL))
 }
