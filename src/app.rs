@@ -3,7 +3,7 @@
 //! validate → scan sources (+ live tree) → plan → guards → stage → commit →
 //! retire, and the reporting around it. Owns the thread pool (rayon's global one).
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -16,9 +16,11 @@ use crate::layout;
 use crate::manifest::Manifest;
 use crate::ops;
 use crate::plan::{self, Compare, Plan};
+use crate::report::Collected;
 use crate::report::{self, Progress, Quiet, Reporter};
 use crate::retire::{self, Policy};
-use crate::scan::{self, Filter, Warnings};
+use crate::scan::{self, Filter};
+use crate::source::{self, Source};
 use crate::stage;
 use crate::sys;
 use crate::tree::{Node, Tree};
@@ -107,35 +109,6 @@ pub struct Itemized {
     pub path: String,
 }
 
-fn validate_sources(cfg: &SyncConfig) -> Result<(Vec<OwnedFd>, Vec<PathBuf>, Vec<String>)> {
-    let mut fds = Vec::new();
-    let mut canon = Vec::new();
-    let mut labels = Vec::new();
-    for src in &cfg.sources {
-        let shown = src.display().to_string();
-        let meta = std::fs::metadata(src).map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                error::usage(format!("{shown}: source does not exist"))
-            } else {
-                error::usage(format!("{shown}: cannot read source: {e}"))
-            }
-        })?;
-        if !meta.is_dir() {
-            return Err(error::usage(format!("{shown}: source is not a directory")));
-        }
-        let fd = sys::open_dir_path(src)
-            .map_err(|e| error::usage(format!("{shown}: cannot read source: {e}")))?;
-        // A listing on a handle of its own: the one kept must start at offset 0.
-        sys::open_dir_path(src)
-            .and_then(|probe| sys::list_dir(probe.as_fd()))
-            .map_err(|e| error::usage(format!("{shown}: cannot read source: {e}")))?;
-        canon.push(std::fs::canonicalize(src).with_context(|| format!("cannot resolve {shown}"))?);
-        fds.push(fd);
-        labels.push(shown);
-    }
-    Ok((fds, canon, labels))
-}
-
 /// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
 fn check_overlap(vol: &Volume, sources: &[PathBuf], labels: &[String]) -> Result<()> {
     let parent = std::fs::canonicalize(&vol.parent_path)
@@ -186,7 +159,7 @@ fn now() -> (i64, u32) {
 /// the manifest still describes the file.
 struct Live {
     gen: Option<String>,
-    fd: Option<OwnedFd>,
+    dir: Option<source::Dir>,
     tree: Option<Tree>,
     /// The live manifest's header (its entries were only streamed through).
     manifest: Option<Manifest>,
@@ -201,7 +174,7 @@ fn load_live(
     vol: &Volume,
     state: Option<&State>,
     dest: &Dest,
-    warn: &Warnings,
+    warn: &Collected,
     lazy: bool,
 ) -> Result<Live> {
     match dest {
@@ -211,20 +184,21 @@ fn load_live(
             })?;
             let opened = vol.open_generation(state, gen).and_then(|fd| {
                 let label = format!("{}/gen/{gen}", state.path.display());
-                let tree = scan::run(fd.as_fd(), &label, 0, &Filter::default(), warn)?;
-                Ok((fd, tree))
+                let dir = source::Dir::new(sys::DirFd::from_owned(fd), label);
+                let tree = dir.scan(0, &Filter::default(), warn)?;
+                Ok((dir, tree))
             });
-            let (fd, mut tree) = match opened {
+            let (dir, mut tree) = match opened {
                 Ok(live) => live,
                 Err(e) => {
                     // Removed since DEST was read (another writer replaced it and
                     // its grace ran out), or not a directory: nothing to reuse.
-                    warn.push(format!(
+                    warn.warn(&format!(
                         "cannot read the live generation {gen}, copying everything: {e:#}"
                     ));
                     return Ok(Live {
                         gen: Some(gen.clone()),
-                        fd: None,
+                        dir: None,
                         tree: None,
                         manifest: None,
                         rest: None,
@@ -245,7 +219,7 @@ fn load_live(
             });
             Ok(Live {
                 gen: Some(gen.clone()),
-                fd: Some(fd),
+                dir: Some(dir),
                 tree: Some(tree),
                 manifest,
                 rest,
@@ -254,10 +228,11 @@ fn load_live(
         Dest::Directory => {
             let fd = sys::open_dir_at(vol.parent.as_fd(), &vol.name)
                 .with_context(|| format!("cannot open {}", vol.display))?;
-            let tree = scan::run(fd.as_fd(), &vol.display, 0, &Filter::default(), warn)?;
+            let dir = source::Dir::new(sys::DirFd::from_owned(fd), vol.display.clone());
+            let tree = dir.scan(0, &Filter::default(), warn)?;
             Ok(Live {
                 gen: None,
-                fd: None,
+                dir: None,
                 tree: Some(tree),
                 manifest: None,
                 rest: None,
@@ -265,7 +240,7 @@ fn load_live(
         }
         _ => Ok(Live {
             gen: None,
-            fd: None,
+            dir: None,
             tree: None,
             manifest: None,
             rest: None,
@@ -342,7 +317,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let version = crate::label::from_flag(cfg.label.as_deref(), cfg.allow_downgrade)?;
     let rules = load_rules(cfg)?;
     let filter = Filter::new(&rules).map_err(|e| error::usage(format!("{e:#}")))?;
-    let (src_fds, canon, labels) = validate_sources(cfg)?;
+    let sources = source::open_all(&cfg.sources)?;
+    let sources: Vec<&dyn Source> = sources.iter().map(|s| &**s).collect();
+    // Sources with a path on this host: DEST must not overlap them.
+    let (canon, labels): (Vec<PathBuf>, Vec<String>) = sources
+        .iter()
+        .filter_map(|s| Some((s.path()?.to_path_buf(), s.label().to_string())))
+        .unzip();
     let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
     check_overlap(&base, &canon, &labels)?;
     let vol = layout::open_for_sync(base, cfg)?;
@@ -379,24 +360,12 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     } else {
         &progress
     };
-    let warnings = Warnings::default();
+    let warnings = Collected::default();
 
     // Scan every source (each in parallel inside) and overlay them in order.
     // Scan the sources and the live generation at the same time.
     let state = vol.state(false)?;
-    let scan_sources = || -> Result<Tree> {
-        let mut tree = Tree::default();
-        for (i, fd) in src_fds.iter().enumerate() {
-            let t = scan::run(fd.as_fd(), &labels[i], i as u16, &filter, &warnings)?;
-            if i == 0 {
-                tree = t;
-            } else {
-                tree.overlay(t);
-            }
-        }
-        tree.assign_groups();
-        Ok(tree)
-    };
+    let scan_sources = || scan::run(&sources, &filter, &warnings);
     let (tree, live) = rayon::join(scan_sources, || {
         load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum)
     });
@@ -444,16 +413,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {
-            hash_candidates(&mut tree, lt, &src_fds, &labels)?;
+            hash_candidates(&mut tree, lt, &sources)?;
         }
     }
     let mut live_tree = live.tree;
     if cfg.checksum {
-        if let (Some(lt), Some(fd)) = (live_tree.as_mut(), live.fd.as_ref()) {
-            let fds = vec![Some(fd.try_clone()?)];
-            scan::hash(lt, &fds, std::slice::from_ref(&vol.display), &|e| {
-                matches!(e.node, Node::File(_))
-            })?;
+        if let (Some(lt), Some(dir)) = (live_tree.as_mut(), live.dir.as_ref()) {
+            scan::hash(lt, &[dir], &|e| matches!(e.node, Node::File(_)))?;
         }
     }
     // The list of changes costs a path per entry: only `--itemize` shows it.
@@ -526,7 +492,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             print_itemized(&plan);
         }
     }
-    for w in warnings.take() {
+    for w in warnings.take_warnings() {
         reporter.warn(&w);
         summary.warnings.push(w);
     }
@@ -592,9 +558,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
                 ))
             })?;
         }
-        sys::mkdir_at(stage.fd(), b"tree", 0o700).context("cannot create the staging tree")?;
-        let out = sys::open_dir_at(stage.fd(), b"tree")?;
-        let caps = crate::caps::probe(stage.fd()).with_context(|| {
+        let staging = sys::DirFd::from_owned(stage.fd.try_clone()?);
+        let caps = crate::caps::probe(&staging, cfg.fsync).with_context(|| {
             format!(
                 "cannot probe the volume at {}/stage/{}",
                 state.path.display(),
@@ -604,16 +569,14 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         let granularity_ns = caps.granularity_ns;
         reporter.begin(tree.count(), plan.copied_bytes);
         let job = stage::Job {
-            sources: &src_fds,
-            labels: &labels,
-            live: live.fd.as_ref().map(|f| f.as_fd()),
+            sources: &sources,
+            live: live.dir.as_ref().and_then(|d| d.root()),
             owners,
             reporter,
             caps,
-            heartbeat: Some(stage.fd()),
-            durable: cfg.fsync,
+            heartbeat: Some(&staging),
         };
-        let staged = stage::run(&job, &mut tree, out.as_fd())?;
+        let staged = stage::run(&job, &mut tree, &staging)?;
         reporter.finish();
         if cfg.verify {
             let rules = crate::verify::Rules {
@@ -622,9 +585,9 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
                 link_meta: caps.link_meta,
                 hardlinks: caps.hardlinks,
             };
-            crate::verify::staged(out.as_fd(), &tree, rules)?;
+            crate::verify::staged(staged.tree.as_fd(), &tree, rules)?;
         }
-        drop(out);
+        drop(staged.tree);
         summary.copied = staged.copied;
         summary.copied_bytes = staged.copied_bytes;
         summary.reused = staged.reused;
@@ -640,7 +603,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             label: cfg.label.clone(),
             created: now(),
             host: sys::hostname(),
-            sources: canon.iter().map(|p| p.display().to_string()).collect(),
+            sources: sources.iter().map(|s| s.identity()).collect(),
             owners: owners && staged.owner_failures == 0,
             granularity_ns,
             link_meta: caps.link_meta,
@@ -738,7 +701,7 @@ fn guards(
 }
 
 /// With `--checksum`, hash the source files that have a live file of the same size.
-fn hash_candidates(tree: &mut Tree, live: &Tree, fds: &[OwnedFd], labels: &[String]) -> Result<()> {
+fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &[&dyn Source]) -> Result<()> {
     let mut sizes = std::collections::HashMap::new();
     live.for_each(&mut |p, e| {
         if let Node::File(_) = e.node {
@@ -760,11 +723,9 @@ fn hash_candidates(tree: &mut Tree, live: &Tree, fds: &[OwnedFd], labels: &[Stri
             f.reuse = want.contains(p);
         }
     });
-    let roots: Vec<Option<OwnedFd>> = fds.iter().map(|f| f.try_clone().ok()).collect();
     scan::hash(
         tree,
-        &roots,
-        labels,
+        sources,
         &|e| matches!(&e.node, Node::File(f) if f.reuse),
     )?;
     tree.for_each_mut(&mut |_, e| {

@@ -25,6 +25,7 @@ pub mod plan;
 pub mod report;
 pub mod retire;
 pub mod scan;
+pub mod source;
 pub mod stage;
 pub mod sys;
 pub mod tree;

@@ -16,6 +16,62 @@ pub trait Reporter: Sync {
     fn finish(&self);
     /// Something the user should know that does not stop the sync.
     fn warn(&self, msg: &str);
+    /// An entry left out because packsync does not mirror its kind (`what`:
+    /// `FIFO`, `socket`, a device): `path` (raw bytes) is relative to the
+    /// tree `label` names. Shown as a warning; a caller that needs the path
+    /// (`verify`) keeps it from here, never from the warning's text.
+    fn skipped(&self, label: &str, path: &[u8], what: &str) {
+        self.warn(&skip_line(label, path, what));
+    }
+}
+
+/// The warning for a skipped entry: `skipping FIFO src/a/fifo`.
+fn skip_line(label: &str, path: &[u8], what: &str) -> String {
+    format!("skipping {what} {}", crate::scan::display(label, path))
+}
+
+/// An entry a scan left out (see `Reporter::skipped`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub path: Vec<u8>,
+    pub what: String,
+}
+
+/// A reporter that keeps what it is told, for the caller to show or use
+/// later: the warnings of scans that run in parallel with other work, and
+/// the entries they skipped. Progress is not kept.
+#[derive(Default)]
+pub struct Collected {
+    warnings: Mutex<Vec<String>>,
+    skipped: Mutex<Vec<Skipped>>,
+}
+
+impl Collected {
+    /// Every warning so far, in the order given (skipped entries included).
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *self.warnings.lock().unwrap())
+    }
+
+    /// Every skipped entry so far.
+    pub fn take_skipped(&self) -> Vec<Skipped> {
+        std::mem::take(&mut *self.skipped.lock().unwrap())
+    }
+}
+
+impl Reporter for Collected {
+    fn begin(&self, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+    fn warn(&self, msg: &str) {
+        self.warnings.lock().unwrap().push(msg.to_string());
+    }
+    fn skipped(&self, label: &str, path: &[u8], what: &str) {
+        self.skipped.lock().unwrap().push(Skipped {
+            path: path.to_vec(),
+            what: what.to_string(),
+        });
+        self.warn(&skip_line(label, path, what));
+    }
 }
 
 /// Reports nothing but warnings (to stderr unless quiet).

@@ -1,19 +1,21 @@
-//! Scan: read a directory tree into a `Tree`, through directory handles, in
-//! parallel, stat'ing each entry once and never following a symlink below
-//! the root. Also hashes file contents on demand (`--checksum`, `verify`).
+//! Scan: read the sources into one `Tree` (each source yields its entries:
+//! `source::Source::scan`), overlaid in order; which paths a scan leaves
+//! out (`Filter`); and file contents hashed on demand (`--checksum`,
+//! `verify`), read through each entry's source.
 //!
-//! Scanning never writes. Special files are reported through `warn` and left
-//! out; a filter may leave out excluded paths.
+//! Scanning never writes. Special files are reported through
+//! `Reporter::skipped` and left out.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Mutex;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::sys::{self, StatKind};
-use crate::tree::{Dir, Entry, File, Meta, Name, Node, Tree};
+use crate::report::Reporter;
+use crate::source::{self, Source};
+use crate::sys::{self, DirFd};
+use crate::tree::{Entry, Meta, Node, Tree};
 
 /// Which paths a scan leaves out (gitignore rules, in command-line order).
 #[derive(Default)]
@@ -51,35 +53,21 @@ impl Filter {
     }
 }
 
-/// Things a scan tells the user about without failing.
-#[derive(Default)]
-pub struct Warnings(pub Mutex<Vec<String>>);
-
-impl Warnings {
-    pub fn push(&self, w: String) {
-        self.0.lock().unwrap().push(w);
+/// Scan every source and overlay them in order: a later source wins a path
+/// two provide; each entry keeps the index of the source it came from, and
+/// hardlinks inside a source become groups.
+pub fn run(sources: &[&dyn Source], filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+    let mut tree = Tree::default();
+    for (i, s) in sources.iter().enumerate() {
+        let t = s.scan(i as u16, filter, reporter)?;
+        if i == 0 {
+            tree = t;
+        } else {
+            tree.overlay(t);
+        }
     }
-    pub fn take(&self) -> Vec<String> {
-        std::mem::take(&mut *self.0.lock().unwrap())
-    }
-}
-
-/// Scan the tree below `root` (an open directory). `label` names the root in
-/// messages; `src` is recorded in every entry for the overlay.
-pub fn run(
-    root: BorrowedFd<'_>,
-    label: &str,
-    src: u16,
-    filter: &Filter,
-    warn: &Warnings,
-) -> Result<Tree> {
-    let st = sys::fstat(root).with_context(|| format!("cannot stat {label}"))?;
-    let entries = scan_dir(root, &mut Vec::new(), label, src, filter, warn)?;
-    Ok(Tree {
-        root: meta_of(&st, 0),
-        root_srcs: 1 << src,
-        entries,
-    })
+    tree.assign_groups();
+    Ok(tree)
 }
 
 pub fn meta_of(st: &sys::Stat, size: u64) -> Meta {
@@ -105,131 +93,6 @@ pub fn display(label: &str, rel: &[u8]) -> String {
     }
 }
 
-fn scan_dir(
-    dir: BorrowedFd<'_>,
-    rel: &mut Vec<u8>,
-    label: &str,
-    src: u16,
-    filter: &Filter,
-    warn: &Warnings,
-) -> Result<Vec<Entry>> {
-    let listed = sys::list_dir(dir)
-        .with_context(|| format!("cannot read directory {}", display(label, rel)))?;
-    let mut entries = Vec::with_capacity(listed.len());
-    let mut subdirs: Vec<(usize, OwnedFd, Vec<u8>)> = Vec::new();
-    for l in listed {
-        let base = rel.len();
-        if base > 0 {
-            rel.push(b'/');
-        }
-        rel.extend_from_slice(&l.name);
-        let res = scan_entry(
-            dir,
-            l.name,
-            rel,
-            label,
-            src,
-            filter,
-            warn,
-            &mut entries,
-            &mut subdirs,
-        );
-        rel.truncate(base);
-        res?;
-    }
-    // Subdirectories in parallel; each owns its handle until it is read.
-    let results: Vec<Result<(usize, Vec<Entry>)>> = subdirs
-        .into_par_iter()
-        .map(|(i, fd, mut sub_rel)| {
-            Ok((
-                i,
-                scan_dir(fd.as_fd(), &mut sub_rel, label, src, filter, warn)?,
-            ))
-        })
-        .collect();
-    for r in results {
-        let (i, children) = r?;
-        if let Node::Dir(d) = &mut entries[i].node {
-            d.entries = children;
-        }
-    }
-    entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-    Ok(entries)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn scan_entry(
-    dir: BorrowedFd<'_>,
-    name: Vec<u8>,
-    rel: &[u8],
-    label: &str,
-    src: u16,
-    filter: &Filter,
-    warn: &Warnings,
-    entries: &mut Vec<Entry>,
-    subdirs: &mut Vec<(usize, OwnedFd, Vec<u8>)>,
-) -> Result<()> {
-    let st = match sys::stat_at(dir, &name) {
-        Ok(st) => st,
-        // Vanished between listing and stat: it is simply not part of the tree.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e).with_context(|| format!("cannot stat {}", display(label, rel))),
-    };
-    let kind = sys::kind_of(&st);
-    if !filter.is_empty() && filter.excludes(rel, kind == StatKind::Dir) {
-        return Ok(());
-    }
-    let name: Name = name.into();
-    let node = match kind {
-        StatKind::File => Node::File(File {
-            src,
-            dev: st.st_dev,
-            ino: st.st_ino,
-            nlink: st.st_nlink as u32,
-            ctime: sys::ctime_of(&st),
-            ..Default::default()
-        }),
-        StatKind::Symlink => {
-            let target = sys::readlink_at(dir, &name)
-                .with_context(|| format!("cannot read symlink {}", display(label, rel)))?;
-            let meta = Meta {
-                size: target.len() as u64,
-                ..meta_of(&st, 0)
-            };
-            entries.push(Entry {
-                name,
-                meta,
-                node: Node::Symlink(target.into()),
-            });
-            return Ok(());
-        }
-        StatKind::Dir => {
-            let fd = sys::open_dir_at(dir, &name)
-                .with_context(|| format!("cannot open directory {}", display(label, rel)))?;
-            subdirs.push((entries.len(), fd, rel.to_vec()));
-            Node::Dir(Dir {
-                srcs: 1 << src,
-                entries: Vec::new(),
-            })
-        }
-        StatKind::Other(what) => {
-            warn.push(format!("skipping {what} {}", display(label, rel)));
-            return Ok(());
-        }
-    };
-    let size = if kind == StatKind::File {
-        st.st_size as u64
-    } else {
-        0
-    };
-    entries.push(Entry {
-        name,
-        meta: meta_of(&st, size),
-        node,
-    });
-    Ok(())
-}
-
 /// SHA-256 of everything readable from `fd` from its current offset.
 pub fn hash_fd(fd: BorrowedFd<'_>) -> std::io::Result<([u8; 32], u64)> {
     let mut h = Sha256::new();
@@ -246,26 +109,22 @@ pub fn hash_fd(fd: BorrowedFd<'_>) -> std::io::Result<([u8; 32], u64)> {
     Ok((h.finalize().into(), total))
 }
 
-/// Fill in `hash` for every file `want` selects, reading through the
-/// directory handles `roots` (one per source index; the live tree has one).
+/// Fill in `hash` for every file `want` selects, reading each from the
+/// source its entry names (`sources`, by index; the live tree has one).
 pub fn hash(
     tree: &mut Tree,
-    roots: &[Option<OwnedFd>],
-    label: &[String],
+    sources: &[&dyn Source],
     want: &(dyn Fn(&Entry) -> bool + Sync),
 ) -> Result<()> {
-    let fds: Vec<Option<BorrowedFd<'_>>> = roots
-        .iter()
-        .map(|r| r.as_ref().map(|f| f.as_fd()))
-        .collect();
-    hash_dir(&mut tree.entries, &fds, &[], label, want)
+    let roots: Vec<Option<&DirFd>> = sources.iter().map(|s| s.root()).collect();
+    hash_dir(&mut tree.entries, sources, &roots, &[], want)
 }
 
 fn hash_dir(
     entries: &mut [Entry],
-    dirs: &[Option<BorrowedFd<'_>>],
+    sources: &[&dyn Source],
+    dirs: &[Option<&DirFd>],
     rel: &[u8],
-    label: &[String],
     want: &(dyn Fn(&Entry) -> bool + Sync),
 ) -> Result<()> {
     entries.par_iter_mut().try_for_each(|e| -> Result<()> {
@@ -282,20 +141,8 @@ fn hash_dir(
             {
                 return Ok(());
             }
-            let mut subs: Vec<Option<OwnedFd>> = Vec::with_capacity(dirs.len());
-            for (i, parent) in dirs.iter().enumerate() {
-                subs.push(match parent {
-                    Some(p) if d.srcs & (1 << i) != 0 => {
-                        Some(sys::open_dir_at(*p, &e.name).with_context(|| {
-                            format!("cannot open directory {}", display(&label[i], &path))
-                        })?)
-                    }
-                    _ => None,
-                });
-            }
-            let fds: Vec<Option<BorrowedFd<'_>>> =
-                subs.iter().map(|s| s.as_ref().map(|f| f.as_fd())).collect();
-            return hash_dir(&mut d.entries, &fds, &path, label, want);
+            let subs = source::open_dirs(sources, dirs, d.srcs, &e.name, &path)?;
+            return hash_dir(&mut d.entries, sources, &source::borrow(&subs), &path, want);
         }
         if !want(e) {
             return Ok(());
@@ -303,15 +150,14 @@ fn hash_dir(
         let meta_size = e.meta.size;
         if let Node::File(f) = &mut e.node {
             let i = f.src as usize;
-            let dir = dirs[i].expect("a file's source directory is open");
-            let fd = sys::open_read_at(dir, &e.name)
-                .with_context(|| format!("cannot read {}", display(&label[i], &path)))?;
-            let (h, n) = hash_fd(fd.as_fd())
-                .with_context(|| format!("cannot read {}", display(&label[i], &path)))?;
+            let shown = || display(sources[i].label(), &path);
+            let fd = source::open_in(sources[i], dirs[i], &e.name, &path)
+                .with_context(|| format!("cannot read {}", shown()))?;
+            let (h, n) = hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
             if n != meta_size {
                 anyhow::bail!(
                     "{} changed while being read (size {} now {})",
-                    display(&label[i], &path),
+                    shown(),
                     meta_size,
                     n
                 );

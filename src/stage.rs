@@ -14,53 +14,54 @@
 //! checked against mtimes as coarse as the volume keeps them; symlink times
 //! and owners are not set where that would reach the target (FUSE); and where
 //! `syncfs` does not flush (FUSE), every file and directory is fsynced here
-//! through the handle that wrote it. A long copy refreshes the staging
+//! through the handle that wrote it (`caps::Flush`; nothing at all under
+//! `--no-fsync`). Sources are read through their directory handles where
+//! they have them (`source::Source::root`), each file by one name. A long copy refreshes the staging
 //! directory's mtime every `HEARTBEAT` so that writers on other hosts do not
 //! take it for a dead writer's (see `retire`).
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
-use crate::caps::Caps;
+use crate::caps::{Caps, Flush};
 use crate::error::Failure;
-use crate::report::Reporter;
+use crate::report::{escape, Reporter};
 use crate::scan::display;
-use crate::sys;
+use crate::source::{self, Source};
+use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Meta, Node, Tree};
 
 /// What the stage needs besides the tree.
 pub struct Job<'a> {
-    /// One open directory per SOURCE, in order.
-    pub sources: &'a [OwnedFd],
-    /// SOURCE paths, for messages.
-    pub labels: &'a [String],
+    /// Every SOURCE, in order (an entry's `src` indexes it).
+    pub sources: &'a [&'a dyn Source],
     /// The live generation's root, to hardlink unchanged files from.
-    pub live: Option<BorrowedFd<'a>>,
+    pub live: Option<&'a DirFd>,
     /// Set owners from the tree (root or `--chown`).
     pub owners: bool,
     pub reporter: &'a dyn Reporter,
-    /// What the destination volume can do (probed in staging).
+    /// What the destination volume can do (probed in staging), and what
+    /// the sync flushes (`caps.flush`: nothing with `--no-fsync`).
     pub caps: Caps,
     /// This writer's staging directory, whose mtime is its heartbeat.
-    pub heartbeat: Option<BorrowedFd<'a>>,
-    /// The sync will flush what it wrote (no `--no-fsync`): large files
-    /// start their writeback as they are copied.
-    pub durable: bool,
+    pub heartbeat: Option<&'a DirFd>,
 }
 
 /// How often a running copy refreshes its staging directory's mtime; far
 /// below `config::STALE_STAGE`, after which other hosts may remove it.
 pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Staged {
+    /// The staged tree (`tree` in the staging directory), for `--verify`.
+    pub tree: DirFd,
     pub copied: u64,
     pub copied_bytes: u64,
     pub reused: u64,
@@ -86,7 +87,9 @@ struct Ctx<'a> {
 impl Ctx<'_> {
     /// Refresh the staging directory's mtime if `HEARTBEAT` has passed.
     fn beat(&self) {
-        let Some(fd) = self.job.heartbeat else { return };
+        let Some(dir) = self.job.heartbeat else {
+            return;
+        };
         let now = self.start.elapsed().as_secs();
         let last = self.last_beat.load(Ordering::Relaxed);
         if now >= last + HEARTBEAT.as_secs()
@@ -95,16 +98,22 @@ impl Ctx<'_> {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            let _ = sys::touch_fd(fd);
+            let _ = dir.touch_self();
         }
     }
 
-    /// Flush what was written through `fd`, where `syncfs` would not.
+    /// Flush what was written through `fd`, where `syncfs` would not (and
+    /// never under `--no-fsync`: see `caps::Flush`).
     fn flush(&self, fd: BorrowedFd<'_>) -> io::Result<()> {
-        if self.job.caps.fsync_each {
+        if self.job.caps.flush == Flush::EachFile {
             sys::fsync(fd)?;
         }
         Ok(())
+    }
+
+    /// A refused owner is counted, not fatal.
+    fn owner_refused(&self) {
+        self.owner_failures.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -124,9 +133,16 @@ thread_local! {
     static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Stage `tree` into the empty directory `out`.
-pub fn run(job: &Job<'_>, tree: &mut Tree, out: BorrowedFd<'_>) -> Result<Staged> {
+/// Stage `tree` into a new directory `tree` inside `staging` (this
+/// writer's empty staging directory).
+pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     sys::pause_point("staging");
+    staging
+        .mkdir(b"tree", 0o700)
+        .context("cannot create the staging tree")?;
+    let out = staging
+        .open_dir(b"tree")
+        .context("cannot open the staging tree")?;
     let mut ctx = Ctx {
         job,
         leaders: HashMap::new(),
@@ -155,18 +171,19 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, out: BorrowedFd<'_>) -> Result<Staged
             }
         }
     });
-    let srcs: Vec<Option<BorrowedFd<'_>>> = job
+    let srcs: Vec<Option<&DirFd>> = job
         .sources
         .iter()
         .enumerate()
-        .map(|(i, fd)| (tree.root_srcs & (1 << i) != 0).then(|| fd.as_fd()))
+        .map(|(i, s)| s.root().filter(|_| tree.root_srcs & (1 << i) != 0))
         .collect();
-    copy_dir(&ctx, &mut tree.entries, &srcs, job.live, out, &[])?;
-    link_followers(&ctx, tree, out)?;
-    apply_meta(&ctx, out, &tree.root).context("cannot set metadata of the staged root")?;
-    ctx.flush(out)
+    copy_dir(&ctx, &mut tree.entries, &srcs, job.live, &out, &[])?;
+    link_followers(&ctx, tree, &out)?;
+    apply_meta(&ctx, out.as_fd(), &tree.root).context("cannot set metadata of the staged root")?;
+    ctx.flush(out.as_fd())
         .context("cannot flush the staged root to disk (nothing was published)")?;
     Ok(Staged {
+        tree: out,
         copied: ctx.copied.into_inner(),
         copied_bytes: ctx.copied_bytes.into_inner(),
         reused: ctx.reused.into_inner(),
@@ -202,121 +219,132 @@ fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
     p
 }
 
+/// Stage the entries of one directory (in parallel): `srcs` holds each
+/// source's handle on it, `live` the live generation's, `out` the staged one.
 fn copy_dir(
     ctx: &Ctx<'_>,
     entries: &mut [Entry],
-    srcs: &[Option<BorrowedFd<'_>>],
-    live: Option<BorrowedFd<'_>>,
-    out: BorrowedFd<'_>,
+    srcs: &[Option<&DirFd>],
+    live: Option<&DirFd>,
+    out: &DirFd,
     rel: &[u8],
 ) -> Result<()> {
     entries.par_iter_mut().try_for_each(|e| -> Result<()> {
         check_signal()?;
         ctx.beat();
         let path = join(rel, &e.name);
-        match &mut e.node {
-            Node::Dir(d) => {
-                sys::mkdir_at(out, &e.name, 0o700).with_context(|| {
-                    format!("cannot create directory {} in staging", sys_escape(&path))
-                })?;
-                let sub_out = sys::open_dir_at(out, &e.name).with_context(|| {
-                    format!("cannot open staged directory {}", sys_escape(&path))
-                })?;
-                let mut sub_srcs: Vec<Option<OwnedFd>> = Vec::with_capacity(srcs.len());
-                for (i, s) in srcs.iter().enumerate() {
-                    sub_srcs.push(match s {
-                        Some(fd) if d.srcs & (1 << i) != 0 => {
-                            Some(sys::open_dir_at(*fd, &e.name).with_context(|| {
-                                format!(
-                                    "cannot open directory {}",
-                                    display(&ctx.job.labels[i], &path)
-                                )
-                            })?)
-                        }
-                        _ => None,
-                    });
-                }
-                // The live side is only a place to link from: if it is not a directory now, there is nothing to reuse.
-                let sub_live = live.and_then(|l| sys::open_dir_at(l, &e.name).ok());
-                let borrowed: Vec<Option<BorrowedFd<'_>>> = sub_srcs
-                    .iter()
-                    .map(|s| s.as_ref().map(|f| f.as_fd()))
-                    .collect();
-                copy_dir(
-                    ctx,
-                    &mut d.entries,
-                    &borrowed,
-                    sub_live.as_ref().map(|f| f.as_fd()),
-                    sub_out.as_fd(),
-                    &path,
-                )?;
-                if !ctx.late_dirs.contains(&path) {
-                    apply_meta(ctx, sub_out.as_fd(), &e.meta).with_context(|| {
-                        format!("cannot set metadata of staged {}", sys_escape(&path))
-                    })?;
-                    ctx.flush(sub_out.as_fd()).with_context(|| {
-                        format!("cannot flush staged directory {}", sys_escape(&path))
-                    })?;
-                }
-                ctx.job.reporter.advance(0);
-            }
-            Node::Symlink(target) => {
-                sys::symlink_at(target, out, &e.name).with_context(|| {
-                    format!("cannot create symlink {} in staging", sys_escape(&path))
-                })?;
-                if !ctx.job.caps.link_meta {
-                    // On FUSE, lutimes/lchown may reach the target: leave the link as made.
-                    ctx.job.reporter.advance(0);
-                    return Ok(());
-                }
-                let owner = ctx.job.owners.then_some((e.meta.uid, e.meta.gid));
-                if let Err(err) = sys::set_symlink_meta(out, &e.name, owner, e.meta.mtime.pair()) {
-                    if !is_owner_refusal(&err) {
-                        return Err(err).with_context(|| {
-                            format!(
-                                "cannot set metadata of symlink {} in staging",
-                                sys_escape(&path)
-                            )
-                        });
-                    }
-                    ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
-                    sys::set_symlink_meta(out, &e.name, None, e.meta.mtime.pair())?;
-                }
-                ctx.job.reporter.advance(0);
-            }
-            Node::File(f) => {
-                if let Some(g) = f.group {
-                    if ctx.leaders.get(&g).is_some_and(|l| *l != path) {
-                        return Ok(()); // a follower: linked in the second pass
-                    }
-                }
-                let reused = f.reuse
-                    && live.is_some_and(|l| {
-                        reuse(l, out, &e.name, &e.meta, ctx.job.caps.granularity_ns)
-                            .unwrap_or(false)
-                    });
-                if reused {
-                    ctx.reused.fetch_add(1, Ordering::Relaxed);
-                    ctx.job.reporter.advance(0);
-                    return Ok(());
-                }
-                let i = f.src as usize;
-                let src = srcs[i].expect("a file's source directory is open");
-                let label = &ctx.job.labels[i];
-                let hash = copy_file(ctx, src, out, &e.name, &e.meta, f, &display(label, &path))?;
-                f.hash = Some(hash);
-                f.reuse = false;
-                ctx.copied.fetch_add(1, Ordering::Relaxed);
-                ctx.copied_bytes.fetch_add(e.meta.size, Ordering::Relaxed);
-                ctx.job.reporter.advance(e.meta.size);
-            }
-        }
+        let bytes = match &e.node {
+            Node::Dir(_) => stage_dir(ctx, e, srcs, live, out, &path).map(|()| 0)?,
+            Node::Symlink(_) => stage_symlink(ctx, e, out, &path).map(|()| 0)?,
+            Node::File(_) => match stage_file(ctx, e, srcs, live, out, &path)? {
+                Some(bytes) => bytes,
+                None => return Ok(()), // a hardlink follower: linked in the second pass
+            },
+        };
+        ctx.job.reporter.advance(bytes);
         Ok(())
     })
 }
 
-fn sys_escape(p: &[u8]) -> String {
-    crate::report::escape(p)
+/// A directory: made private, filled, then given its metadata (unless it
+/// holds a hardlink follower: the second pass finishes it).
+fn stage_dir(
+    ctx: &Ctx<'_>,
+    e: &mut Entry,
+    srcs: &[Option<&DirFd>],
+    live: Option<&DirFd>,
+    out: &DirFd,
+    path: &[u8],
+) -> Result<()> {
+    let Node::Dir(d) = &mut e.node else {
+        unreachable!("stage_dir is given directories")
+    };
+    let shown = || escape(path);
+    out.mkdir(&e.name, 0o700)
+        .with_context(|| format!("cannot create directory {} in staging", shown()))?;
+    let sub_out = out
+        .open_dir(&e.name)
+        .with_context(|| format!("cannot open staged directory {}", shown()))?;
+    let sub_srcs = source::open_dirs(ctx.job.sources, srcs, d.srcs, &e.name, path)?;
+    // The live side is only a place to link from: if it is not a directory now, there is nothing to reuse.
+    let sub_live = live.and_then(|l| l.open_dir(&e.name).ok());
+    copy_dir(
+        ctx,
+        &mut d.entries,
+        &source::borrow(&sub_srcs),
+        sub_live.as_ref(),
+        &sub_out,
+        path,
+    )?;
+    if !ctx.late_dirs.contains(path) {
+        apply_meta(ctx, sub_out.as_fd(), &e.meta)
+            .with_context(|| format!("cannot set metadata of staged {}", shown()))?;
+        ctx.flush(sub_out.as_fd())
+            .with_context(|| format!("cannot flush staged directory {}", shown()))?;
+    }
+    Ok(())
+}
+
+/// A symlink, with its own owner and mtime where setting them cannot reach
+/// the target (not on FUSE: there the link stays as made).
+fn stage_symlink(ctx: &Ctx<'_>, e: &Entry, out: &DirFd, path: &[u8]) -> Result<()> {
+    let Node::Symlink(target) = &e.node else {
+        unreachable!("stage_symlink is given symlinks")
+    };
+    out.symlink(target, &e.name)
+        .with_context(|| format!("cannot create symlink {} in staging", escape(path)))?;
+    if !ctx.job.caps.link_meta {
+        return Ok(());
+    }
+    let owner = ctx.job.owners.then_some((e.meta.uid, e.meta.gid));
+    let mtime = e.meta.mtime.pair();
+    match out.set_symlink_meta(&e.name, owner, mtime) {
+        Err(err) if sys::is_owner_refusal(&err) => {
+            ctx.owner_refused();
+            out.set_symlink_meta(&e.name, None, mtime)?;
+        }
+        res => res.with_context(|| {
+            format!("cannot set metadata of symlink {} in staging", escape(path))
+        })?,
+    }
+    Ok(())
+}
+
+/// A file: hardlinked from the live generation where the plan says so and
+/// the link checks out, else copied from its source and hashed. The bytes
+/// copied; `None` for a hardlink follower, left for the second pass.
+fn stage_file(
+    ctx: &Ctx<'_>,
+    e: &mut Entry,
+    srcs: &[Option<&DirFd>],
+    live: Option<&DirFd>,
+    out: &DirFd,
+    path: &[u8],
+) -> Result<Option<u64>> {
+    let Node::File(f) = &e.node else {
+        unreachable!("stage_file is given files")
+    };
+    if let Some(g) = f.group {
+        if ctx.leaders.get(&g).is_some_and(|l| l != path) {
+            return Ok(None);
+        }
+    }
+    let granularity = ctx.job.caps.granularity_ns;
+    if f.reuse
+        && live.is_some_and(|l| reuse(l, out, &e.name, &e.meta, granularity).unwrap_or(false))
+    {
+        ctx.reused.fetch_add(1, Ordering::Relaxed);
+        return Ok(Some(0));
+    }
+    let i = f.src as usize;
+    let hash = copy_file(ctx, i, srcs[i], out, e, path)?;
+    if let Node::File(f) = &mut e.node {
+        f.hash = Some(hash);
+        f.reuse = false;
+    }
+    ctx.copied.fetch_add(1, Ordering::Relaxed);
+    ctx.copied_bytes.fetch_add(e.meta.size, Ordering::Relaxed);
+    Ok(Some(e.meta.size))
 }
 
 /// Hardlink `name` from the live generation, then check what was linked:
@@ -324,28 +352,24 @@ fn sys_escape(p: &[u8]) -> String {
 /// symlink swapped in, a file edited in place) is unlinked and `false`
 /// returned, so the caller copies from the source instead.
 fn reuse(
-    live: BorrowedFd<'_>,
-    out: BorrowedFd<'_>,
+    live: &DirFd,
+    out: &DirFd,
     name: &[u8],
     meta: &Meta,
     granularity_ns: u64,
 ) -> io::Result<bool> {
-    if sys::link_at(live, name, out, name).is_err() {
+    if live.link(name, out, name).is_err() {
         return Ok(false);
     }
-    let st = sys::stat_at(out, name)?;
+    let st = out.stat(name)?;
     let ok = sys::kind_of(&st) == sys::StatKind::File
         && st.st_size as u64 == meta.size
         && st.st_mode & 0o7777 == meta.mode
         && crate::plan::mtime_eq(sys::mtime_of(&st).into(), meta.mtime, granularity_ns);
     if !ok {
-        sys::unlink_at(out, name)?;
+        out.unlink(name)?;
     }
     Ok(ok)
-}
-
-fn is_owner_refusal(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL))
 }
 
 /// Owner (softly: a refusal is counted), then mode, then times.
@@ -358,68 +382,79 @@ fn apply_meta(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, meta: &Meta) -> io::Result<()> 
             }
         }
     }
-    if let Err(e) = sys::set_meta_fd(fd, owner, Some(meta.mode), meta.mtime.pair()) {
-        if owner.is_none() || !is_owner_refusal(&e) {
-            return Err(e);
-        }
-        ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
-        sys::set_meta_fd(fd, None, Some(meta.mode), meta.mtime.pair())?;
-    }
-    Ok(())
+    set_meta(ctx, fd, owner, Some(meta.mode), meta)
 }
 
-/// Copy one file into staging, hashing its content; fails if the source
-/// changed or vanished while it was copied.
+/// `sys::set_meta_fd`; a refused owner is counted and the rest set without it.
+fn set_meta(
+    ctx: &Ctx<'_>,
+    fd: BorrowedFd<'_>,
+    owner: Option<(u32, u32)>,
+    mode: Option<u32>,
+    meta: &Meta,
+) -> io::Result<()> {
+    match sys::set_meta_fd(fd, owner, mode, meta.mtime.pair()) {
+        Err(e) if owner.is_some() && sys::is_owner_refusal(&e) => {
+            ctx.owner_refused();
+            sys::set_meta_fd(fd, None, Some(meta.mode), meta.mtime.pair())
+        }
+        res => res,
+    }
+}
+
+/// Copy file `e` of source `i` into staging, hashing its content; fails if
+/// the source changed or vanished while it was copied. `dir`: the source's
+/// handle on the file's directory, where it has one.
 fn copy_file(
     ctx: &Ctx<'_>,
-    src_dir: BorrowedFd<'_>,
-    out: BorrowedFd<'_>,
-    name: &[u8],
-    meta: &Meta,
-    scanned: &crate::tree::File,
-    shown: &str,
+    i: usize,
+    dir: Option<&DirFd>,
+    out: &DirFd,
+    e: &Entry,
+    path: &[u8],
 ) -> Result<[u8; 32]> {
-    let src = sys::open_read_at(src_dir, name).with_context(|| format!("cannot read {shown}"))?;
+    let source = ctx.job.sources[i];
+    let shown = display(source.label(), path);
+    let changed = || {
+        anyhow::anyhow!(
+            "{shown} changed while being copied; run the sync again once the source is stable"
+        )
+    };
+    let src = source::open_in(source, dir, &e.name, path)
+        .with_context(|| format!("cannot read {shown}"))?;
     // Swapped for another file, a FIFO or a device since the scan: do not read it.
-    let st = sys::fstat(src.as_fd()).with_context(|| format!("cannot stat {shown}"))?;
-    if sys::kind_of(&st) != sys::StatKind::File || st.st_ino != scanned.ino {
-        bail!("{shown} changed while being copied; run the sync again once the source is stable");
+    if !source
+        .unchanged(src.as_fd(), e)
+        .with_context(|| format!("cannot stat {shown}"))?
+    {
+        return Err(changed());
     }
     sys::pause_point("copy-file");
-    let dst = sys::create_excl_at(out, name)
+    let dst = out
+        .create_excl(&e.name)
         .with_context(|| format!("cannot create {shown} in staging"))?;
+    let meta = &e.meta;
     let copied = if meta.size <= SMALL {
         copy_small(src.as_fd(), dst.as_fd(), meta.size)
     } else {
-        copy_large(src.as_fd(), dst.as_fd(), ctx.job.durable)
+        copy_large(src.as_fd(), dst.as_fd(), ctx.job.caps.flush.durable())
     };
     // A copy cut short by SIGINT/SIGTERM is an interruption, not an I/O error.
     check_signal()?;
     let (hash, n) = copied.with_context(|| format!("cannot copy {shown} into staging"))?;
-    let st = sys::fstat(src.as_fd()).with_context(|| format!("cannot stat {shown}"))?;
     if n != meta.size
-        || st.st_size as u64 != meta.size
-        || st.st_ino != scanned.ino
-        || sys::mtime_of(&st) != meta.mtime.pair()
-        || sys::ctime_of(&st) != scanned.ctime
+        || !source
+            .unchanged(src.as_fd(), e)
+            .with_context(|| format!("cannot stat {shown}"))?
     {
-        bail!("{shown} changed while being copied; run the sync again once the source is stable");
+        return Err(changed());
     }
     // A new file is ours already: chown only when the owner differs.
     let owner = (ctx.job.owners && (meta.uid, meta.gid) != (sys::euid(), sys::egid()))
         .then_some((meta.uid, meta.gid));
-    if let Err(e) = sys::set_meta_fd(
-        dst.as_fd(),
-        owner,
-        (meta.mode != 0o600 || owner.is_some()).then_some(meta.mode),
-        meta.mtime.pair(),
-    ) {
-        if owner.is_none() || !is_owner_refusal(&e) {
-            return Err(e).with_context(|| format!("cannot set metadata of {shown} in staging"));
-        }
-        ctx.owner_failures.fetch_add(1, Ordering::Relaxed);
-        sys::set_meta_fd(dst.as_fd(), None, Some(meta.mode), meta.mtime.pair())?;
-    }
+    let mode = (meta.mode != 0o600 || owner.is_some()).then_some(meta.mode);
+    set_meta(ctx, dst.as_fd(), owner, mode, meta)
+        .with_context(|| format!("cannot set metadata of {shown} in staging"))?;
     ctx.flush(dst.as_fd())
         .with_context(|| format!("cannot flush {shown} in staging"))?;
     sys::crash_point("copied-file");
@@ -558,7 +593,7 @@ fn hash_range(
 
 /// Second pass: link every hardlink follower to its leader, then set the
 /// metadata of the directories that hold followers (linking changed their mtime).
-fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: BorrowedFd<'_>) -> Result<()> {
+fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: &DirFd) -> Result<()> {
     if ctx.late_dirs.is_empty() {
         return Ok(());
     }
@@ -567,33 +602,33 @@ fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: BorrowedFd<'_>) -> Result<()>
     for dir in dirs {
         let (entries, meta) =
             find_dir(tree, dir).context("hardlink directory vanished from the plan")?;
-        let dfd = open_path(out, dir)?;
+        let dfd = open_staged(out, dir)?;
         for e in entries {
-            if let Node::File(f) = &e.node {
-                let Some(g) = f.group else { continue };
-                let leader = &ctx.leaders[&g];
-                let path = join(dir, &e.name);
-                if *leader == path {
-                    continue;
-                }
-                let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
-                let lfd = open_path(out, ldir)?;
-                sys::link_at(lfd.as_fd(), lname, dfd.as_fd(), &e.name).with_context(|| {
+            let Node::File(f) = &e.node else { continue };
+            let Some(g) = f.group else { continue };
+            let leader = &ctx.leaders[&g];
+            let path = join(dir, &e.name);
+            if *leader == path {
+                continue;
+            }
+            let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
+            open_staged(out, ldir)?
+                .link(lname, &dfd, &e.name)
+                .with_context(|| {
                     format!(
                         "cannot hardlink {} to {} in staging",
-                        sys_escape(&path),
-                        sys_escape(leader)
+                        escape(&path),
+                        escape(leader)
                     )
                 })?;
-                ctx.job.reporter.advance(0);
-            }
+            ctx.job.reporter.advance(0);
         }
         if !dir.is_empty() {
             apply_meta(ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", sys_escape(dir)))?;
+                .with_context(|| format!("cannot set metadata of staged {}", escape(dir)))?;
         }
         ctx.flush(dfd.as_fd())
-            .with_context(|| format!("cannot flush staged directory {}", sys_escape(dir)))?;
+            .with_context(|| format!("cannot flush staged directory {}", escape(dir)))?;
     }
     Ok(())
 }
@@ -617,15 +652,128 @@ fn find_dir<'t>(tree: &'t Tree, path: &[u8]) -> Option<(&'t [Entry], Meta)> {
     Some((entries, meta))
 }
 
-/// Open a staged directory by walking its components without following links.
-fn open_path(root: BorrowedFd<'_>, path: &[u8]) -> Result<OwnedFd> {
-    let mut fd = sys::open_dir_at(root, b".")?;
-    if path.is_empty() {
-        return Ok(fd);
+/// A staged directory by its path, never through a symlink.
+fn open_staged(out: &DirFd, path: &[u8]) -> Result<DirFd> {
+    out.open_beneath(path)
+        .with_context(|| format!("cannot open staged {}", escape(path)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::Collected;
+    use crate::scan::Filter;
+    use crate::source::Dir;
+    use std::path::Path;
+
+    /// A source that is not a directory on disk: no `root`, so the stage
+    /// must open every file through `open_file`, as an archive's would be.
+    struct Rootless(Dir);
+
+    impl Source for Rootless {
+        fn label(&self) -> &str {
+            self.0.label()
+        }
+        fn path(&self) -> Option<&Path> {
+            None
+        }
+        fn identity(&self) -> String {
+            self.0.identity()
+        }
+        fn scan(&self, src: u16, filter: &Filter, r: &dyn Reporter) -> Result<Tree> {
+            self.0.scan(src, filter, r)
+        }
+        fn root(&self) -> Option<&DirFd> {
+            None
+        }
+        fn open_file(&self, path: &[u8]) -> io::Result<std::os::fd::OwnedFd> {
+            self.0.open_file(path)
+        }
     }
-    for part in path.split(|&b| b == b'/') {
-        fd = sys::open_dir_at(fd.as_fd(), part)
-            .with_context(|| format!("cannot open staged {}", sys_escape(path)))?;
+
+    fn stage(sources: &[&dyn Source], flush: Flush) -> (tempfile::TempDir, Staged, Tree) {
+        let mut tree =
+            crate::scan::run(sources, &Filter::default(), &Collected::default()).expect("scan");
+        let vol = tempfile::tempdir().unwrap();
+        let staging = DirFd::open_path(vol.path()).unwrap();
+        let reporter = Collected::default();
+        let job = Job {
+            sources,
+            live: None,
+            owners: false,
+            reporter: &reporter,
+            caps: Caps {
+                flush,
+                ..Caps::default()
+            },
+            heartbeat: None,
+        };
+        let staged = run(&job, &mut tree, &staging).expect("stage");
+        (vol, staged, tree)
     }
-    Ok(fd)
+
+    fn source_tree() -> tempfile::TempDir {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(t.path().join("a/b")).unwrap();
+        std::fs::write(t.path().join("a/b/f"), "from the first").unwrap();
+        std::fs::write(t.path().join("top"), vec![7u8; (SMALL + 5) as usize]).unwrap();
+        std::os::unix::fs::symlink("b/f", t.path().join("a/l")).unwrap();
+        t
+    }
+
+    #[test]
+    fn a_source_without_a_directory_is_staged_through_open_file() {
+        let (one, two) = (source_tree(), tempfile::tempdir().unwrap());
+        std::fs::create_dir(two.path().join("a")).unwrap();
+        std::fs::write(two.path().join("a/only-two"), "second").unwrap();
+        let first = Dir::new(DirFd::open_path(one.path()).unwrap(), "one");
+        let second = Rootless(Dir::new(DirFd::open_path(two.path()).unwrap(), "two"));
+        let (vol, staged, tree) = stage(&[&first, &second], Flush::Nothing);
+        let out = vol.path().join("tree");
+        assert_eq!(std::fs::read(out.join("a/b/f")).unwrap(), b"from the first");
+        assert_eq!(std::fs::read(out.join("a/only-two")).unwrap(), b"second");
+        assert_eq!(
+            std::fs::read(out.join("top")).unwrap().len() as u64,
+            SMALL + 5
+        );
+        assert_eq!(
+            std::fs::read_link(out.join("a/l")).unwrap(),
+            Path::new("b/f")
+        );
+        assert_eq!((staged.copied, staged.reused), (3, 0));
+        let mut hashed = 0;
+        tree.for_each(&mut |_, e| {
+            if let Node::File(f) = &e.node {
+                assert!(f.hash.is_some());
+                hashed += 1;
+            }
+        });
+        assert_eq!(hashed, 3);
+    }
+
+    #[test]
+    fn a_file_written_to_after_the_scan_is_not_staged() {
+        let src = source_tree();
+        let dir = Dir::new(DirFd::open_path(src.path()).unwrap(), "src");
+        let sources: [&dyn Source; 1] = [&dir];
+        let mut tree =
+            crate::scan::run(&sources, &Filter::default(), &Collected::default()).unwrap();
+        std::fs::write(src.path().join("a/b/f"), "from the first!").unwrap();
+        let vol = tempfile::tempdir().unwrap();
+        let staging = DirFd::open_path(vol.path()).unwrap();
+        let reporter = Collected::default();
+        let job = Job {
+            sources: &sources,
+            live: None,
+            owners: false,
+            reporter: &reporter,
+            caps: Caps::default(),
+            heartbeat: None,
+        };
+        let err = run(&job, &mut tree, &staging).unwrap_err();
+        assert!(
+            format!("{err:#}").contains("src/a/b/f changed while being copied"),
+            "{err:#}"
+        );
+    }
 }

@@ -13,8 +13,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use anyhow::{Context, Result};
 
 use crate::manifest::hex;
-use crate::scan::{self, Filter, Warnings};
-use crate::sys;
+use crate::report::Collected;
+use crate::scan::{self, Filter};
+use crate::source::{Dir, Source};
+use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 
 /// One way the tree on disk differs from its manifest.
@@ -75,33 +77,21 @@ impl Rules {
 /// Read the tree below `root`, hash every file (in parallel) and compare it
 /// with `expected`. `label` names the root in messages.
 pub fn run(root: &OwnedFd, label: &str, expected: &Tree, rules: Rules) -> Result<Vec<Difference>> {
-    let warn = Warnings::default();
-    let mut found = scan::run(
-        std::os::fd::AsFd::as_fd(root),
+    let dir = Dir::new(
+        DirFd::from_owned(root.try_clone().context("cannot duplicate a handle")?),
         label,
-        0,
-        &Filter::default(),
-        &warn,
-    )?;
-    let roots = vec![Some(root.try_clone().context("cannot duplicate a handle")?)];
-    scan::hash(&mut found, &roots, &[label.to_string()], &|e| {
-        matches!(e.node, Node::File(_))
-    })?;
+    );
+    let seen = Collected::default();
+    let mut found = dir.scan(0, &Filter::default(), &seen)?;
+    scan::hash(&mut found, &[&dir], &|e| matches!(e.node, Node::File(_)))?;
     let mut diffs = compare(expected, &found, rules);
     // What scan skipped (a FIFO, a socket) is in no manifest: extra.
-    // The warning reads "skipping <kind> <label>/<path>".
-    let prefix = format!("{}/", label.trim_end_matches('/'));
-    for w in warn.take() {
-        let body = w.strip_prefix("skipping ").unwrap_or(&w);
-        let (kind, path) = match body.find(&prefix) {
-            Some(i) => (body[..i].trim_end(), &body[i + prefix.len()..]),
-            None => ("special file", body),
-        };
+    for s in seen.take_skipped() {
         diffs.push(Difference {
             what: "extra",
-            path: path.as_bytes().to_vec(),
+            path: s.path,
             expected: None,
-            found: Some(kind.to_string()),
+            found: Some(s.what),
         });
     }
     Ok(diffs)

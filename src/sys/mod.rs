@@ -648,3 +648,20 @@ pub fn pause_point(_point: &str) {
         }
     }
 }
+
+/// Metadata of a path the user named (a SOURCE), following symlinks.
+pub fn stat_path(path: &std::path::Path) -> io::Result<Stat> {
+    Ok(rfs::stat(path)?)
+}
+
+/// A path the user named, absolute and without symlinks or `..`: to tell
+/// whether DEST lies inside a SOURCE, and to record the SOURCE.
+pub fn canonical(path: &std::path::Path) -> io::Result<std::path::PathBuf> {
+    std::fs::canonicalize(path)
+}
+
+/// Whether setting an owner failed because the volume or the user may not
+/// (not root, root_squash, an id the filesystem cannot store): a soft failure.
+pub fn is_owner_refusal(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL))
+}

@@ -595,3 +595,50 @@ fn completions_are_committed_and_current() {
         );
     }
 }
+
+/// `--no-fsync` flushes nothing, even where a durable sync fsyncs every
+/// staged file and directory (FUSE, where `syncfs` does not flush; forced
+/// here on a local directory with the fault build's PACKSYNC_TEST_FLUSH).
+/// Counted with strace, as a user checking the flag would.
+#[test]
+fn no_fsync_flushes_nothing_even_where_each_file_is_fsynced() {
+    if !cfg!(feature = "fault-injection") {
+        eprintln!("skipped: needs --features fault-injection (PACKSYNC_TEST_FLUSH)");
+        return;
+    }
+    if std::process::Command::new("strace")
+        .arg("-V")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no strace");
+        return;
+    }
+    let f = Fixture::new();
+    for i in 0..20 {
+        f.file(&format!("pack/f{i}"), "x");
+    }
+    let flushes = |dest: &str, extra: &[&str]| -> u64 {
+        let log = f.path("strace.txt");
+        let out = std::process::Command::new("strace")
+            .args(["-f", "-c", "-e", "trace=fsync,fdatasync,syncfs", "-o"])
+            .arg(&log)
+            .arg(crate::fixture::bin())
+            .args(["sync", "-q"])
+            .args(extra)
+            .args(["src", dest])
+            .env("PACKSYNC_TEST_FLUSH", "each")
+            .current_dir(f.dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        // The `total` row's third column is the number of calls.
+        let text = fs::read_to_string(&log).unwrap();
+        text.lines()
+            .find(|l| l.ends_with(" total"))
+            .map_or(0, |l| l.split_whitespace().nth(3).unwrap().parse().unwrap())
+    };
+    let durable = flushes("vol/durable", &[]);
+    assert!(durable >= 21, "each file and directory fsynced: {durable}");
+    assert_eq!(flushes("vol/fast", &["--no-fsync"]), 0);
+}
