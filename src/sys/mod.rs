@@ -582,8 +582,8 @@ pub fn ctime_of(st: &Stat) -> u64 {
     (s as u64).wrapping_mul(1_000_000_000).wrapping_add(ns)
 }
 
-pub mod forward;
 mod dirfd;
+pub mod forward;
 pub use dirfd::{component, DirFd};
 
 /// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
@@ -646,5 +646,35 @@ pub fn pause_point(_point: &str) {
         while !std::path::Path::new(path).exists() && signals::pending().is_none() {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+    }
+}
+
+/// Metadata of a path the user named, following symlinks (a SOURCE).
+pub fn stat_path(path: &std::path::Path) -> io::Result<Stat> {
+    Ok(rfs::stat(path)?)
+}
+
+/// The absolute path without symlinks of a path the user named, to compare
+/// SOURCE and DEST (`DEST is inside SOURCE`).
+pub fn canonicalize(path: &std::path::Path) -> io::Result<std::path::PathBuf> {
+    std::fs::canonicalize(path)
+}
+
+/// The whole text of a file the user named (`--exclude-from`).
+pub fn read_text(path: &std::path::Path) -> io::Result<String> {
+    std::fs::read_to_string(path)
+}
+
+/// Set the file mode creation mask; the previous one.
+pub fn set_umask(mode: u32) -> u32 {
+    rustix::process::umask(Mode::from_raw_mode(mode)).as_raw_mode()
+}
+
+/// `SIGINT` / `SIGTERM` by name, for messages.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "a signal",
     }
 }

@@ -50,7 +50,7 @@ fn symlinks_planted_in_the_volume_are_never_followed() {
     ok(sync(&a, &f.dest(), &[]));
     let live = fs::canonicalize(f.dest()).unwrap();
     let st = f.state();
-    let me = packsync::volume::host_tag();
+    let me = packsync::host_tag();
     let dead = format!("{me}-{}-0123456789abcdef", dead_pid());
     // In the live generation, a directory its manifest lists.
     fs::remove_dir_all(live.join("d3")).unwrap();
