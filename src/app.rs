@@ -83,9 +83,9 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let (vol, dest) = open_dest(cfg, &sources)?;
     let output = Output::of(cfg.json, cfg.quiet);
     let console = Console::new(output, cfg.progress.unwrap_or_else(sys::stderr_is_tty));
-    let warnings = Warnings::default();
 
     // Scan the sources and the live generation at the same time.
+    let warnings = Warnings::default();
     let state = vol.state(false)?;
     let (tree, live) = rayon::join(
         || sources.scan(&cfg.filter, &warnings),
@@ -99,51 +99,20 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
 
     let plan = plan(cfg, &mut tree, &mut live, &sources, &vol, owners)?;
     let fanout = guards(cfg, &vol, &tree, &plan, &live)?;
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.clone());
-    // A new label on the same content is a new generation (the label is part of it).
-    let up_to_date = plan.up_to_date()
-        && live.gen.is_some()
-        && (cfg.label.is_none() || cfg.label_text() == live_label.as_deref());
-    let mut summary = Summary {
-        dest: vol.display.clone(),
-        entries: tree.count(),
-        bytes: tree.bytes(),
-        added: plan.added,
-        changed: plan.changed,
-        deleted: plan.deleted,
-        previous: live.gen.clone(),
-        label: cfg.label_text().map(str::to_string),
-        dry_run: cfg.dry_run,
-        ..Default::default()
-    };
+    let up_to_date = up_to_date(cfg, &plan, &live);
+    let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
     if cfg.itemize {
         report::itemize(&plan, output, &mut summary);
     }
     for w in warnings.take() {
         console.warn(&w);
     }
-    let policy = Policy {
-        keep: cfg.keep,
-        grace: cfg.grace,
-        stale: config::STALE_STAGE,
-    };
-    if cfg.dry_run {
-        summary.status = if up_to_date {
-            "up to date"
-        } else {
-            "would sync"
-        };
-        summary.generation = live.gen.clone();
-        (summary.copied, summary.copied_bytes) = (plan.copied, plan.copied_bytes);
-        summary.reused = plan.reused;
-        return report::finish(summary, &console, start, output);
-    }
-    if up_to_date {
-        summary.status = "up to date";
-        summary.generation = live.gen.clone();
+    if cfg.dry_run || up_to_date {
         return match &state {
-            Some(state) => settle(cfg, &vol, state, fanout, &policy, summary, &console, start),
-            None => report::finish(summary, &console, start, output),
+            Some(state) if !cfg.dry_run => {
+                settle(cfg, &vol, state, fanout, summary, &console, start)
+            }
+            _ => report::finish(summary, &console, start, output),
         };
     }
 
@@ -157,11 +126,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let swap = swap_for(&dest, cfg, &vol, &staging)?;
     let out = staging.make_tree()?;
     let caps = crate::caps::probe(staging.fd()).with_context(|| {
-        format!(
-            "cannot probe the volume at {}/stage/{}",
-            state.path.display(),
-            staging.name
-        )
+        let at = format!("{}/stage/{}", state.path.display(), staging.name);
+        format!("cannot probe the volume at {at}")
     })?;
     console.begin(tree.count(), plan.copied_bytes);
     let job = stage::Job {
@@ -177,27 +143,84 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let staged = stage::run(&job, &mut tree, out.as_fd())?;
     console.finish();
     let owners = owners && staged.owner_failures == 0;
+    let mut manifest = manifest_of(cfg, &sources, owners, &caps, tree);
     if cfg.verify {
-        let rules = verify::Rules {
-            owners,
-            granularity_ns: caps.granularity_ns,
-            link_meta: caps.link_meta,
-            hardlinks: caps.hardlinks,
-        };
-        verify::staged(out.as_fd(), &tree, rules)?;
+        let rules = verify::Rules::of(&manifest);
+        verify::staged(out.as_fd(), &manifest.tree, rules)?;
     }
     drop(out);
-    (summary.copied, summary.copied_bytes) = (staged.copied, staged.copied_bytes);
-    summary.reused = staged.reused;
-    if staged.owner_failures > 0 {
-        console.warn(&format!(
-            "could not set the owner of {} entries (not root, or the volume squashes root)",
-            staged.owner_failures
-        ));
-    }
+    note_staged(&mut summary, &staged, &console);
 
     // Commit: name the tree by its digest and publish it in one rename.
-    let mut manifest = Manifest {
+    let opts = commit::Options {
+        fsync: cfg.fsync,
+        swap,
+    };
+    let old = live.gen.as_deref();
+    let gen = commit::run(&vol, &state, &staging, &mut manifest, old, &opts, cfg.adopt)?;
+    drop(staging);
+
+    // Retire what no reader may still need, then report.
+    summary.status = "synced";
+    summary.generation = Some(gen.name.clone());
+    summary.retired = collect(cfg, &vol, &state, &console);
+    finish_with_hook(cfg, &vol, &state, &gen.name, summary, &console, start)
+}
+
+/// Nothing to stage: the live generation is the planned tree, under the
+/// same label (a new label on the same content is a new generation).
+fn up_to_date(cfg: &SyncConfig, plan: &Plan, live: &Live) -> bool {
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    plan.up_to_date()
+        && live.gen.is_some()
+        && (cfg.label.is_none() || cfg.label_text() == live_label)
+}
+
+/// The summary as planned: "up to date", or what a dry run would do, or
+/// counts that staging completes (`note_staged`).
+fn summary_of(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    tree: &Tree,
+    plan: &Plan,
+    live: &Live,
+    up_to_date: bool,
+) -> Summary {
+    let mut s = Summary {
+        dest: vol.display.clone(),
+        entries: tree.count(),
+        bytes: tree.bytes(),
+        added: plan.added,
+        changed: plan.changed,
+        deleted: plan.deleted,
+        previous: live.gen.clone(),
+        label: cfg.label_text().map(str::to_string),
+        dry_run: cfg.dry_run,
+        ..Default::default()
+    };
+    if up_to_date || cfg.dry_run {
+        s.status = if up_to_date {
+            "up to date"
+        } else {
+            "would sync"
+        };
+        s.generation = live.gen.clone();
+    }
+    if cfg.dry_run {
+        (s.copied, s.copied_bytes, s.reused) = (plan.copied, plan.copied_bytes, plan.reused);
+    }
+    s
+}
+
+/// The manifest of the staged tree, before commit seals it with its digest.
+fn manifest_of(
+    cfg: &SyncConfig,
+    sources: &Sources,
+    owners: bool,
+    caps: &crate::caps::Caps,
+    tree: Tree,
+) -> Manifest {
+    Manifest {
         label: cfg.label_text().map(str::to_string),
         created: clock::now_pair(),
         host: sys::hostname(),
@@ -212,20 +235,20 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         hardlinks: caps.hardlinks,
         digest: String::new(),
         tree,
-    };
-    let opts = commit::Options {
-        fsync: cfg.fsync,
-        swap,
-    };
-    let old = live.gen.as_deref();
-    let gen = commit::run(&vol, &state, &staging, &mut manifest, old, &opts, cfg.adopt)?;
-    drop(staging);
+    }
+}
 
-    // Retire what no reader may still need, then report.
-    summary.status = "synced";
-    summary.generation = Some(gen.name.clone());
-    summary.retired = collect(&vol, &state, &policy, &console);
-    finish_with_hook(cfg, &vol, &state, &gen.name, summary, &console, start)
+/// What staging did, into the summary; owners it could not set are a warning.
+fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console) {
+    summary.copied = staged.copied;
+    summary.copied_bytes = staged.copied_bytes;
+    summary.reused = staged.reused;
+    if staged.owner_failures > 0 {
+        console.warn(&format!(
+            "could not set the owner of {} entries (not root, or the volume squashes root)",
+            staged.owner_failures
+        ));
+    }
 }
 
 /// The SOURCEs, each opened once: what is scanned is what is staged from.
@@ -374,7 +397,7 @@ struct Live {
     manifest: Option<Manifest>,
     /// The rest of the live manifest, while its hashes are not attached yet:
     /// only a sync that stages anything reads it.
-    rest: Option<std::io::BufReader<std::fs::File>>,
+    rest: Option<Box<dyn std::io::BufRead + Send>>,
 }
 
 impl Live {
@@ -422,11 +445,11 @@ fn load_live(
             };
             tree.assign_groups_by_inode();
             // A missing or unreadable manifest only costs reuse: every file is copied.
-            let mut rest = None;
+            let mut rest: Option<Box<dyn std::io::BufRead + Send>> = None;
             let manifest = state.manifest_reader(gen).ok().and_then(|(mut r, _)| {
                 let header = Manifest::read_header(&mut r).ok()?;
                 if lazy && header.hardlinks {
-                    rest = Some(r);
+                    rest = Some(Box::new(r));
                 } else {
                     attach_manifest(&mut tree, &mut r, &header).ok()?;
                 }
@@ -659,13 +682,11 @@ fn swap_for(dest: &Dest, cfg: &SyncConfig, vol: &Volume, staging: &Stage) -> Res
 /// An up-to-date sync writes no generation, but repairs fanout links that
 /// do not match the live one, collects, and runs `--exec-after` again where
 /// it failed on (or never ran on) the live generation.
-#[allow(clippy::too_many_arguments)]
 fn settle(
     cfg: &SyncConfig,
     vol: &Volume,
     state: &State,
     fanout: Option<layout::fanout::Check>,
-    policy: &Policy,
     mut summary: Summary,
     console: &Console,
     start: Instant,
@@ -675,7 +696,7 @@ fn settle(
             console.warn(&w);
         }
     }
-    summary.retired = collect(vol, state, policy, console);
+    summary.retired = collect(cfg, vol, state, console);
     let gen = summary
         .generation
         .clone()
@@ -688,8 +709,13 @@ fn settle(
 
 /// Garbage collection after a sync: its failure is a warning, as the sync
 /// itself is done and the next run collects again.
-fn collect(vol: &Volume, state: &State, policy: &Policy, console: &Console) -> Vec<String> {
-    match retire::run(vol, state, policy, None) {
+fn collect(cfg: &SyncConfig, vol: &Volume, state: &State, console: &Console) -> Vec<String> {
+    let policy = Policy {
+        keep: cfg.keep,
+        grace: cfg.grace,
+        stale: config::STALE_STAGE,
+    };
+    match retire::run(vol, state, &policy, None) {
         Ok(r) => r.removed,
         Err(e) => {
             console.warn(&format!("garbage collection left for the next run: {e:#}"));
