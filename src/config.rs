@@ -171,10 +171,10 @@ pub struct Timeout {
     pub text: String,
 }
 
-/// `30s`, `10m`, `2h`, `1d`, `500ms`, decimals such as `1.5h`, or plain
-/// seconds (`0`, `90`, `2.5`): one number and one unit as `humantime`
-/// reads them (`15min` and `1week` too), no spaces inside, at most
-/// `MAX_DURATION`.
+/// `30s`, `10m`, `2h`, `1d`, `500ms`, decimals such as `1.5h`, plain
+/// seconds (`0`, `90`, `2.5`), or parts together (`1h30m`), as `humantime`
+/// reads them (`15min` and `1week` too); no spaces inside (`15 minutes` is
+/// refused, as it always was), at most `MAX_DURATION`.
 pub fn parse_duration(s: &str) -> Result<Duration> {
     const EXPECTED: &str = "expected a number with a unit such as 30s, 10m, 2h";
     let s = s.trim();
@@ -234,6 +234,8 @@ mod tests {
         assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration(" 15m ").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("15min").unwrap(), Duration::from_secs(900));
         for bad in ["", " ", "m", "10x", "-1s", "1.2.3s", "15 minutes", "1h 30m"] {
             assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
