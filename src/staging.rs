@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use anyhow::{Context, Result};
 
-use crate::sys::{self, DirFd};
+use crate::sys::DirFd;
 use crate::volume::{unique_name, State};
 
 /// One writer's staging directory; removed when dropped (or by `remove`).
@@ -85,7 +85,7 @@ impl Stage {
     /// does the same, once).
     pub fn remove(&mut self) {
         if !std::mem::replace(&mut self.removed, true) {
-            let _ = sys::remove_tree_at(self.parent.as_fd(), self.name.as_bytes());
+            let _ = self.parent.remove_tree(self.name.as_bytes());
         }
     }
 }
