@@ -59,7 +59,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-progress
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-empty -d 'Allow an empty source to replace a non-empty tree'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-downgrade -d 'Publish even if --label orders below the live generation\'s label'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l adopt -d 'With --layout fanout: take over entries packsync did not create'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-fsync -d 'Skip flushing to disk (faster, not crash-safe)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-fsync -d 'Flush nothing to disk, on any filesystem: no fsync or syncfs of the staged files and directories, the manifest, gen/, meta/ or the published link (faster; a crash or power loss may leave the live generation empty or missing on disk)'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify -d 'Re-read the staged tree and compare with the source hashes before publishing'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l mkpath -d 'Create DEST\'s parent directories'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l migrate -d 'Take over a directory at DEST even where that leaves DEST missing for an instant'

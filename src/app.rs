@@ -1,44 +1,51 @@
-//! The pipeline: the only file that knows the order of the stages.
+//! The pipeline: the only file that knows the order of the stages, and the
+//! owner of the thread pool (rayon's global one).
 //!
-//! validate → scan sources (+ live tree) → plan → guards → stage → commit →
-//! retire, and the reporting around it. Owns the thread pool (rayon's global one).
+//! `sync` reads as the story of one sync: validate → scan (sources and the
+//! live tree) → plan → guards → stage → verify → commit → retire → report,
+//! each step a call through its module. The functions below it are the
+//! joints between stages that belong to none of them: opening what the
+//! command line named, reading the live generation back, giving the tree
+//! its owners. Every other command is one call into `ops`.
 
+use std::collections::HashSet;
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use anyhow::{Context, Result};
 
+use crate::clock;
 use crate::commit::{self, Swap};
-use crate::config::{self, Command, Config, Layout, SyncConfig};
+use crate::config::{self, Command, Config, Layout, Owner, SyncConfig};
 use crate::error;
 use crate::layout;
 use crate::manifest::Manifest;
 use crate::ops;
 use crate::plan::{self, Compare, Plan};
-use crate::report::Collected;
-use crate::report::{self, Progress, Quiet, Reporter};
+use crate::report::{self, Collected, Console, Output, Reporter, Summary};
 use crate::retire::{self, Policy};
 use crate::scan::{self, Filter};
 use crate::source::{self, Source};
 use crate::stage;
-use crate::sys;
+use crate::staging::Stage;
+use crate::sys::{self, DirFd};
 use crate::tree::{Node, Tree};
-use crate::volume::{Dest, Stage, State, Volume};
+use crate::verify;
+use crate::volume::{Dest, State, Volume};
 
 /// Run a command; the exit status on success.
 pub fn run(cfg: Config) -> Result<i32> {
     init_pool();
     sys::signals::install();
     sys::raise_fd_limit();
-    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o022));
+    sys::set_umask(0o022);
     match cfg.command {
         Command::Sync(s) => sync(&s),
         Command::Completions { shell } => {
             crate::cli::completions(shell, &mut std::io::stdout());
             Ok(0)
         }
-        Command::Gc { dest, keep, grace } => gc(&dest, keep, &grace),
+        Command::Gc { dest, keep, grace } => ops::gc::run(&dest, keep, grace),
         Command::Status { dest, json, slot } => ops::status::run(&dest, slot.as_deref(), json),
         Command::Verify { dest, json, slot } => ops::verify::run(&dest, slot.as_deref(), json),
         Command::Rollback { dest, to, slot } => {
@@ -49,7 +56,7 @@ pub fn run(cfg: Config) -> Result<i32> {
             timeout,
             label,
             slot,
-        } => ops::wait::run(&dest, slot.as_deref(), timeout.as_deref(), label.as_deref()),
+        } => ops::wait::run(&dest, slot.as_deref(), timeout.as_ref(), label.as_deref()),
         Command::Exec { dest, cmd, slot } => ops::exec::run(&dest, slot.as_deref(), &cmd),
     }
 }
@@ -69,53 +76,233 @@ fn init_pool() {
         .build_global();
 }
 
-/// What a sync did, for the summary line and `--json`.
-#[derive(serde::Serialize, Default)]
-pub struct Summary {
-    pub dest: String,
-    pub status: &'static str,
-    pub generation: Option<String>,
-    pub previous: Option<String>,
-    pub label: Option<String>,
-    pub entries: u64,
-    pub bytes: u64,
-    pub added: u64,
-    pub changed: u64,
-    pub deleted: u64,
-    pub copied: u64,
-    pub copied_bytes: u64,
-    pub reused: u64,
-    pub retired: Vec<String>,
-    pub warnings: Vec<String>,
-    /// `--itemize` under `--json`: the lines `--itemize` prints without
-    /// `--json`, in the same order; the key is absent without `--itemize`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub changes: Option<Vec<Itemized>>,
-    /// `--exec-after`: what the hook did; `None` when it did not run (not
-    /// given, dry run, or up to date with a success on the live generation
-    /// already recorded).
-    pub exec_after: Option<ops::exec::After>,
-    pub seconds: f64,
-    pub dry_run: bool,
+fn sync(cfg: &SyncConfig) -> Result<i32> {
+    let start = Instant::now();
+    // Validate: nothing is written before the guards have passed.
+    let sources = Sources::open(cfg)?;
+    let (vol, dest) = open_dest(cfg, &sources)?;
+    let output = Output::of(cfg.json, cfg.quiet);
+    let console = Console::new(output, cfg.progress.unwrap_or_else(sys::stderr_is_tty));
+
+    // Scan the sources and the live generation at the same time.
+    let warnings = Collected::default();
+    let state = vol.state(false)?;
+    let (tree, live) = rayon::join(
+        || sources.scan(&cfg.filter, &warnings),
+        || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
+    );
+    let (mut tree, mut live) = (tree?, live?);
+    let owners = assign_owners(&mut tree, cfg.chown);
+    if let Some(rules) = &cfg.chmod {
+        rules.apply(&mut tree);
+    }
+
+    let plan = plan(cfg, &mut tree, &mut live, &sources, owners)?;
+    let fanout = guards(cfg, &vol, &tree, &plan, &live)?;
+    let up_to_date = up_to_date(cfg, &plan, &live);
+    let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
+    if cfg.itemize {
+        report::itemize(&plan, output, &mut summary);
+    }
+    for w in warnings.take_warnings() {
+        console.warn(&w);
+    }
+    if cfg.dry_run || up_to_date {
+        return match &state {
+            Some(state) if !cfg.dry_run => {
+                settle(cfg, &vol, state, fanout, summary, &console, start)
+            }
+            _ => report::finish(summary, &console, start, output),
+        };
+    }
+
+    // Stage into this writer's own directory, removed whatever happens next.
+    let fresh_state = state.is_none();
+    let state = vol.state(true)?.expect("created");
+    let mut staging = Stage::new(&state)?;
+    if vol.layout == Layout::Dir {
+        layout::dir::prepare(&vol, &state, &mut staging, fresh_state)?;
+    }
+    let swap = swap_for(&dest, cfg, &vol, &staging)?;
+    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+        let at = format!("{}/stage/{}", state.path.display(), staging.name);
+        format!("cannot probe the volume at {at}")
+    })?;
+    console.begin(tree.count(), plan.copied_bytes);
+    let job = stage::Job {
+        sources: &sources.refs(),
+        live: live.dir.as_ref().and_then(|d| d.root()),
+        owners,
+        reporter: &console,
+        caps,
+        heartbeat: Some(staging.dir()),
+    };
+    let staged = stage::run(&job, &mut tree, staging.dir())?;
+    console.finish();
+    let owners = owners && staged.owner_failures == 0;
+    let mut manifest = manifest_of(cfg, &sources, owners, &caps, tree);
+    if cfg.verify {
+        let rules = verify::Rules::of(&manifest);
+        verify::staged(staged.tree.as_fd(), &manifest.tree, rules)?;
+    }
+    note_staged(&mut summary, &staged, &console);
+    drop(staged); // closes the staged tree before it moves into gen/
+
+    // Commit: name the tree by its digest and publish it in one rename.
+    let opts = commit::Options {
+        fsync: cfg.fsync,
+        swap,
+    };
+    let old = live.gen.as_deref();
+    let gen = commit::run(&vol, &state, &staging, &mut manifest, old, &opts, cfg.adopt)?;
+    drop(staging);
+
+    // Retire what no reader may still need, then report.
+    summary.status = "synced";
+    summary.generation = Some(gen.name.clone());
+    summary.retired = collect(cfg, &vol, &state, &console);
+    finish_with_hook(cfg, &vol, &state, &gen.name, summary, &console, start)
 }
 
-/// One `--itemize` line as JSON: `{"change": "+", "path": "a/b.txt"}`.
-#[derive(serde::Serialize)]
-pub struct Itemized {
-    /// `+` added, `~` changed, `-` deleted.
-    pub change: char,
-    /// As the text line shows it: escaped by `report::escape` (as `verify
-    /// --json` paths are), a directory with a trailing `/`, `.` the root.
-    pub path: String,
+/// Nothing to stage: the live generation is the planned tree, under the
+/// same label (a new label on the same content is a new generation).
+fn up_to_date(cfg: &SyncConfig, plan: &Plan, live: &Live) -> bool {
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    plan.up_to_date()
+        && live.gen.is_some()
+        && (cfg.label.is_none() || cfg.label_text() == live_label)
+}
+
+/// The summary as planned: "up to date", or what a dry run would do, or
+/// counts that staging completes (`note_staged`).
+fn summary_of(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    tree: &Tree,
+    plan: &Plan,
+    live: &Live,
+    up_to_date: bool,
+) -> Summary {
+    let mut s = Summary {
+        dest: vol.display.clone(),
+        entries: tree.count(),
+        bytes: tree.bytes(),
+        added: plan.added,
+        changed: plan.changed,
+        deleted: plan.deleted,
+        previous: live.gen.clone(),
+        label: cfg.label_text().map(str::to_string),
+        dry_run: cfg.dry_run,
+        ..Default::default()
+    };
+    if up_to_date || cfg.dry_run {
+        s.status = if up_to_date {
+            "up to date"
+        } else {
+            "would sync"
+        };
+        s.generation = live.gen.clone();
+    }
+    if cfg.dry_run {
+        (s.copied, s.copied_bytes, s.reused) = (plan.copied, plan.copied_bytes, plan.reused);
+    }
+    s
+}
+
+/// The manifest of the staged tree, before commit seals it with its digest.
+fn manifest_of(
+    cfg: &SyncConfig,
+    sources: &Sources,
+    owners: bool,
+    caps: &crate::caps::Caps,
+    tree: Tree,
+) -> Manifest {
+    Manifest {
+        label: cfg.label_text().map(str::to_string),
+        created: clock::now_pair(),
+        host: sys::hostname(),
+        sources: sources.all.iter().map(|s| s.identity()).collect(),
+        owners,
+        granularity_ns: caps.granularity_ns,
+        link_meta: caps.link_meta,
+        hardlinks: caps.hardlinks,
+        digest: String::new(),
+        tree,
+    }
+}
+
+/// What staging did, into the summary; owners it could not set are a warning.
+fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console) {
+    summary.copied = staged.copied;
+    summary.copied_bytes = staged.copied_bytes;
+    summary.reused = staged.reused;
+    if staged.owner_failures > 0 {
+        console.warn(&format!(
+            "could not set the owner of {} entries (not root, or the volume squashes root)",
+            staged.owner_failures
+        ));
+    }
+}
+
+/// The SOURCEs, each opened once: what is scanned is what is staged from.
+struct Sources {
+    all: Vec<Box<dyn Source>>,
+}
+
+impl Sources {
+    /// Each SOURCE must be something `source::open` can read (exit 2 otherwise).
+    fn open(cfg: &SyncConfig) -> Result<Sources> {
+        Ok(Sources {
+            all: source::open_all(&cfg.sources)?,
+        })
+    }
+
+    fn refs(&self) -> Vec<&dyn Source> {
+        self.all.iter().map(|s| &**s).collect()
+    }
+
+    /// Scan every source (each in parallel inside) and overlay them in order.
+    fn scan(&self, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+        scan::run(&self.refs(), filter, reporter)
+    }
+}
+
+/// Open DEST's parent as the layout wants it, and refuse a DEST that a sync
+/// must not replace: one inside a SOURCE (or holding one), a file, a symlink
+/// packsync did not make, a directory with fanout.
+fn open_dest(cfg: &SyncConfig, sources: &Sources) -> Result<(Volume, Dest)> {
+    let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
+    check_overlap(&base, sources)?;
+    let vol = layout::open_for_sync(base, cfg)?;
+    let dest = vol.inspect()?;
+    let shown = &vol.display;
+    match &dest {
+        Dest::Directory | Dest::File if vol.layout == Layout::Fanout => Err(error::refused(format!(
+            "{shown}: {} is not a packsync link; remove it or choose another DEST",
+            sys::os(&vol.name).to_string_lossy()
+        ))),
+        Dest::File => Err(error::usage(format!(
+            "{shown}: DEST exists and is not a directory"
+        ))),
+        Dest::Foreign(t) => Err(error::refused(format!(
+            "{shown}: not a packsync destination (a symlink to {t}); remove it or choose another DEST"
+        ))),
+        _ => Ok((vol, dest)),
+    }
 }
 
 /// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
-fn check_overlap(vol: &Volume, sources: &[PathBuf], labels: &[String]) -> Result<()> {
-    let parent = std::fs::canonicalize(&vol.parent_path)
+fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
+    let parent = sys::canonicalize(&vol.parent_path)
         .with_context(|| format!("cannot resolve {}", vol.parent_path.display()))?;
     let dest = parent.join(sys::os(&vol.name));
     let state = parent.join(sys::os(&vol.state_name()));
-    for (src, label) in sources.iter().zip(labels) {
+    // Sources with a path on this host: DEST must not overlap them.
+    for (src, label) in sources
+        .all
+        .iter()
+        .filter_map(|s| Some((s.path()?, s.label())))
+    {
         if dest.starts_with(src) {
             return Err(error::usage(format!(
                 "{}: DEST is inside SOURCE {label}",
@@ -132,27 +319,32 @@ fn check_overlap(vol: &Volume, sources: &[PathBuf], labels: &[String]) -> Result
     Ok(())
 }
 
-fn load_rules(cfg: &SyncConfig) -> Result<Vec<String>> {
-    let mut rules = Vec::new();
-    for f in &cfg.exclude_from {
-        let text = std::fs::read_to_string(f).map_err(|e| {
-            error::usage(format!("{}: cannot read --exclude-from: {e}", f.display()))
-        })?;
-        rules.extend(
-            text.lines()
-                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-                .map(str::to_string),
-        );
-    }
-    rules.extend(cfg.rules.iter().cloned());
-    Ok(rules)
-}
-
-fn now() -> (i64, u32) {
-    let d = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    (d.as_secs() as i64, d.subsec_nanos())
+/// The owners the staged tree gets: `--chown`'s, the source's as root, else
+/// ours, with setuid/setgid bits dropped from files (they would mean
+/// something else on a file we cannot give its owner). Whether owners are
+/// mirrored (and so compared).
+fn assign_owners(tree: &mut Tree, chown: Option<Owner>) -> bool {
+    let (owner, mirrored) = match chown {
+        Some(o) => (o, true),
+        None if sys::euid() == 0 => return true,
+        None => (
+            Owner {
+                uid: sys::euid(),
+                gid: sys::egid(),
+            },
+            false,
+        ),
+    };
+    let own = |m: &mut crate::tree::Meta, is_dir: bool| {
+        m.uid = owner.uid;
+        m.gid = owner.gid;
+        if !mirrored && !is_dir {
+            m.mode &= !0o6000;
+        }
+    };
+    own(&mut tree.root, true);
+    tree.for_each_mut(&mut |_, e| own(&mut e.meta, matches!(e.node, Node::Dir(_))));
+    mirrored
 }
 
 /// The live tree as it is on the volume, with hashes from its manifest where
@@ -165,7 +357,20 @@ struct Live {
     manifest: Option<Manifest>,
     /// The rest of the live manifest, while its hashes are not attached yet:
     /// only a sync that stages anything reads it.
-    rest: Option<std::io::BufReader<std::fs::File>>,
+    rest: Option<Box<dyn std::io::BufRead + Send>>,
+}
+
+impl Live {
+    /// Nothing to compare with or reuse from (`gen`: what DEST pointed at).
+    fn nothing(gen: Option<String>) -> Live {
+        Live {
+            gen,
+            dir: None,
+            tree: None,
+            manifest: None,
+            rest: None,
+        }
+    }
 }
 
 /// `lazy`: leave the manifest's entries for `attach_manifest` later (not
@@ -184,7 +389,7 @@ fn load_live(
             })?;
             let opened = vol.open_generation(state, gen).and_then(|fd| {
                 let label = format!("{}/gen/{gen}", state.path.display());
-                let dir = source::Dir::new(sys::DirFd::from_owned(fd), label);
+                let dir = source::Dir::new(DirFd::from_owned(fd), label);
                 let tree = dir.scan(0, &Filter::default(), warn)?;
                 Ok((dir, tree))
             });
@@ -196,22 +401,16 @@ fn load_live(
                     warn.warn(&format!(
                         "cannot read the live generation {gen}, copying everything: {e:#}"
                     ));
-                    return Ok(Live {
-                        gen: Some(gen.clone()),
-                        dir: None,
-                        tree: None,
-                        manifest: None,
-                        rest: None,
-                    });
+                    return Ok(Live::nothing(Some(gen.clone())));
                 }
             };
             tree.assign_groups_by_inode();
             // A missing or unreadable manifest only costs reuse: every file is copied.
-            let mut rest = None;
+            let mut rest: Option<Box<dyn std::io::BufRead + Send>> = None;
             let manifest = state.manifest_reader(gen).ok().and_then(|(mut r, _)| {
                 let header = Manifest::read_header(&mut r).ok()?;
                 if lazy && header.hardlinks {
-                    rest = Some(r);
+                    rest = Some(Box::new(r));
                 } else {
                     attach_manifest(&mut tree, &mut r, &header).ok()?;
                 }
@@ -226,25 +425,17 @@ fn load_live(
             })
         }
         Dest::Directory => {
+            // Volume handles are still plain descriptors (the volume's to change).
             let fd = sys::open_dir_at(vol.parent.as_fd(), &vol.name)
                 .with_context(|| format!("cannot open {}", vol.display))?;
-            let dir = source::Dir::new(sys::DirFd::from_owned(fd), vol.display.clone());
+            let dir = source::Dir::new(DirFd::from_owned(fd), vol.display.clone());
             let tree = dir.scan(0, &Filter::default(), warn)?;
             Ok(Live {
-                gen: None,
-                dir: None,
                 tree: Some(tree),
-                manifest: None,
-                rest: None,
+                ..Live::nothing(None)
             })
         }
-        _ => Ok(Live {
-            gen: None,
-            dir: None,
-            tree: None,
-            manifest: None,
-            rest: None,
-        }),
+        _ => Ok(Live::nothing(None)),
     }
 }
 
@@ -298,127 +489,27 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
     }
 }
 
-fn sync(cfg: &SyncConfig) -> Result<i32> {
-    let start = Instant::now();
-    let grace = config::parse_duration(&cfg.grace)
-        .map_err(|e| crate::cli::bad_value("--grace", &cfg.grace, e))?;
-    let chown = match &cfg.chown {
-        Some(c) => {
-            Some(config::parse_owner(c).map_err(|e| crate::cli::bad_value("--chown", c, e))?)
-        }
-        None => None,
-    };
-    let chmod = match &cfg.chmod {
-        Some(r) => {
-            Some(crate::chmod::parse(r).map_err(|e| crate::cli::bad_value("--chmod", r, e))?)
-        }
-        None => None,
-    };
-    let version = crate::label::from_flag(cfg.label.as_deref(), cfg.allow_downgrade)?;
-    let rules = load_rules(cfg)?;
-    let filter = Filter::new(&rules).map_err(|e| error::usage(format!("{e:#}")))?;
-    let sources = source::open_all(&cfg.sources)?;
-    let sources: Vec<&dyn Source> = sources.iter().map(|s| &**s).collect();
-    // Sources with a path on this host: DEST must not overlap them.
-    let (canon, labels): (Vec<PathBuf>, Vec<String>) = sources
-        .iter()
-        .filter_map(|s| Some((s.path()?.to_path_buf(), s.label().to_string())))
-        .unzip();
-    let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
-    check_overlap(&base, &canon, &labels)?;
-    let vol = layout::open_for_sync(base, cfg)?;
-    let dest = vol.inspect()?;
-    match &dest {
-        Dest::Directory | Dest::File if vol.layout == Layout::Fanout => {
-            return Err(error::refused(format!(
-                "{}: {} is not a packsync link; remove it or choose another DEST",
-                vol.display,
-                sys::os(&vol.name).to_string_lossy()
-            )))
-        }
-        Dest::File => {
-            return Err(error::usage(format!(
-                "{}: DEST exists and is not a directory",
-                vol.display
-            )))
-        }
-        Dest::Foreign(t) => {
-            return Err(error::refused(format!(
-            "{}: not a packsync destination (a symlink to {t}); remove it or choose another DEST",
-            vol.display
-        )))
-        }
-        _ => {}
-    }
-    let quiet = Quiet {
-        show_warnings: true,
-    };
-    let progress =
-        Progress::new(cfg.progress.unwrap_or_else(sys::stderr_is_tty) && !cfg.quiet && !cfg.json);
-    let reporter: &dyn Reporter = if cfg.quiet || cfg.json {
-        &quiet
-    } else {
-        &progress
-    };
-    let warnings = Collected::default();
-
-    // Scan every source (each in parallel inside) and overlay them in order.
-    // Scan the sources and the live generation at the same time.
-    let state = vol.state(false)?;
-    let scan_sources = || scan::run(&sources, &filter, &warnings);
-    let (tree, live) = rayon::join(scan_sources, || {
-        load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum)
-    });
-    let (mut tree, live) = (tree?, live?);
-    let root = sys::euid() == 0;
-    let owners = root || chown.is_some();
-    if let Some((u, g)) = chown {
-        tree.root.uid = u;
-        tree.root.gid = g;
-        tree.for_each_mut(&mut |_, e| {
-            e.meta.uid = u;
-            e.meta.gid = g;
-        });
-    }
-    if !owners {
-        // Files will be ours: record that, and drop setuid/setgid bits on files,
-        // which would mean something else on a file we cannot give its owner.
-        let (uid, gid) = (sys::euid(), sys::egid());
-        let own = |m: &mut crate::tree::Meta, is_dir: bool| {
-            m.uid = uid;
-            m.gid = gid;
-            if !is_dir {
-                m.mode &= !0o6000;
-            }
-        };
-        own(&mut tree.root, true);
-        tree.for_each_mut(&mut |_, e| {
-            let d = matches!(e.node, Node::Dir(_));
-            own(&mut e.meta, d);
-        });
-    }
-    if let Some(rules) = &chmod {
-        rules.apply(&mut tree);
-    }
-    let granularity = live
-        .manifest
-        .as_ref()
-        .map(|m| m.granularity_ns)
-        .unwrap_or(1);
+/// Compare the source tree with the live one, marking what can be reused.
+/// `--checksum` hashes the candidates on both sides first; the live
+/// manifest's hashes are read only when something is to be staged.
+fn plan(
+    cfg: &SyncConfig,
+    tree: &mut Tree,
+    live: &mut Live,
+    sources: &Sources,
+    owners: bool,
+) -> Result<Plan> {
     let compare = Compare {
         owners,
         checksum: cfg.checksum,
-        granularity_ns: granularity,
+        granularity_ns: live.manifest.as_ref().map_or(1, |m| m.granularity_ns),
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {
-            hash_candidates(&mut tree, lt, &sources)?;
+            hash_candidates(tree, lt, sources)?;
         }
-    }
-    let mut live_tree = live.tree;
-    if cfg.checksum {
-        if let (Some(lt), Some(dir)) = (live_tree.as_mut(), live.dir.as_ref()) {
+        if let (Some(lt), Some(dir)) = (live.tree.as_mut(), live.dir.as_ref()) {
             scan::hash(lt, &[dir], &|e| matches!(e.node, Node::File(_)))?;
         }
     }
@@ -430,259 +521,62 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             plan::build_counted(tree, live, &compare)
         }
     };
-    let mut plan = plan_of(&mut tree, live_tree.as_ref());
+    let mut plan = plan_of(tree, live.tree.as_ref());
     // The live hashes only matter for reuse: a sync that turns out up to
     // date never reads past the manifest's header.
     if let (Some(mut rest), Some(header), Some(lt)) =
-        (live.rest, live.manifest.as_ref(), live_tree.as_mut())
+        (live.rest.take(), live.manifest.as_ref(), live.tree.as_mut())
     {
-        if !plan.up_to_date() || cfg.dry_run || (cfg.label.is_some() && cfg.label != header.label) {
+        let relabel = cfg.label.is_some() && cfg.label_text() != header.label.as_deref();
+        if !plan.up_to_date() || cfg.dry_run || relabel {
             // Entries that cannot be read only cost reuse: those files are copied.
             let _ = attach_manifest(lt, &mut rest, header);
-            plan = plan_of(&mut tree, Some(lt));
+            plan = plan_of(tree, Some(lt));
         }
     }
-
-    let mut summary = Summary {
-        dest: vol.display.clone(),
-        entries: tree.count(),
-        bytes: tree.bytes(),
-        added: plan.added,
-        changed: plan.changed,
-        deleted: plan.deleted,
-        previous: live.gen.clone(),
-        label: cfg.label.clone(),
-        dry_run: cfg.dry_run,
-        ..Default::default()
-    };
-    let live_nonempty = live_tree.as_ref().is_some_and(|t| !t.is_empty());
-    guards(cfg, &vol, &tree, &plan, live_nonempty)?;
-    // Fanout: other slots' entries and entries packsync did not make, before anything is written.
-    let fanout = if vol.layout == Layout::Fanout {
-        let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
-        let live_names: Option<Vec<&[u8]>> = live_tree
-            .as_ref()
-            .filter(|_| live.gen.is_some())
-            .map(|t| t.entries.iter().map(|e| &*e.name).collect());
-        Some(layout::fanout::check(
-            &vol,
-            &names,
-            live_names.as_deref(),
-            cfg.adopt,
-        )?)
-    } else {
-        None
-    };
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.clone());
-    crate::label::guard(
-        &vol.display,
-        cfg.label.as_deref(),
-        version.as_ref(),
-        live.gen.as_deref(),
-        live_label.as_deref(),
-    )?;
-    // A new label on the same content is a new generation (the label is part of it).
-    let up_to_date =
-        plan.up_to_date() && live.gen.is_some() && (cfg.label.is_none() || cfg.label == live_label);
-    // Under --json the lines go into the one object: stdout stays one JSON object.
-    if cfg.itemize {
-        if cfg.json {
-            summary.changes = Some(itemized(&plan).collect());
-        } else {
-            print_itemized(&plan);
-        }
-    }
-    for w in warnings.take_warnings() {
-        reporter.warn(&w);
-        summary.warnings.push(w);
-    }
-    let policy = Policy {
-        keep: cfg.keep,
-        grace,
-        stale: config::STALE_STAGE,
-    };
-    if cfg.dry_run {
-        summary.status = if up_to_date {
-            "up to date"
-        } else {
-            "would sync"
-        };
-        summary.generation = live.gen.clone();
-        summary.copied = plan.copied;
-        summary.copied_bytes = plan.copied_bytes;
-        summary.reused = plan.reused;
-        return finish(cfg, summary, start);
-    }
-    if up_to_date {
-        summary.status = "up to date";
-        summary.generation = live.gen.clone();
-        if let Some(state) = &state {
-            if let Some(check) = fanout.as_ref().filter(|c| c.repair || !c.adopt.is_empty()) {
-                for w in layout::fanout::repair(&vol, state, !check.adopt.is_empty())? {
-                    reporter.warn(&w);
-                    summary.warnings.push(w);
-                }
-            }
-            summary.retired = collect(&vol, state, &policy, reporter, &mut summary);
-            // A hook that failed on the live generation (or never ran on it) runs now.
-            let retry = live
-                .gen
-                .as_deref()
-                .filter(|g| cfg.exec_after.is_some() && !ops::exec::after_done(state, g));
-            if let Some(gen) = retry {
-                return finish_with_hook(cfg, &vol, state, gen, summary, start);
-            }
-        }
-        return finish(cfg, summary, start);
-    }
-
-    // Stage, commit, retire.
-    let fresh_state = state.is_none();
-    let state = vol.state(true)?.expect("created");
-    let swap = match dest {
-        Dest::Directory if cfg.migrate => Swap::Migrate,
-        Dest::Directory => Swap::Exchange,
-        _ => Swap::Link,
-    };
-    let mut stage = state.new_stage()?;
-    if vol.layout == Layout::Dir {
-        layout::dir::prepare(&vol, &state, &mut stage, fresh_state)?;
-    }
-    let result = (|| -> Result<commit::Generation> {
-        if swap == Swap::Exchange && vol.layout == Layout::Symlink {
-            probe_exchange(&stage).map_err(|_| {
-                error::refused(format!(
-                    "{}: is a directory and this filesystem cannot swap it atomically (no RENAME_EXCHANGE); \
-                     pass --migrate to take it over with DEST missing for an instant",
-                    vol.display
-                ))
-            })?;
-        }
-        let staging = sys::DirFd::from_owned(stage.fd.try_clone()?);
-        let caps = crate::caps::probe(&staging, cfg.fsync).with_context(|| {
-            format!(
-                "cannot probe the volume at {}/stage/{}",
-                state.path.display(),
-                stage.name
-            )
-        })?;
-        let granularity_ns = caps.granularity_ns;
-        reporter.begin(tree.count(), plan.copied_bytes);
-        let job = stage::Job {
-            sources: &sources,
-            live: live.dir.as_ref().and_then(|d| d.root()),
-            owners,
-            reporter,
-            caps,
-            heartbeat: Some(&staging),
-        };
-        let staged = stage::run(&job, &mut tree, &staging)?;
-        reporter.finish();
-        if cfg.verify {
-            let rules = crate::verify::Rules {
-                owners: owners && staged.owner_failures == 0,
-                granularity_ns,
-                link_meta: caps.link_meta,
-                hardlinks: caps.hardlinks,
-            };
-            crate::verify::staged(staged.tree.as_fd(), &tree, rules)?;
-        }
-        drop(staged.tree);
-        summary.copied = staged.copied;
-        summary.copied_bytes = staged.copied_bytes;
-        summary.reused = staged.reused;
-        if staged.owner_failures > 0 {
-            let w = format!(
-                "could not set the owner of {} entries (not root, or the volume squashes root)",
-                staged.owner_failures
-            );
-            reporter.warn(&w);
-            summary.warnings.push(w);
-        }
-        let mut manifest = Manifest {
-            label: cfg.label.clone(),
-            created: now(),
-            host: sys::hostname(),
-            sources: sources.iter().map(|s| s.identity()).collect(),
-            owners: owners && staged.owner_failures == 0,
-            granularity_ns,
-            link_meta: caps.link_meta,
-            hardlinks: caps.hardlinks,
-            digest: String::new(),
-            tree,
-        };
-        let opts = commit::Options {
-            fsync: cfg.fsync,
-            swap,
-        };
-        commit::run(
-            &vol,
-            &state,
-            &stage,
-            &mut manifest,
-            live.gen.as_deref(),
-            &opts,
-            cfg.adopt,
-        )
-    })();
-    stage.remove(&state);
-    let gen = result?;
-    summary.status = "synced";
-    summary.generation = Some(gen.name.clone());
-    summary.retired = collect(&vol, &state, &policy, reporter, &mut summary);
-    finish_with_hook(cfg, &vol, &state, &gen.name, summary, start)
+    Ok(plan)
 }
 
-/// Run `--exec-after` (if given) on `gen`, then `finish`. The hook's failure
-/// is in the summary, then the error (exit 1): the swap stays.
-fn finish_with_hook(
-    cfg: &SyncConfig,
-    vol: &Volume,
-    state: &State,
-    gen: &str,
-    mut summary: Summary,
-    start: Instant,
-) -> Result<i32> {
-    let failure = cfg.exec_after.as_deref().and_then(|c| {
-        let (after, failure) = ops::exec::after(c, vol, state, gen, cfg.json);
-        summary.exec_after = Some(after);
-        failure
+/// With `--checksum`, hash the source files that have a live file of the
+/// same size: the only ones whose content decides anything.
+fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()> {
+    let mut sizes = std::collections::HashMap::new();
+    live.for_each(&mut |p, e| {
+        if let Node::File(_) = e.node {
+            sizes.insert(p.to_vec(), e.meta.size);
+        }
     });
-    let code = finish(cfg, summary, start)?;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(code),
-    }
-}
-
-/// Garbage collection after a sync: its failure is a warning, as the sync
-/// itself is done and the next run collects again.
-fn collect(
-    vol: &Volume,
-    state: &State,
-    policy: &Policy,
-    reporter: &dyn Reporter,
-    summary: &mut Summary,
-) -> Vec<String> {
-    match retire::run(vol, state, policy, None) {
-        Ok(r) => r.removed,
-        Err(e) => {
-            let w = format!("garbage collection left for the next run: {e:#}");
-            reporter.warn(&w);
-            summary.warnings.push(w);
-            Vec::new()
+    // The hasher sees entries, not paths: pick the files by their identity
+    // in the source (every link of a hardlinked file has the same content).
+    let mut want = HashSet::new();
+    tree.for_each(&mut |p, e| {
+        if let Node::File(f) = &e.node {
+            if sizes.get(p) == Some(&e.meta.size) {
+                want.insert((f.src, f.dev, f.ino));
+            }
         }
+    });
+    if want.is_empty() {
+        return Ok(());
     }
+    scan::hash(
+        tree,
+        &sources.refs(),
+        &|e| matches!(&e.node, Node::File(f) if want.contains(&(f.src, f.dev, f.ino))),
+    )
 }
 
-/// Refusals that must come before anything is written.
+/// Refusals that must come before anything is written: an empty source
+/// over a full tree, `--max-delete`, entries of other fanout slots (whose
+/// check also says what the fanout links need), a downgrade of `--label`.
 fn guards(
     cfg: &SyncConfig,
     vol: &Volume,
     tree: &Tree,
     plan: &Plan,
-    live_nonempty: bool,
-) -> Result<()> {
+    live: &Live,
+) -> Result<Option<layout::fanout::Check>> {
+    let live_nonempty = live.tree.as_ref().is_some_and(|t| !t.is_empty());
     if tree.is_empty() && live_nonempty && !cfg.allow_empty {
         return Err(error::refused(format!(
             "{}: refusing to replace a non-empty tree with an empty source (pass --allow-empty if that is intended)",
@@ -697,146 +591,114 @@ fn guards(
             )));
         }
     }
-    Ok(())
-}
-
-/// With `--checksum`, hash the source files that have a live file of the same size.
-fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &[&dyn Source]) -> Result<()> {
-    let mut sizes = std::collections::HashMap::new();
-    live.for_each(&mut |p, e| {
-        if let Node::File(_) = e.node {
-            sizes.insert(p.to_vec(), e.meta.size);
-        }
-    });
-    let mut want = std::collections::HashSet::new();
-    tree.for_each(&mut |p, e| {
-        if matches!(e.node, Node::File(_)) && sizes.get(p) == Some(&e.meta.size) {
-            want.insert(p.to_vec());
-        }
-    });
-    if want.is_empty() {
-        return Ok(());
-    }
-    // Mark by name inside the walk: a file is wanted if its path is. Paths are rebuilt by the hasher, so flag files instead.
-    tree.for_each_mut(&mut |p, e| {
-        if let Node::File(f) = &mut e.node {
-            f.reuse = want.contains(p);
-        }
-    });
-    scan::hash(
-        tree,
-        sources,
-        &|e| matches!(&e.node, Node::File(f) if f.reuse),
+    let fanout = if vol.layout == Layout::Fanout {
+        let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+        let live_names: Option<Vec<&[u8]>> = live
+            .tree
+            .as_ref()
+            .filter(|_| live.gen.is_some())
+            .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+        Some(layout::fanout::check(
+            vol,
+            &names,
+            live_names.as_deref(),
+            cfg.adopt,
+        )?)
+    } else {
+        None
+    };
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    crate::label::guard(
+        &vol.display,
+        cfg.label.as_ref(),
+        live.gen.as_deref(),
+        live_label,
     )?;
-    tree.for_each_mut(&mut |_, e| {
-        if let Node::File(f) = &mut e.node {
-            f.reuse = false;
+    Ok(fanout)
+}
+
+/// How the commit replaces DEST. A real directory there is exchanged for
+/// the link where the filesystem can (probed here), else only with `--migrate`.
+fn swap_for(dest: &Dest, cfg: &SyncConfig, vol: &Volume, staging: &Stage) -> Result<Swap> {
+    let swap = match dest {
+        Dest::Directory if cfg.migrate => Swap::Migrate,
+        Dest::Directory => Swap::Exchange,
+        _ => Swap::Link,
+    };
+    if swap == Swap::Exchange && vol.layout == Layout::Symlink && !staging.can_exchange() {
+        return Err(error::refused(format!(
+            "{}: is a directory and this filesystem cannot swap it atomically (no RENAME_EXCHANGE); \
+             pass --migrate to take it over with DEST missing for an instant",
+            vol.display
+        )));
+    }
+    Ok(swap)
+}
+
+/// An up-to-date sync writes no generation, but repairs fanout links that
+/// do not match the live one, collects, and runs `--exec-after` again where
+/// it failed on (or never ran on) the live generation.
+fn settle(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    fanout: Option<layout::fanout::Check>,
+    mut summary: Summary,
+    console: &Console,
+    start: Instant,
+) -> Result<i32> {
+    if let Some(check) = fanout.filter(|c| c.repair || !c.adopt.is_empty()) {
+        for w in layout::fanout::repair(vol, state, !check.adopt.is_empty())? {
+            console.warn(&w);
         }
+    }
+    summary.retired = collect(cfg, vol, state, console);
+    let gen = summary
+        .generation
+        .clone()
+        .expect("up to date with a live generation");
+    if cfg.exec_after.is_none() || ops::exec::after_done(state, &gen) {
+        return report::finish(summary, console, start, Output::of(cfg.json, cfg.quiet));
+    }
+    finish_with_hook(cfg, vol, state, &gen, summary, console, start)
+}
+
+/// Garbage collection after a sync: its failure is a warning, as the sync
+/// itself is done and the next run collects again.
+fn collect(cfg: &SyncConfig, vol: &Volume, state: &State, console: &Console) -> Vec<String> {
+    let policy = Policy {
+        keep: cfg.keep,
+        grace: cfg.grace,
+        stale: config::STALE_STAGE,
+    };
+    match retire::run(vol, state, &policy, None) {
+        Ok(r) => r.removed,
+        Err(e) => {
+            console.warn(&format!("garbage collection left for the next run: {e:#}"));
+            Vec::new()
+        }
+    }
+}
+
+/// Run `--exec-after` (if given) on `gen`, then report. The hook's failure
+/// is in the summary, then the error (exit 1): the swap stays.
+fn finish_with_hook(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    gen: &str,
+    mut summary: Summary,
+    console: &Console,
+    start: Instant,
+) -> Result<i32> {
+    let failure = cfg.exec_after.as_deref().and_then(|c| {
+        let (after, failure) = ops::exec::after(c, vol, state, gen, cfg.json);
+        summary.exec_after = Some(after);
+        failure
     });
-    Ok(())
-}
-
-/// Can this filesystem exchange two names atomically?
-fn probe_exchange(stage: &Stage) -> Result<()> {
-    sys::mkdir_at(stage.fd(), b"probe-a", 0o700)?;
-    sys::mkdir_at(stage.fd(), b"probe-b", 0o700)?;
-    let r = sys::rename_exchange(stage.fd(), b"probe-a", stage.fd(), b"probe-b");
-    let _ = sys::rmdir_at(stage.fd(), b"probe-a");
-    let _ = sys::rmdir_at(stage.fd(), b"probe-b");
-    Ok(r?)
-}
-
-/// The changes of `plan` as `--itemize` shows them, in path order.
-fn itemized(plan: &Plan) -> impl Iterator<Item = Itemized> + '_ {
-    plan.changes.iter().map(|c| {
-        let slash = if c.kind == crate::tree::Kind::Dir && c.path != b"." {
-            "/"
-        } else {
-            ""
-        };
-        Itemized {
-            change: c.op.symbol(),
-            path: format!("{}{slash}", report::escape(&c.path)),
-        }
-    })
-}
-
-/// One line a change, written as they are made: the list is not copied.
-fn print_itemized(plan: &Plan) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    for c in itemized(plan) {
-        let _ = writeln!(out, "{} {}", c.change, c.path);
+    let code = report::finish(summary, console, start, Output::of(cfg.json, cfg.quiet))?;
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(code),
     }
-}
-
-fn finish(cfg: &SyncConfig, mut s: Summary, start: Instant) -> Result<i32> {
-    s.seconds = (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
-    if cfg.json {
-        report::json(&s)?;
-    } else if !cfg.quiet {
-        let what = format!(
-            "{} entries ({}): {} copied ({}), {} reused, {} deleted",
-            s.entries,
-            report::human_bytes(s.bytes),
-            s.copied,
-            report::human_bytes(s.copied_bytes),
-            s.reused,
-            s.deleted
-        );
-        let gen = s.generation.as_deref().unwrap_or("-");
-        let line = match (s.status, cfg.dry_run) {
-            ("up to date", _) => format!(
-                "packsync: {} up to date: {what}; generation {gen}; {:.2}s",
-                s.dest, s.seconds
-            ),
-            (_, true) => format!(
-                "packsync: dry run, {} not changed: would sync {what}; {:.2}s",
-                s.dest, s.seconds
-            ),
-            _ => format!(
-                "packsync: {} synced: {what}; generation {gen} is live; {:.2}s",
-                s.dest, s.seconds
-            ),
-        };
-        println!("{line}");
-    }
-    Ok(0)
-}
-
-fn gc(dest: &Path, keep: usize, grace: &str) -> Result<i32> {
-    let grace =
-        config::parse_duration(grace).map_err(|e| crate::cli::bad_value("--grace", grace, e))?;
-    // One state directory per published tree: with fanout, one per slot.
-    for vol in layout::find(dest, None)? {
-        let state = vol.state(false)?.ok_or_else(|| {
-            error::refused(format!("{}: not a packsync destination", vol.display))
-        })?;
-        let r = retire::run(
-            &vol,
-            &state,
-            &Policy {
-                keep,
-                grace,
-                stale: config::STALE_STAGE,
-            },
-            None,
-        )?;
-        println!(
-            "packsync: {}{}: removed {} generation(s){}, {} stale staging dir(s)",
-            vol.display,
-            vol.slot
-                .as_deref()
-                .map(|s| format!(" (slot {s})"))
-                .unwrap_or_default(),
-            r.removed.len(),
-            if r.left.is_empty() {
-                String::new()
-            } else {
-                format!(", {} left for later (files still open)", r.left.len())
-            },
-            r.stale_stages
-        );
-    }
-    Ok(0)
 }

@@ -1,14 +1,24 @@
-//! The command line: clap definitions and their conversion into `Config`.
-//! The only file that imports clap (besides completions generation).
+//! The command line: clap definitions, and their conversion into `Config`
+//! once, as fd and ripgrep do. The only file that imports clap (besides
+//! completions generation). Every value arrives typed through a value parser
+//! (durations, owners, chmod rules, labels, slot names, globs); what depends
+//! on several flags (`--label` with `--allow-downgrade`, `--slot` with
+//! `--layout`, the rules of `--exclude-from` files) is resolved in
+//! `into_config`. A bad value is a usage error (exit 2) on one line.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
+use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
-use crate::config::{self, Command, Config, Layout, SyncConfig};
+use crate::chmod;
+use crate::config::{self, Command, Config, Label, Layout, Owner, SyncConfig, Timeout};
 use crate::error;
 use crate::report;
+use crate::scan::Filter;
+use crate::sys;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -60,15 +70,15 @@ pub enum Cmd {
         dest: PathBuf,
         #[arg(long, default_value_t = config::DEFAULT_KEEP)]
         keep: usize,
-        #[arg(long, default_value = config::DEFAULT_GRACE)]
-        grace: String,
+        #[arg(long, default_value = config::DEFAULT_GRACE, value_parser = parse_duration)]
+        grace: Duration,
     },
     /// Block until DEST holds a live generation (exit 5 on timeout)
     Wait {
         dest: PathBuf,
         /// Give up after this long (e.g. 30s, 5m; default: wait forever)
-        #[arg(long, value_name = "DUR")]
-        timeout: Option<String>,
+        #[arg(long, value_name = "DUR", value_parser = parse_timeout)]
+        timeout: Option<Timeout>,
         /// Wait for a live generation with exactly this label
         #[arg(long, value_name = "TEXT")]
         label: Option<String>,
@@ -95,10 +105,10 @@ pub struct SyncArgs {
     #[arg(required = true, num_args = 2.., value_name = "PATH")]
     pub paths: Vec<PathBuf>,
     /// Leave out paths matching GLOB (gitignore syntax; repeatable)
-    #[arg(long, value_name = "GLOB", action = ArgAction::Append)]
+    #[arg(long, value_name = "GLOB", action = ArgAction::Append, value_parser = parse_glob)]
     pub exclude: Vec<String>,
     /// Keep paths matching GLOB even if an earlier --exclude matched them
-    #[arg(long, value_name = "GLOB", action = ArgAction::Append)]
+    #[arg(long, value_name = "GLOB", action = ArgAction::Append, value_parser = parse_glob)]
     pub include: Vec<String>,
     /// Read exclude patterns from FILE (gitignore syntax)
     #[arg(long, value_name = "FILE", action = ArgAction::Append)]
@@ -127,8 +137,8 @@ pub struct SyncArgs {
     #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N")]
     pub keep: usize,
     /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
-    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR")]
-    pub grace: String,
+    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration)]
+    pub grace: Duration,
     /// Refuse (exit 3) to delete more than N entries
     #[arg(long, value_name = "N")]
     pub max_delete: Option<u64>,
@@ -136,17 +146,17 @@ pub struct SyncArgs {
     #[arg(long)]
     pub allow_empty: bool,
     /// Set every owner to UID:GID
-    #[arg(long, value_name = "UID:GID")]
-    pub chown: Option<String>,
+    #[arg(long, value_name = "UID:GID", value_parser = config::parse_owner)]
+    pub chown: Option<Owner>,
     /// Change modes, rsync syntax (e.g. D755,F644 or go-w)
-    #[arg(long, value_name = "RULES")]
-    pub chmod: Option<String>,
+    #[arg(long, value_name = "RULES", value_parser = chmod::parse)]
+    pub chmod: Option<chmod::Rules>,
     /// Run CMD (with sh -c) after a new generation goes live
     #[arg(long, value_name = "CMD")]
     pub exec_after: Option<String>,
     /// A version label recorded with the generation (refuses downgrades)
-    #[arg(long, value_name = "TEXT")]
-    pub label: Option<String>,
+    #[arg(long, value_name = "TEXT", value_parser = parse_label)]
+    pub label: Option<Label>,
     /// Publish even if --label orders below the live generation's label
     #[arg(long)]
     pub allow_downgrade: bool,
@@ -154,12 +164,12 @@ pub struct SyncArgs {
     #[arg(long, value_enum, default_value_t = LayoutArg::Symlink)]
     pub layout: LayoutArg,
     /// With --layout fanout: publish as this slot (several images, one DEST)
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = parse_slot)]
     pub slot: Option<String>,
     /// With --layout fanout: take over entries packsync did not create
     #[arg(long)]
     pub adopt: bool,
-    /// Skip flushing to disk (faster, not crash-safe)
+    /// Flush nothing to disk, on any filesystem: no fsync or syncfs of the staged files and directories, the manifest, gen/, meta/ or the published link (faster; a crash or power loss may leave the live generation empty or missing on disk)
     #[arg(long)]
     pub no_fsync: bool,
     /// Re-read the staged tree and compare with the source hashes before publishing
@@ -181,14 +191,55 @@ pub enum LayoutArg {
 }
 
 /// Parse the process arguments into a `Config`. A command-line error is
-/// returned for the caller to print and exit with; when `--json` is on the
-/// command line, it is also printed here as a JSON object on stdout.
-pub fn parse() -> Result<Config, clap::Error> {
-    parse_from(std::env::args_os()).inspect_err(|e| {
-        if e.use_stderr() && json_requested(std::env::args_os()) {
-            report::json_error(&one_line(e), e.exit_code());
+/// shown here (one line on stderr for a bad value, with `--json` also a
+/// JSON object on stdout) and its exit status returned.
+pub fn parse() -> Result<Config, i32> {
+    let json = json_requested(std::env::args_os());
+    parse_from(std::env::args_os()).map_err(|e| match e {
+        Invalid::Value(err) => report::error(&err, json),
+        Invalid::Clap(e) => {
+            if e.use_stderr() && json {
+                report::json_error(&one_line(&e), e.exit_code());
+            }
+            let _ = e.print();
+            e.exit_code()
         }
     })
+}
+
+/// Why the command line does not parse.
+#[derive(Debug)]
+enum Invalid {
+    /// A flag's value was refused (exit 2, one line as every usage error).
+    Value(anyhow::Error),
+    /// Anything else clap found (unknown flag, missing argument), or
+    /// `--help` / `--version`, shown as clap shows them.
+    Clap(clap::Error),
+}
+
+impl From<clap::Error> for Invalid {
+    fn from(e: clap::Error) -> Invalid {
+        match refused_value(&e) {
+            Some(err) => Invalid::Value(err),
+            None => Invalid::Clap(e),
+        }
+    }
+}
+
+/// A value a value parser refused, as the usage error `bad_value` makes.
+fn refused_value(e: &clap::Error) -> Option<anyhow::Error> {
+    if e.kind() != ErrorKind::ValueValidation {
+        return None;
+    }
+    let text = |kind| match e.get(kind) {
+        Some(ContextValue::String(s)) => Some(s.as_str()),
+        _ => None,
+    };
+    // `--grace <DUR>`: the flag is the first word.
+    let flag = text(ContextKind::InvalidArg)?.split(' ').next()?;
+    let value = text(ContextKind::InvalidValue)?;
+    let why = std::error::Error::source(e)?;
+    Some(bad_value(flag, value, why))
 }
 
 /// `--json` among the arguments packsync itself reads (not after `--`, where
@@ -216,7 +267,7 @@ fn one_line(e: &clap::Error) -> String {
         .to_string()
 }
 
-fn parse_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Config, clap::Error> {
+fn parse_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Config, Invalid> {
     let matches = Args::command().try_get_matches_from(argv)?;
     let args = Args::from_arg_matches(&matches)?;
     // --exclude and --include interleave: their relative order decides.
@@ -232,54 +283,12 @@ fn parse_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Conf
         rules.sort();
         rules.into_iter().map(|(_, r)| r).collect::<Vec<_>>()
     });
-    Ok(into_config(args, order.unwrap_or_default()))
+    into_config(args, order.unwrap_or_default()).map_err(Invalid::Value)
 }
 
-fn into_config(args: Args, rules: Vec<String>) -> Config {
+fn into_config(args: Args, rules: Vec<String>) -> Result<Config> {
     let command = match args.command {
-        Cmd::Sync(s) => {
-            let s = *s;
-            let mut paths = s.paths;
-            let dest = paths.pop().expect("clap requires two paths");
-            Command::Sync(Box::new(SyncConfig {
-                sources: paths,
-                dest,
-                rules,
-                exclude_from: s.exclude_from,
-                checksum: s.checksum,
-                dry_run: s.dry_run,
-                itemize: s.itemize,
-                json: s.json,
-                quiet: s.quiet,
-                progress: if s.progress {
-                    Some(true)
-                } else if s.no_progress {
-                    Some(false)
-                } else {
-                    None
-                },
-                keep: s.keep,
-                grace: s.grace,
-                max_delete: s.max_delete,
-                allow_empty: s.allow_empty,
-                chown: s.chown,
-                chmod: s.chmod,
-                exec_after: s.exec_after,
-                label: s.label,
-                allow_downgrade: s.allow_downgrade,
-                layout: match s.layout {
-                    LayoutArg::Symlink => Layout::Symlink,
-                    LayoutArg::Fanout => Layout::Fanout,
-                    LayoutArg::Dir => Layout::Dir,
-                },
-                slot: s.slot,
-                adopt: s.adopt,
-                fsync: !s.no_fsync,
-                verify: s.verify,
-                mkpath: s.mkpath,
-                migrate: s.migrate,
-            }))
-        }
+        Cmd::Sync(s) => Command::Sync(Box::new(sync_config(*s, rules)?)),
         Cmd::Status { dest, json, slot } => Command::Status { dest, json, slot },
         Cmd::Verify { dest, json, slot } => Command::Verify { dest, json, slot },
         Cmd::Rollback { dest, to, slot } => Command::Rollback { dest, to, slot },
@@ -298,7 +307,123 @@ fn into_config(args: Args, rules: Vec<String>) -> Config {
         Cmd::Exec { dest, cmd, slot } => Command::Exec { dest, cmd, slot },
         Cmd::Completions { shell } => Command::Completions { shell },
     };
-    Config { command }
+    Ok(Config { command })
+}
+
+/// `sync`'s flags resolved together; `rules` are `--exclude` / `--include`
+/// in command-line order (`!` = include).
+fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
+    let layout = match s.layout {
+        LayoutArg::Symlink => Layout::Symlink,
+        LayoutArg::Fanout => Layout::Fanout,
+        LayoutArg::Dir => Layout::Dir,
+    };
+    if layout != Layout::Fanout {
+        for (flag, set) in [("--slot", s.slot.is_some()), ("--adopt", s.adopt)] {
+            if set {
+                return Err(error::usage(format!("{flag} needs --layout fanout")));
+            }
+        }
+    }
+    let label = match s.label {
+        Some(l) if s.allow_downgrade => Some(Label {
+            version: None,
+            ..l
+        }),
+        Some(l) if l.version.is_none() => {
+            return Err(bad_value(
+                "--label",
+                &l.text,
+                "not a version such as v1.2.3 or 1.2.0-rc1 (pass --allow-downgrade to record any text without ordering)",
+            ))
+        }
+        l => l,
+    };
+    let mut lines = Vec::new();
+    for f in &s.exclude_from {
+        let text = sys::read_text(f).map_err(|e| {
+            error::usage(format!("{}: cannot read --exclude-from: {e}", f.display()))
+        })?;
+        lines.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+                .map(str::to_string),
+        );
+    }
+    lines.extend(rules);
+    let filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
+    let mut paths = s.paths;
+    let dest = paths.pop().expect("clap requires two paths");
+    Ok(SyncConfig {
+        sources: paths,
+        dest,
+        filter,
+        checksum: s.checksum,
+        dry_run: s.dry_run,
+        itemize: s.itemize,
+        json: s.json,
+        quiet: s.quiet,
+        progress: if s.progress {
+            Some(true)
+        } else if s.no_progress {
+            Some(false)
+        } else {
+            None
+        },
+        keep: s.keep,
+        grace: s.grace,
+        max_delete: s.max_delete,
+        allow_empty: s.allow_empty,
+        chown: s.chown,
+        chmod: s.chmod,
+        exec_after: s.exec_after,
+        label,
+        layout,
+        slot: s.slot,
+        adopt: s.adopt,
+        fsync: !s.no_fsync,
+        verify: s.verify,
+        mkpath: s.mkpath,
+        migrate: s.migrate,
+    })
+}
+
+/// `--grace`: see `config::parse_duration`.
+fn parse_duration(s: &str) -> Result<Duration> {
+    config::parse_duration(s)
+}
+
+/// `wait --timeout`.
+fn parse_timeout(s: &str) -> Result<Timeout> {
+    Ok(Timeout {
+        limit: config::parse_duration(s)?,
+        text: s.to_string(),
+    })
+}
+
+/// `--label`: any text; whether it must be a version depends on
+/// `--allow-downgrade` (`sync_config`).
+fn parse_label(s: &str) -> Result<Label> {
+    Ok(Label {
+        text: s.to_string(),
+        version: crate::label::parse(s),
+    })
+}
+
+/// `sync --slot`: a name that is one component inside the state directory.
+fn parse_slot(s: &str) -> Result<String> {
+    if !crate::layout::fanout::valid_slot(s) {
+        anyhow::bail!(
+            "use letters, digits, '-', '_' and '.', starting with a letter or digit (at most 64)"
+        );
+    }
+    Ok(s.to_string())
+}
+
+/// `--exclude` / `--include`: one gitignore line.
+fn parse_glob(s: &str) -> Result<String> {
+    Filter::new(&[s.to_string()])?;
+    Ok(s.to_string())
 }
 
 /// Write the completion script for `shell` to `out`.
@@ -306,7 +431,7 @@ pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
     clap_complete::generate(shell, &mut Args::command(), "packsync", out);
 }
 
-/// A usage error for a flag value that clap cannot check by itself.
+/// A usage error for a flag value.
 pub fn bad_value(flag: &str, value: &str, why: impl std::fmt::Display) -> anyhow::Error {
     error::usage(format!("invalid value {value:?} for {flag}: {why}"))
 }
@@ -337,14 +462,209 @@ mod tests {
 
     #[test]
     fn a_parse_error_reads_as_one_line() {
-        let Err(e) = parse_from(argv(&["sync", "--json", "--bogus", "src", "dst"])) else {
+        let Err(Invalid::Clap(e)) = parse_from(argv(&["sync", "--json", "--bogus", "src", "dst"]))
+        else {
             panic!("--bogus parsed");
         };
         assert_eq!(one_line(&e), "unexpected argument '--bogus' found");
-        let Err(e) = parse_from(argv(&["sync", "--json", "src"])) else {
+        let Err(Invalid::Clap(e)) = parse_from(argv(&["sync", "--json", "src"])) else {
             panic!("one path parsed");
         };
         let msg = one_line(&e);
         assert!(!msg.contains('\n') && msg.contains("PATH"), "{msg}");
+    }
+
+    /// The usage error (exit 2) a command line gives, as its one line.
+    fn refused(args: &[&str]) -> String {
+        match parse_from(argv(args)) {
+            Err(Invalid::Value(e)) => {
+                assert_eq!(crate::error::exit_code(&e), 2, "{e:#}");
+                let msg = format!("{e:#}");
+                assert!(!msg.contains('\n'), "{msg}");
+                msg
+            }
+            Err(Invalid::Clap(e)) => panic!("{args:?}: not a value error: {e}"),
+            Ok(_) => panic!("{args:?} parsed"),
+        }
+    }
+
+    fn sync(args: &[&str]) -> SyncConfig {
+        let full: Vec<&str> = ["sync"]
+            .iter()
+            .chain(args)
+            .chain(&["src", "vol/packs"])
+            .copied()
+            .collect();
+        match parse_from(argv(&full)).map(|c| c.command) {
+            Ok(Command::Sync(s)) => *s,
+            Ok(_) => panic!("not a sync"),
+            Err(Invalid::Value(e)) => panic!("{args:?}: {e:#}"),
+            Err(Invalid::Clap(e)) => panic!("{args:?}: {e}"),
+        }
+    }
+
+    #[test]
+    fn flags_arrive_typed() {
+        let s = sync(&[
+            "--grace",
+            "90",
+            "--chown",
+            "1000:2000",
+            "--chmod",
+            "D755,F644",
+            "--label",
+            "v1.2",
+            "--keep",
+            "0",
+        ]);
+        assert_eq!(s.grace, Duration::from_secs(90));
+        assert_eq!(
+            s.chown,
+            Some(Owner {
+                uid: 1000,
+                gid: 2000
+            })
+        );
+        assert_eq!(s.chmod, Some(chmod::parse("D755,F644").unwrap()));
+        let label = s.label.expect("--label");
+        assert_eq!(label.text, "v1.2");
+        assert_eq!(label.version, crate::label::parse("1.2.0"));
+        assert_eq!(s.keep, 0);
+        let d = sync(&[]);
+        assert_eq!(d.grace, Duration::from_secs(15 * 60), "the default");
+        assert!(d.label.is_none() && d.chown.is_none() && d.chmod.is_none());
+        assert!(d.filter.is_empty());
+    }
+
+    #[test]
+    fn a_label_need_not_be_a_version_only_with_allow_downgrade() {
+        assert_eq!(
+            refused(&["sync", "--label", "latest", "src", "dst"]),
+            "invalid value \"latest\" for --label: not a version such as v1.2.3 or 1.2.0-rc1 \
+             (pass --allow-downgrade to record any text without ordering)"
+        );
+        let s = sync(&["--label", "v2", "--allow-downgrade"]);
+        let label = s.label.expect("--label");
+        assert_eq!((label.text.as_str(), label.version), ("v2", None));
+        assert_eq!(
+            sync(&["--label", "hot fix", "--allow-downgrade"]).label_text(),
+            Some("hot fix")
+        );
+    }
+
+    #[test]
+    fn bad_values_are_one_line_usage_errors_naming_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["sync", "--grace", "15 minutes", "s", "d"],
+                "invalid value \"15 minutes\" for --grace: ",
+            ),
+            (
+                &["sync", "--grace", "99999999999999999999d", "s", "d"],
+                "for --grace: too long",
+            ),
+            (
+                &["gc", "d", "--grace", "99999999999999999999d"],
+                "for --grace: too long",
+            ),
+            (
+                &["wait", "d", "--timeout", "99999999999999999999d"],
+                "for --timeout: too long",
+            ),
+            (
+                &["wait", "d", "--timeout="],
+                "invalid value \"\" for --timeout: ",
+            ),
+            (
+                &["sync", "--chown", "root:root", "s", "d"],
+                "invalid value \"root:root\" for --chown: ",
+            ),
+            (
+                &["sync", "--chmod", "D8", "s", "d"],
+                "invalid value \"D8\" for --chmod: ",
+            ),
+            (
+                &["sync", "--slot", "../x", "--layout", "fanout", "s", "d"],
+                "invalid value \"../x\" for --slot: ",
+            ),
+            (
+                &["sync", "--keep", "99999999999999999999999", "s", "d"],
+                "invalid value \"99999999999999999999999\" for --keep: ",
+            ),
+            (
+                &["sync", "--max-delete", "many", "s", "d"],
+                "invalid value \"many\" for --max-delete: ",
+            ),
+            (
+                &["gc", "d", "--keep", "x"],
+                "invalid value \"x\" for --keep: ",
+            ),
+        ];
+        for (args, want) in cases {
+            let msg = refused(args);
+            assert!(msg.contains(want), "{args:?}: {msg}");
+        }
+    }
+
+    #[test]
+    fn wait_keeps_the_timeout_as_written_for_its_message() {
+        let Ok(Config {
+            command: Command::Wait { timeout, .. },
+        }) = parse_from(argv(&["wait", "d", "--timeout", "200ms"]))
+        else {
+            panic!("wait did not parse");
+        };
+        assert_eq!(
+            timeout,
+            Some(Timeout {
+                limit: Duration::from_millis(200),
+                text: "200ms".into()
+            })
+        );
+    }
+
+    #[test]
+    fn slot_and_adopt_need_fanout() {
+        assert_eq!(
+            refused(&["sync", "--slot", "a", "s", "d"]),
+            "--slot needs --layout fanout"
+        );
+        assert_eq!(
+            refused(&["sync", "--adopt", "s", "d"]),
+            "--adopt needs --layout fanout"
+        );
+        assert_eq!(
+            sync(&["--layout", "fanout", "--slot", "a"]).slot.as_deref(),
+            Some("a")
+        );
+    }
+
+    #[test]
+    fn rules_keep_command_line_order_after_the_exclude_from_files() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("ignore");
+        std::fs::write(&file, "# a comment\n\n*.log\n").unwrap();
+        let file = file.to_str().unwrap();
+        let s = sync(&[
+            "--exclude",
+            "*.tmp",
+            "--exclude-from",
+            file,
+            "--include",
+            "keep.tmp",
+        ]);
+        assert!(s.filter.excludes(b"a.log", false));
+        assert!(s.filter.excludes(b"a.tmp", false));
+        assert!(!s.filter.excludes(b"keep.tmp", false));
+        assert!(!s.filter.excludes(b"a.txt", false));
+        let missing = t.path().join("missing");
+        let msg = refused(&[
+            "sync",
+            "--exclude-from",
+            missing.to_str().unwrap(),
+            "s",
+            "d",
+        ]);
+        assert!(msg.contains("cannot read --exclude-from"), "{msg}");
     }
 }

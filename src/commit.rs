@@ -44,8 +44,9 @@ use crate::config::Layout;
 use crate::error::Failure;
 use crate::layout;
 use crate::manifest::Manifest;
+use crate::staging::Stage;
 use crate::sys;
-use crate::volume::{Dest, Stage, State, Volume};
+use crate::volume::{Dest, State, Volume};
 
 /// A generation made live.
 #[derive(Debug, Clone)]

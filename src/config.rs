@@ -1,11 +1,16 @@
-//! Config: the command line, resolved. Each field's doc names its flag.
-//! Parsing helpers for values clap cannot check (durations, owners) live here
-//! and are pure.
+//! Config: the command line, resolved and typed. Each field's doc names its
+//! flag. The parsers for values clap cannot check by itself (durations,
+//! owners) live here, are pure, and are what `cli` hands to clap as value
+//! parsers: no stage ever parses a string from the command line.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
+
+use crate::chmod;
+use crate::label::Version;
+use crate::scan::Filter;
 
 /// `--keep`: the live generation plus this many earlier ones survive a sync.
 pub const DEFAULT_KEEP: usize = 2;
@@ -13,6 +18,9 @@ pub const DEFAULT_KEEP: usize = 2;
 pub const DEFAULT_GRACE: &str = "15m";
 /// Staging of another host with no change for this long is a dead writer's.
 pub const STALE_STAGE: Duration = Duration::from_secs(3600);
+/// The longest duration a flag takes: far beyond any use, and far below
+/// where adding it to a clock could overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
 
 pub struct Config {
     pub command: Command,
@@ -51,12 +59,16 @@ pub enum Command {
     },
     Gc {
         dest: PathBuf,
+        /// `--keep`
         keep: usize,
-        grace: String,
+        /// `--grace`
+        grace: Duration,
     },
     Wait {
         dest: PathBuf,
-        timeout: Option<String>,
+        /// `--timeout`
+        timeout: Option<Timeout>,
+        /// `--label`
         label: Option<String>,
         slot: Option<String>,
     },
@@ -82,10 +94,9 @@ pub struct SyncConfig {
     pub sources: Vec<PathBuf>,
     /// DEST
     pub dest: PathBuf,
-    /// `--exclude` / `--include` as gitignore lines in command-line order (`!` = include).
-    pub rules: Vec<String>,
-    /// `--exclude-from`
-    pub exclude_from: Vec<PathBuf>,
+    /// `--exclude` / `--include` in command-line order, after the lines of
+    /// every `--exclude-from` file.
+    pub filter: Filter,
     /// `--checksum`
     pub checksum: bool,
     /// `--dry-run`
@@ -101,24 +112,22 @@ pub struct SyncConfig {
     /// `--keep`
     pub keep: usize,
     /// `--grace`
-    pub grace: String,
+    pub grace: Duration,
     /// `--max-delete`
     pub max_delete: Option<u64>,
     /// `--allow-empty`
     pub allow_empty: bool,
     /// `--chown UID:GID`
-    pub chown: Option<String>,
+    pub chown: Option<Owner>,
     /// `--chmod RULES`
-    pub chmod: Option<String>,
+    pub chmod: Option<chmod::Rules>,
     /// `--exec-after CMD`
     pub exec_after: Option<String>,
-    /// `--label`
-    pub label: Option<String>,
-    /// `--allow-downgrade`
-    pub allow_downgrade: bool,
+    /// `--label`, with `--allow-downgrade` folded in.
+    pub label: Option<Label>,
     /// `--layout`
     pub layout: Layout,
-    /// `--slot`
+    /// `--slot` (a valid slot name; only with `--layout fanout`)
     pub slot: Option<String>,
     /// `--adopt`
     pub adopt: bool,
@@ -132,32 +141,72 @@ pub struct SyncConfig {
     pub migrate: bool,
 }
 
-/// `30s`, `10m`, `2h`, `1d`, `500ms`, or plain seconds (`0`, `90`).
-pub fn parse_duration(s: &str) -> Result<Duration> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    if num.is_empty() {
-        bail!("expected a number with a unit such as 30s, 10m, 2h");
+impl SyncConfig {
+    /// The `--label` text, if any.
+    pub fn label_text(&self) -> Option<&str> {
+        self.label.as_ref().map(|l| l.text.as_str())
     }
-    let n: f64 = num
-        .parse()
-        .map_err(|_| anyhow::anyhow!("expected a number with a unit such as 30s, 10m, 2h"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1000.0,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        "d" => n * 86400.0,
-        _ => bail!("unknown unit {unit:?} (use ms, s, m, h or d)"),
+}
+
+/// `--chown UID:GID`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// `--label TEXT`: the text a generation records, and the version it
+/// orders by (`None` with `--allow-downgrade`: nothing is compared).
+#[derive(Clone, Debug)]
+pub struct Label {
+    pub text: String,
+    pub version: Option<Version>,
+}
+
+/// `wait --timeout DUR`: how long, and the text it was given as (the
+/// timeout message quotes it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Timeout {
+    pub limit: Duration,
+    pub text: String,
+}
+
+/// `30s`, `10m`, `2h`, `1d`, `500ms`, decimals such as `1.5h`, plain
+/// seconds (`0`, `90`, `2.5`), or parts together (`1h30m`), as `humantime`
+/// reads them (`15min` and `1week` too); no spaces inside (`15 minutes` is
+/// refused, as it always was), at most `MAX_DURATION`.
+pub fn parse_duration(s: &str) -> Result<Duration> {
+    const EXPECTED: &str = "expected a number with a unit such as 30s, 10m, 2h";
+    let s = s.trim();
+    if s.is_empty() || s.contains(char::is_whitespace) {
+        bail!(EXPECTED);
+    }
+    let plain_seconds = s.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    let parsed = if plain_seconds {
+        humantime::parse_duration(&format!("{s}s"))
+    } else {
+        humantime::parse_duration(s)
     };
-    Ok(Duration::from_secs_f64(secs))
+    let d = match parsed {
+        Ok(d) => d,
+        Err(humantime::DurationError::UnknownUnit { unit, .. }) => {
+            bail!("unknown unit {unit:?} (use ms, s, m, h or d)")
+        }
+        Err(humantime::DurationError::NumberOverflow) => too_long()?,
+        Err(_) => bail!(EXPECTED),
+    };
+    if d > MAX_DURATION {
+        too_long()?;
+    }
+    Ok(d)
+}
+
+fn too_long() -> Result<Duration> {
+    bail!("too long (at most 100 years, 36500d)")
 }
 
 /// `UID:GID` (numbers).
-pub fn parse_owner(s: &str) -> Result<(u32, u32)> {
+pub fn parse_owner(s: &str) -> Result<Owner> {
     let (u, g) = s
         .split_once(':')
         .ok_or_else(|| anyhow::anyhow!("expected UID:GID, such as 1000:1000"))?;
@@ -165,7 +214,10 @@ pub fn parse_owner(s: &str) -> Result<(u32, u32)> {
         x.parse::<u32>()
             .map_err(|_| anyhow::anyhow!("expected numeric UID:GID, such as 1000:1000"))
     };
-    Ok((num(u)?, num(g)?))
+    Ok(Owner {
+        uid: num(u)?,
+        gid: num(g)?,
+    })
 }
 
 #[cfg(test)]
@@ -177,17 +229,71 @@ mod tests {
         assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
         assert_eq!(parse_duration("10m").unwrap(), Duration::from_secs(600));
         assert_eq!(parse_duration("2h").unwrap(), Duration::from_secs(7200));
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
         assert_eq!(parse_duration("0").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        for bad in ["", "m", "10x", "-1s", "1.2.3s"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
+        assert_eq!(parse_duration(" 15m ").unwrap(), Duration::from_secs(900));
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("15min").unwrap(), Duration::from_secs(900));
+        for bad in ["", " ", "m", "10x", "-1s", "1.2.3s", "15 minutes", "1h 30m"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?}");
         }
     }
 
     #[test]
+    fn decimal_durations_as_before() {
+        assert_eq!(parse_duration("1.5h").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("0.5s").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2.5").unwrap(), Duration::from_millis(2500));
+        assert_eq!(parse_duration("0.25m").unwrap(), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn durations_too_long_for_a_clock_are_refused_not_a_panic() {
+        assert_eq!(parse_duration("36500d").unwrap(), MAX_DURATION);
+        for bad in [
+            "36501d",
+            "99999999999999999999d",
+            "99999999999999999999",
+            "18446744073709551615s",
+            "18446744073709551616s",
+            "213503982334601d",
+            "9999999999999999999y",
+        ] {
+            let e = parse_duration(bad).unwrap_err().to_string();
+            assert!(e.contains("too long"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_wrong_unit_is_named() {
+        let e = parse_duration("10x").unwrap_err().to_string();
+        assert!(e.contains("unknown unit \"x\""), "{e}");
+    }
+
+    #[test]
     fn owners() {
-        assert_eq!(parse_owner("1000:2000").unwrap(), (1000, 2000));
-        assert!(parse_owner("root:root").is_err());
-        assert!(parse_owner("1000").is_err());
+        assert_eq!(
+            parse_owner("1000:2000").unwrap(),
+            Owner {
+                uid: 1000,
+                gid: 2000
+            }
+        );
+        assert_eq!(parse_owner("0:0").unwrap(), Owner { uid: 0, gid: 0 });
+        for bad in [
+            "root:root",
+            "1000",
+            "",
+            ":",
+            "1:",
+            "-1:0",
+            "4294967296:0",
+            "1:2:3",
+        ] {
+            assert!(parse_owner(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(parse_owner("4294967295:0").unwrap().uid, u32::MAX);
     }
 }

@@ -23,15 +23,9 @@ impl fmt::Display for Failure {
             Failure::Usage(m) | Failure::Refused(m) | Failure::Drift(m) | Failure::Timeout(m) => {
                 f.write_str(m)
             }
-            Failure::Interrupted(sig) => write!(
-                f,
-                "interrupted by {}",
-                if *sig == libc::SIGINT {
-                    "SIGINT"
-                } else {
-                    "SIGTERM"
-                }
-            ),
+            Failure::Interrupted(sig) => {
+                write!(f, "interrupted by {}", crate::sys::signal_name(*sig))
+            }
         }
     }
 }

@@ -11,6 +11,8 @@
 
 use std::cmp::Ordering;
 
+use crate::config::Label;
+
 /// A parsed version label.
 #[derive(Clone, Debug)]
 pub struct Version {
@@ -172,36 +174,18 @@ pub fn check(new: Option<&Version>, live: Option<&str>) -> Verdict {
     }
 }
 
-/// `--label TEXT` as a version to order by. A label that is not a version
-/// is a usage error, unless `--allow-downgrade` says no ordering is wanted
-/// (then any text is recorded, and nothing is compared).
-pub fn from_flag(label: Option<&str>, allow_downgrade: bool) -> anyhow::Result<Option<Version>> {
-    match label {
-        None => Ok(None),
-        Some(_) if allow_downgrade => Ok(None),
-        Some(l) => parse(l).map(Some).ok_or_else(|| {
-            crate::cli::bad_value(
-                "--label",
-                l,
-                "not a version such as v1.2.3 or 1.2.0-rc1 (pass --allow-downgrade to record any text without ordering)",
-            )
-        }),
-    }
-}
-
-/// Refuse (exit 3) a sync whose `new` version would replace a newer live
-/// generation, or a live one whose label cannot be ordered.
+/// Refuse (exit 3) a sync whose `--label` (`new`) would replace a newer
+/// live generation, or a live one whose label cannot be ordered.
 pub fn guard(
     dest: &str,
-    new_label: Option<&str>,
-    new: Option<&Version>,
+    new: Option<&Label>,
     live_gen: Option<&str>,
     live_label: Option<&str>,
 ) -> anyhow::Result<()> {
     let gen = live_gen.unwrap_or("-");
     let live = live_label.unwrap_or("");
-    let new_label = new_label.unwrap_or("");
-    match check(new, live_label) {
+    let new_label = new.map_or("", |l| l.text.as_str());
+    match check(new.and_then(|l| l.version.as_ref()), live_label) {
         Verdict::Allowed => Ok(()),
         Verdict::Downgrade => Err(crate::error::refused(format!(
             "{dest}: refusing to replace live generation {gen} labelled {live} with older {new_label} \

@@ -7,27 +7,59 @@
 //! publishes it with one rename of a symlink over DEST; `retire` removes what
 //! no reader may still need. `volume` holds the destination's directory
 //! handles and `sys` is the only place that makes raw syscalls.
+//!
+//! The binary reaches all of it through `main`; every module is private to
+//! the crate, so the compiler sees what is unused.
 
-pub mod app;
-pub mod caps;
-pub mod chmod;
-pub mod claim;
-pub mod cli;
-pub mod clock;
-pub mod commit;
-pub mod config;
-pub mod error;
-pub mod label;
-pub mod layout;
-pub mod manifest;
-pub mod ops;
-pub mod plan;
-pub mod report;
-pub mod retire;
-pub mod scan;
-pub mod source;
-pub mod stage;
-pub mod sys;
-pub mod tree;
-pub mod verify;
-pub mod volume;
+// Until the other parts of issue 10 land, these modules hold items the
+// compiler now sees unused: the shared clock, retry and `sys::component`
+// that callers are being moved to, and dead items their owners remove
+// (`commit::Generation::{digest, converged}`, `layout::LiveTree::path`,
+// `manifest::Manifest::seal`, `tree::Tree::adopt_groups`,
+// `sys::cstr_bytes`). The allowances go once those are merged.
+
+pub(crate) mod app;
+pub(crate) mod caps;
+pub(crate) mod chmod;
+pub(crate) mod claim;
+pub(crate) mod cli;
+#[allow(dead_code)]
+pub(crate) mod clock;
+#[allow(dead_code)]
+pub(crate) mod commit;
+pub(crate) mod config;
+pub(crate) mod error;
+pub(crate) mod label;
+#[allow(dead_code)]
+pub(crate) mod layout;
+#[allow(dead_code)]
+pub(crate) mod manifest;
+pub(crate) mod ops;
+pub(crate) mod plan;
+pub(crate) mod report;
+pub(crate) mod retire;
+pub(crate) mod scan;
+pub(crate) mod source;
+pub(crate) mod stage;
+pub(crate) mod staging;
+#[allow(dead_code)]
+#[allow(unused_imports)]
+pub(crate) mod sys;
+#[allow(dead_code)]
+pub(crate) mod tree;
+pub(crate) mod verify;
+pub(crate) mod volume;
+
+/// Parse the process's arguments, run the command, show a failure: the
+/// exit status (README, "Exit codes").
+pub fn main() -> i32 {
+    let cfg = match cli::parse() {
+        Ok(cfg) => cfg,
+        Err(code) => return code,
+    };
+    let json = cfg.json();
+    match app::run(cfg) {
+        Ok(code) => code,
+        Err(err) => report::error(&err, json),
+    }
+}

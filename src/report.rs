@@ -1,11 +1,17 @@
 //! Reporting: the progress bar on a terminal, a line now and then in a log,
-//! the closing summary, the JSON summary, and how a failed command is shown.
-//! The only file that knows indicatif; stages talk to a `Reporter` and stay
-//! silent in tests.
+//! warnings, the closing summary line or the JSON summary of a sync (and its
+//! `--itemize` lines), and how a failed command is shown. The only file that
+//! knows indicatif; stages talk to a `Reporter` and stay silent in tests.
+//! Warnings go through the reporter only: it shows each one as it comes and
+//! keeps them for the summary.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::plan::Plan;
 
 /// What a stage tells about its progress.
 pub trait Reporter: Sync {
@@ -74,24 +80,77 @@ impl Reporter for Collected {
     }
 }
 
-/// Reports nothing but warnings (to stderr unless quiet).
-pub struct Quiet {
-    pub show_warnings: bool,
+/// How a sync shows its outcome: `--json`, `--quiet`, or a summary line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Line,
+    Quiet,
+    Json,
 }
 
-impl Reporter for Quiet {
-    fn begin(&self, _: u64, _: u64) {}
-    fn advance(&self, _: u64) {}
-    fn finish(&self) {}
-    fn warn(&self, msg: &str) {
-        if self.show_warnings {
-            eprintln!("packsync: warning: {msg}");
+impl Output {
+    pub fn of(json: bool, quiet: bool) -> Output {
+        match (json, quiet) {
+            (true, _) => Output::Json,
+            (false, true) => Output::Quiet,
+            (false, false) => Output::Line,
         }
     }
 }
 
+/// The reporter of a sync: progress as `Output::Line` shows it (a bar, or
+/// lines in a log), warnings on stderr whatever the output, and kept for
+/// the summary.
+pub struct Console {
+    progress: Option<Progress>,
+    warnings: Mutex<Vec<String>>,
+}
+
+impl Console {
+    /// `bar`: a progress bar rather than a line now and then (a terminal).
+    pub fn new(output: Output, bar: bool) -> Console {
+        Console {
+            progress: (output == Output::Line).then(|| Progress::new(bar)),
+            warnings: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The warnings so far, in the order they were shown.
+    fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *self.warnings.lock().unwrap())
+    }
+}
+
+impl Reporter for Console {
+    fn begin(&self, entries: u64, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.begin(entries, bytes);
+        }
+    }
+
+    fn advance(&self, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.advance(bytes);
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(p) = &self.progress {
+            p.finish();
+        }
+    }
+
+    fn warn(&self, msg: &str) {
+        match &self.progress {
+            Some(p) => p.warn(msg),
+            None => eprintln!("packsync: warning: {msg}"),
+        }
+        self.warnings.lock().unwrap().push(msg.to_string());
+    }
+}
+
 /// A bar on a terminal; in a log, a line every 10 seconds of long work.
-pub struct Progress {
+struct Progress {
     bar: Option<indicatif::ProgressBar>,
     total: AtomicU64,
     done: AtomicU64,
@@ -102,7 +161,7 @@ pub struct Progress {
 }
 
 impl Progress {
-    pub fn new(terminal: bool) -> Progress {
+    fn new(terminal: bool) -> Progress {
         let bar = terminal.then(|| {
             let b = indicatif::ProgressBar::with_draw_target(
                 Some(0),
@@ -139,7 +198,7 @@ impl Progress {
     }
 }
 
-impl Reporter for Progress {
+impl Progress {
     fn begin(&self, entries: u64, bytes: u64) {
         self.total.store(entries, Ordering::Relaxed);
         self.total_bytes.store(bytes, Ordering::Relaxed);
@@ -238,6 +297,121 @@ pub fn json_error(msg: &str, exit_code: i32) {
     });
 }
 
+/// What a sync did, for the summary line and `--json`.
+#[derive(serde::Serialize, Default)]
+pub struct Summary {
+    pub dest: String,
+    pub status: &'static str,
+    pub generation: Option<String>,
+    pub previous: Option<String>,
+    pub label: Option<String>,
+    pub entries: u64,
+    pub bytes: u64,
+    pub added: u64,
+    pub changed: u64,
+    pub deleted: u64,
+    pub copied: u64,
+    pub copied_bytes: u64,
+    pub reused: u64,
+    pub retired: Vec<String>,
+    /// Every warning the `Console` showed, in order (set by `finish`).
+    pub warnings: Vec<String>,
+    /// `--itemize` under `--json`: the lines `--itemize` prints without
+    /// `--json`, in the same order; the key is absent without `--itemize`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changes: Option<Vec<Itemized>>,
+    /// `--exec-after`: what the hook did; `None` when it did not run (not
+    /// given, dry run, or up to date with a success on the live generation
+    /// already recorded).
+    pub exec_after: Option<crate::ops::exec::After>,
+    pub seconds: f64,
+    pub dry_run: bool,
+}
+
+/// One `--itemize` line as JSON: `{"change": "+", "path": "a/b.txt"}`.
+#[derive(serde::Serialize)]
+pub struct Itemized {
+    /// `+` added, `~` changed, `-` deleted.
+    pub change: char,
+    /// As the text line shows it: escaped by `escape` (as `verify --json`
+    /// paths are), a directory with a trailing `/`, `.` the root.
+    pub path: String,
+}
+
+/// `--itemize`: one line a change on stdout, or under `--json` the same
+/// lines in the summary's `changes` (stdout stays one JSON object).
+pub fn itemize(plan: &Plan, output: Output, summary: &mut Summary) {
+    if output == Output::Json {
+        summary.changes = Some(itemized(plan).collect());
+    } else {
+        print_itemized(plan);
+    }
+}
+
+/// The changes of `plan` as `--itemize` shows them, in path order.
+fn itemized(plan: &Plan) -> impl Iterator<Item = Itemized> + '_ {
+    plan.changes.iter().map(|c| {
+        let slash = if c.kind == crate::tree::Kind::Dir && c.path != b"." {
+            "/"
+        } else {
+            ""
+        };
+        Itemized {
+            change: c.op.symbol(),
+            path: format!("{}{slash}", escape(&c.path)),
+        }
+    })
+}
+
+/// One line a change, written as they are made: the list is not copied.
+fn print_itemized(plan: &Plan) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    for c in itemized(plan) {
+        let _ = writeln!(out, "{} {}", c.change, c.path);
+    }
+}
+
+/// Show a sync's outcome, its warnings taken from `console`: the closing
+/// summary line, or the JSON summary. The exit status (0).
+pub fn finish(mut s: Summary, console: &Console, start: Instant, output: Output) -> Result<i32> {
+    s.seconds = (start.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+    s.warnings = console.take_warnings();
+    match output {
+        Output::Json => json(&s)?,
+        Output::Quiet => {}
+        Output::Line => println!("{}", summary_line(&s)),
+    }
+    Ok(0)
+}
+
+fn summary_line(s: &Summary) -> String {
+    let what = format!(
+        "{} entries ({}): {} copied ({}), {} reused, {} deleted",
+        s.entries,
+        human_bytes(s.bytes),
+        s.copied,
+        human_bytes(s.copied_bytes),
+        s.reused,
+        s.deleted
+    );
+    let gen = s.generation.as_deref().unwrap_or("-");
+    match (s.status, s.dry_run) {
+        ("up to date", _) => format!(
+            "packsync: {} up to date: {what}; generation {gen}; {:.2}s",
+            s.dest, s.seconds
+        ),
+        (_, true) => format!(
+            "packsync: dry run, {} not changed: would sync {what}; {:.2}s",
+            s.dest, s.seconds
+        ),
+        _ => format!(
+            "packsync: {} synced: {what}; generation {gen} is live; {:.2}s",
+            s.dest, s.seconds
+        ),
+    }
+}
+
 pub fn human_bytes(b: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = b as f64;
@@ -289,5 +463,41 @@ mod tests {
     fn human_bytes_reads_well() {
         assert_eq!(human_bytes(12), "12 B");
         assert_eq!(human_bytes(1536), "1.5 KiB");
+    }
+
+    #[test]
+    fn summary_lines_read_as_before() {
+        let mut s = Summary {
+            dest: "vol/packs".into(),
+            status: "synced",
+            generation: Some("0123abcd".into()),
+            entries: 3,
+            bytes: 1536,
+            copied: 2,
+            copied_bytes: 1024,
+            reused: 1,
+            seconds: 0.25,
+            ..Default::default()
+        };
+        assert_eq!(
+            summary_line(&s),
+            "packsync: vol/packs synced: 3 entries (1.5 KiB): 2 copied (1.0 KiB), 1 reused, 0 deleted; generation 0123abcd is live; 0.25s"
+        );
+        s.status = "up to date";
+        assert!(summary_line(&s).starts_with("packsync: vol/packs up to date: 3 entries"));
+        s.status = "would sync";
+        s.dry_run = true;
+        assert!(
+            summary_line(&s).starts_with("packsync: dry run, vol/packs not changed: would sync 3")
+        );
+    }
+
+    #[test]
+    fn the_console_keeps_every_warning_in_order() {
+        let c = Console::new(Output::Json, false);
+        c.warn("one");
+        c.warn("two");
+        assert_eq!(c.take_warnings(), ["one", "two"]);
+        assert!(c.take_warnings().is_empty());
     }
 }

@@ -335,19 +335,6 @@ impl State {
         Ok(out)
     }
 
-    /// Make this process's staging directory (`<host>-<pid>-<random>`).
-    pub fn new_stage(&self) -> Result<Stage> {
-        let name = unique_name();
-        sys::mkdir_at(self.stage.as_fd(), name.as_bytes(), 0o700)
-            .with_context(|| format!("cannot create {}/stage/{name}", self.path.display()))?;
-        let fd = sys::open_dir_at(self.stage.as_fd(), name.as_bytes())?;
-        Ok(Stage {
-            name,
-            fd,
-            done: false,
-        })
-    }
-
     /// Record now as the time `gen` stopped being live (or was last reused).
     pub fn stamp(&self, gen: &str, what: &str) -> Result<()> {
         let name = format!("{gen}.{what}");
@@ -376,25 +363,6 @@ impl State {
                 Err(e).with_context(|| format!("cannot create {}/meta/{name}", self.path.display()))
             }
         }
-    }
-}
-
-/// One writer's staging directory; removed when dropped unless published.
-pub struct Stage {
-    pub name: String,
-    pub fd: OwnedFd,
-    pub done: bool,
-}
-
-impl Stage {
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.fd.as_fd()
-    }
-
-    /// Remove the staging directory and everything in it.
-    pub fn remove(&mut self, state: &State) {
-        self.done = true;
-        let _ = sys::remove_tree_at(state.stage.as_fd(), self.name.as_bytes());
     }
 }
 

@@ -26,8 +26,9 @@ use std::os::fd::AsFd;
 use anyhow::{Context, Result};
 
 use crate::error;
+use crate::staging::Stage;
 use crate::sys;
-use crate::volume::{Stage, State, Volume};
+use crate::volume::{State, Volume};
 
 const MARKER: &[u8] = b"layout";
 
@@ -188,7 +189,7 @@ fn swap(vol: &Volume, state: &State, stage: &Stage, name: &str, fsync: bool) -> 
 /// that a refused sync leaves nothing behind; else mark the layout.
 pub fn prepare(vol: &Volume, state: &State, stage: &mut Stage, fresh_state: bool) -> Result<()> {
     if let Err(e) = preflight(vol, stage) {
-        stage.remove(state);
+        stage.remove();
         if fresh_state {
             let _ = sys::remove_tree_at(vol.parent.as_fd(), &vol.state_name());
         }

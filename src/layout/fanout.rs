@@ -41,8 +41,9 @@ use anyhow::{Context, Result};
 use crate::config::STALE_STAGE;
 use crate::error;
 use crate::report::escape;
+use crate::staging::Stage;
 use crate::sys;
-use crate::volume::{unique_name, Stage, State, Volume};
+use crate::volume::{unique_name, State, Volume};
 
 /// The state root inside DEST.
 pub const STATE: &[u8] = b"..packsync";
@@ -556,10 +557,8 @@ pub fn repair(vol: &Volume, state: &State, adopt: bool) -> Result<Vec<String>> {
     if !adopt {
         return reconcile(vol, state, None);
     }
-    let mut stage = state.new_stage()?;
-    let r = reconcile(vol, state, Some(&stage));
-    stage.remove(state);
-    r
+    let stage = Stage::new(state)?;
+    reconcile(vol, state, Some(&stage))
 }
 
 /// Move an entry packsync did not make out of DEST and delete it.

@@ -7,6 +7,7 @@
 //! `commit::publish`, `exec` writes only its lease.
 
 pub mod exec;
+pub mod gc;
 pub mod rollback;
 pub mod status;
 pub mod verify;

@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use crate::commit::{self, Swap};
 use crate::error;
 use crate::retire;
+use crate::staging::Stage;
 use crate::verify::{self, Rules};
 
 use super::Target;
@@ -48,7 +49,7 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
             verify::summarize(&diffs, 3)
         )));
     }
-    let mut stage = t.state.new_stage()?;
+    let stage = Stage::new(&t.state)?;
     let published = commit::publish(
         &t.vol,
         &stage,
@@ -58,7 +59,7 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
             swap: Swap::Link,
         },
     );
-    stage.remove(&t.state);
+    drop(stage);
     drop(lease);
     published?;
     if let Some(old) = &live {

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::config;
+use crate::config::Timeout;
 use crate::error::{self, Failure};
 use crate::layout;
 use crate::sys;
@@ -31,16 +31,10 @@ enum Probe {
 pub fn run(
     dest: &Path,
     slot: Option<&str>,
-    timeout: Option<&str>,
+    timeout: Option<&Timeout>,
     label: Option<&str>,
 ) -> Result<i32> {
-    let limit = match timeout {
-        Some(t) => {
-            Some(config::parse_duration(t).map_err(|e| crate::cli::bad_value("--timeout", t, e))?)
-        }
-        None => None,
-    };
-    let deadline = limit.map(|l| Instant::now() + l);
+    let deadline = timeout.map(|t| Instant::now() + t.limit);
     let shown = dest.display().to_string();
     loop {
         match probe(dest, &shown, slot, label)? {
@@ -56,7 +50,7 @@ pub fn run(
                 if left == Some(Duration::ZERO) {
                     return Err(Failure::Timeout(format!(
                         "{why} after {}",
-                        timeout.unwrap_or_default()
+                        timeout.map_or("", |t| &t.text)
                     ))
                     .into());
                 }

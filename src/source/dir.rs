@@ -34,7 +34,7 @@ impl Dir {
         DirFd::open_path(arg)
             .and_then(|probe| probe.list())
             .map_err(unreadable)?;
-        let path = sys::canonical(arg).with_context(|| format!("cannot resolve {shown}"))?;
+        let path = sys::canonicalize(arg).with_context(|| format!("cannot resolve {shown}"))?;
         Ok(Dir {
             root,
             label: shown,

@@ -654,14 +654,33 @@ pub fn stat_path(path: &std::path::Path) -> io::Result<Stat> {
     Ok(rfs::stat(path)?)
 }
 
-/// A path the user named, absolute and without symlinks or `..`: to tell
-/// whether DEST lies inside a SOURCE, and to record the SOURCE.
-pub fn canonical(path: &std::path::Path) -> io::Result<std::path::PathBuf> {
-    std::fs::canonicalize(path)
-}
-
 /// Whether setting an owner failed because the volume or the user may not
 /// (not root, root_squash, an id the filesystem cannot store): a soft failure.
 pub fn is_owner_refusal(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EPERM | libc::EINVAL))
+}
+
+/// The absolute path without symlinks of a path the user named, to compare
+/// SOURCE and DEST (`DEST is inside SOURCE`).
+pub fn canonicalize(path: &std::path::Path) -> io::Result<std::path::PathBuf> {
+    std::fs::canonicalize(path)
+}
+
+/// The whole text of a file the user named (`--exclude-from`).
+pub fn read_text(path: &std::path::Path) -> io::Result<String> {
+    std::fs::read_to_string(path)
+}
+
+/// Set the file mode creation mask; the previous one.
+pub fn set_umask(mode: u32) -> u32 {
+    rustix::process::umask(Mode::from_raw_mode(mode)).as_raw_mode()
+}
+
+/// `SIGINT` / `SIGTERM` by name, for messages.
+pub fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGINT => "SIGINT",
+        libc::SIGTERM => "SIGTERM",
+        _ => "a signal",
+    }
 }
