@@ -10,7 +10,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 
 use crate::commit::{self, Swap};
-use crate::config::{self, Command, Config, Layout, SyncConfig};
+use crate::config::{self, Command, Config, SyncConfig};
 use crate::error;
 use crate::layout;
 use crate::manifest::Manifest;
@@ -22,7 +22,7 @@ use crate::scan::{self, Filter, Warnings};
 use crate::stage;
 use crate::sys;
 use crate::tree::{Node, Tree};
-use crate::volume::{Dest, Stage, State, Volume};
+use crate::volume::{Dest, State, Volume};
 
 /// Run a command; the exit status on success.
 pub fn run(cfg: Config) -> Result<i32> {
@@ -209,10 +209,10 @@ fn load_live(
             let state = state.with_context(|| {
                 format!("{} points into a missing state directory", vol.display)
             })?;
-            let opened = vol.open_generation(state, gen).and_then(|fd| {
+            let opened = layout::open_generation(vol, state, gen).and_then(|fd| {
                 let label = format!("{}/gen/{gen}", state.path.display());
                 let tree = scan::run(fd.as_fd(), &label, 0, &Filter::default(), warn)?;
-                Ok((fd, tree))
+                Ok((fd.into_owned(), tree))
             });
             let (fd, mut tree) = match opened {
                 Ok(live) => live,
@@ -252,7 +252,9 @@ fn load_live(
             })
         }
         Dest::Directory => {
-            let fd = sys::open_dir_at(vol.parent.as_fd(), &vol.name)
+            let fd = vol
+                .parent()
+                .and_then(|p| p.open_dir(&vol.name))
                 .with_context(|| format!("cannot open {}", vol.display))?;
             let tree = scan::run(fd.as_fd(), &vol.display, 0, &Filter::default(), warn)?;
             Ok(Live {
@@ -346,29 +348,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
     check_overlap(&base, &canon, &labels)?;
     let vol = layout::open_for_sync(base, cfg)?;
-    let dest = vol.inspect()?;
-    match &dest {
-        Dest::Directory | Dest::File if vol.layout == Layout::Fanout => {
-            return Err(error::refused(format!(
-                "{}: {} is not a packsync link; remove it or choose another DEST",
-                vol.display,
-                sys::os(&vol.name).to_string_lossy()
-            )))
-        }
-        Dest::File => {
-            return Err(error::usage(format!(
-                "{}: DEST exists and is not a directory",
-                vol.display
-            )))
-        }
-        Dest::Foreign(t) => {
-            return Err(error::refused(format!(
-            "{}: not a packsync destination (a symlink to {t}); remove it or choose another DEST",
-            vol.display
-        )))
-        }
-        _ => {}
-    }
+    let dest = layout::inspect(&vol)?;
+    layout::of(&vol).check_dest(&vol, &dest)?;
     let quiet = Quiet {
         show_warnings: true,
     };
@@ -492,21 +473,12 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let live_nonempty = live_tree.as_ref().is_some_and(|t| !t.is_empty());
     guards(cfg, &vol, &tree, &plan, live_nonempty)?;
     // Fanout: other slots' entries and entries packsync did not make, before anything is written.
-    let fanout = if vol.layout == Layout::Fanout {
-        let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
-        let live_names: Option<Vec<&[u8]>> = live_tree
-            .as_ref()
-            .filter(|_| live.gen.is_some())
-            .map(|t| t.entries.iter().map(|e| &*e.name).collect());
-        Some(layout::fanout::check(
-            &vol,
-            &names,
-            live_names.as_deref(),
-            cfg.adopt,
-        )?)
-    } else {
-        None
-    };
+    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+    let live_names: Option<Vec<&[u8]>> = live_tree
+        .as_ref()
+        .filter(|_| live.gen.is_some())
+        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+    let check = layout::of(&vol).check(&vol, &names, live_names.as_deref(), cfg.adopt)?;
     let live_label = live.manifest.as_ref().and_then(|m| m.label.clone());
     crate::label::guard(
         &vol.display,
@@ -551,11 +523,9 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         summary.status = "up to date";
         summary.generation = live.gen.clone();
         if let Some(state) = &state {
-            if let Some(check) = fanout.as_ref().filter(|c| c.repair || !c.adopt.is_empty()) {
-                for w in layout::fanout::repair(&vol, state, !check.adopt.is_empty())? {
-                    reporter.warn(&w);
-                    summary.warnings.push(w);
-                }
+            for w in layout::of(&vol).repair(&vol, state, &check)? {
+                reporter.warn(&w);
+                summary.warnings.push(w);
             }
             summary.retired = collect(&vol, state, &policy, reporter, &mut summary);
             // A hook that failed on the live generation (or never ran on it) runs now.
@@ -579,19 +549,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
         _ => Swap::Link,
     };
     let mut stage = state.new_stage()?;
-    if vol.layout == Layout::Dir {
-        layout::dir::prepare(&vol, &state, &mut stage, fresh_state)?;
-    }
+    layout::prepare(&vol, &state, &mut stage, fresh_state, swap)?;
     let result = (|| -> Result<commit::Generation> {
-        if swap == Swap::Exchange && vol.layout == Layout::Symlink {
-            probe_exchange(&stage).map_err(|_| {
-                error::refused(format!(
-                    "{}: is a directory and this filesystem cannot swap it atomically (no RENAME_EXCHANGE); \
-                     pass --migrate to take it over with DEST missing for an instant",
-                    vol.display
-                ))
-            })?;
-        }
         sys::mkdir_at(stage.fd(), b"tree", 0o700).context("cannot create the staging tree")?;
         let out = sys::open_dir_at(stage.fd(), b"tree")?;
         let caps = crate::caps::probe(stage.fd()).with_context(|| {
@@ -648,22 +607,25 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             digest: String::new(),
             tree,
         };
-        let opts = commit::Options {
-            fsync: cfg.fsync,
-            swap,
+        let commit = commit::Commit {
+            vol: &vol,
+            state: &state,
+            stage: &stage,
+            was_live: live.gen.as_deref(),
+            opts: commit::Options {
+                fsync: cfg.fsync,
+                swap,
+                adopt: cfg.adopt,
+            },
         };
-        commit::run(
-            &vol,
-            &state,
-            &stage,
-            &mut manifest,
-            live.gen.as_deref(),
-            &opts,
-            cfg.adopt,
-        )
+        commit::run(&commit, &mut manifest)
     })();
     stage.remove(&state);
     let gen = result?;
+    for w in &gen.warnings {
+        reporter.warn(w);
+        summary.warnings.push(w.clone());
+    }
     summary.status = "synced";
     summary.generation = Some(gen.name.clone());
     summary.retired = collect(&vol, &state, &policy, reporter, &mut summary);
@@ -773,16 +735,6 @@ fn hash_candidates(tree: &mut Tree, live: &Tree, fds: &[OwnedFd], labels: &[Stri
         }
     });
     Ok(())
-}
-
-/// Can this filesystem exchange two names atomically?
-fn probe_exchange(stage: &Stage) -> Result<()> {
-    sys::mkdir_at(stage.fd(), b"probe-a", 0o700)?;
-    sys::mkdir_at(stage.fd(), b"probe-b", 0o700)?;
-    let r = sys::rename_exchange(stage.fd(), b"probe-a", stage.fd(), b"probe-b");
-    let _ = sys::rmdir_at(stage.fd(), b"probe-a");
-    let _ = sys::rmdir_at(stage.fd(), b"probe-b");
-    Ok(r?)
 }
 
 /// The changes of `plan` as `--itemize` shows them, in path order.

@@ -8,13 +8,13 @@
 //! writes.
 
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 
 use anyhow::{Context, Result};
 
 use crate::manifest::hex;
 use crate::scan::{self, Filter, Warnings};
-use crate::sys;
+use crate::sys::DirFd;
 use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 
 /// One way the tree on disk differs from its manifest.
@@ -74,16 +74,14 @@ impl Rules {
 
 /// Read the tree below `root`, hash every file (in parallel) and compare it
 /// with `expected`. `label` names the root in messages.
-pub fn run(root: &OwnedFd, label: &str, expected: &Tree, rules: Rules) -> Result<Vec<Difference>> {
+pub fn run(root: &DirFd, label: &str, expected: &Tree, rules: Rules) -> Result<Vec<Difference>> {
     let warn = Warnings::default();
-    let mut found = scan::run(
-        std::os::fd::AsFd::as_fd(root),
-        label,
-        0,
-        &Filter::default(),
-        &warn,
-    )?;
-    let roots = vec![Some(root.try_clone().context("cannot duplicate a handle")?)];
+    let mut found = scan::run(root.as_fd(), label, 0, &Filter::default(), &warn)?;
+    let roots = vec![Some(
+        root.try_clone()
+            .context("cannot duplicate a handle")?
+            .into_owned(),
+    )];
     scan::hash(&mut found, &roots, &[label.to_string()], &|e| {
         matches!(e.node, Node::File(_))
     })?;
@@ -110,7 +108,9 @@ pub fn run(root: &OwnedFd, label: &str, expected: &Tree, rules: Rules) -> Result
 /// `sync --verify`: the staged tree in `out` must be the planned `tree`.
 /// Fails (nothing published) with the first differences in the message.
 pub fn staged(out: BorrowedFd<'_>, tree: &Tree, rules: Rules) -> Result<()> {
-    let fd = sys::open_dir_at(out, b".").context("cannot reopen the staged tree")?;
+    let fd = DirFd::dup_of(out)
+        .and_then(|d| d.reopen())
+        .context("cannot reopen the staged tree")?;
     let diffs = run(&fd, "staging", tree, rules)?;
     if diffs.is_empty() {
         return Ok(());

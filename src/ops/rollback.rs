@@ -16,7 +16,7 @@ use super::Target;
 
 pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
     let t = super::open_one(dest, slot)?;
-    let live = t.vol.live_generation()?;
+    let live = crate::layout::live_generation(&t.vol)?;
     let gen = match to {
         Some(spec) => find(&t, spec)?,
         None => previous(&t, live.as_deref())?,
@@ -56,6 +56,7 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
         &commit::Options {
             fsync: true,
             swap: Swap::Link,
+            adopt: false,
         },
     );
     stage.remove(&t.state);
