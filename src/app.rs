@@ -472,7 +472,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     };
     let live_nonempty = live_tree.as_ref().is_some_and(|t| !t.is_empty());
     guards(cfg, &vol, &tree, &plan, live_nonempty)?;
-    // Fanout: other slots' entries and entries packsync did not make, before anything is written.
+    // The layout's refusals (fanout: other slots' entries, entries packsync did not make), before anything is written.
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
     let live_names: Option<Vec<&[u8]>> = live_tree
         .as_ref()

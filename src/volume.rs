@@ -52,8 +52,6 @@ pub struct Volume {
     pub slot: Option<String>,
     /// The state directory, relative to `dir` (several components with fanout slots).
     state_name: Vec<u8>,
-    /// The directory packsync owns and readers open: DEST.
-    root_path: PathBuf,
 }
 
 /// What DEST is right now.
@@ -121,7 +119,6 @@ impl Volume {
         Volume {
             dir: OnceLock::from(parent),
             make: None,
-            root_path: parent_path.join(sys::os(&name)),
             parent_path,
             name,
             display: dest.display().to_string(),
@@ -148,6 +145,7 @@ impl Volume {
         layout: Layout,
         slot: Option<&str>,
     ) -> io::Result<Volume> {
+        let dest_path = self.parent_path.join(sys::os(&self.name));
         let outer = self.dir.into_inner().expect("opened by Volume::open");
         let dir = OnceLock::new();
         let mut make = None;
@@ -161,8 +159,7 @@ impl Volume {
         Ok(Volume {
             dir,
             make,
-            parent_path: self.root_path.clone(),
-            root_path: self.root_path,
+            parent_path: dest_path,
             name,
             display: self.display,
             layout,
@@ -193,11 +190,6 @@ impl Volume {
     /// The state directory, relative to `parent` (several components with fanout slots).
     pub fn state_name(&self) -> Vec<u8> {
         self.state_name.clone()
-    }
-
-    /// The directory packsync owns and readers open: DEST.
-    pub fn root_path(&self) -> PathBuf {
-        self.root_path.clone()
     }
 
     /// The link text that points DEST at `gen` (relative to the parent).
