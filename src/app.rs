@@ -16,7 +16,7 @@ use anyhow::{Context, Result};
 
 use crate::clock;
 use crate::commit::{self, Swap};
-use crate::config::{self, Command, Config, Layout, Owner, SyncConfig};
+use crate::config::{self, Command, Config, Owner, SyncConfig};
 use crate::error;
 use crate::layout;
 use crate::manifest::Manifest;
@@ -28,7 +28,7 @@ use crate::scan::{self, Filter};
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
-use crate::sys::{self, DirFd};
+use crate::sys::{self};
 use crate::tree::{Node, Tree};
 use crate::verify;
 use crate::volume::{Dest, State, Volume};
@@ -98,7 +98,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     }
 
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners)?;
-    let fanout = guards(cfg, &vol, &tree, &plan, &live)?;
+    let check = guards(cfg, &vol, &tree, &plan, &live)?;
     let up_to_date = up_to_date(cfg, &plan, &live);
     let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
     if cfg.itemize {
@@ -110,7 +110,7 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     if cfg.dry_run || up_to_date {
         return match &state {
             Some(state) if !cfg.dry_run => {
-                settle(cfg, &vol, state, fanout, summary, &console, start)
+                settle(cfg, &vol, state, check, summary, &console, start)
             }
             _ => report::finish(summary, &console, start, output),
         };
@@ -120,10 +120,8 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     let fresh_state = state.is_none();
     let state = vol.state(true)?.expect("created");
     let mut staging = Stage::new(&state)?;
-    if vol.layout == Layout::Dir {
-        layout::dir::prepare(&vol, &state, &mut staging, fresh_state)?;
-    }
-    let swap = swap_for(&dest, cfg, &vol, &staging)?;
+    let swap = swap_for(&dest, cfg);
+    layout::prepare(&vol, &state, &mut staging, fresh_state, swap)?;
     let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
         let at = format!("{}/stage/{}", state.path.display(), staging.name);
         format!("cannot probe the volume at {at}")
@@ -149,13 +147,22 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     drop(staged); // closes the staged tree before it moves into gen/
 
     // Commit: name the tree by its digest and publish it in one rename.
-    let opts = commit::Options {
-        fsync: cfg.fsync,
-        swap,
+    let commit = commit::Commit {
+        vol: &vol,
+        state: &state,
+        stage: &staging,
+        was_live: live.gen.as_deref(),
+        opts: commit::Options {
+            fsync: cfg.fsync,
+            swap,
+            adopt: cfg.adopt,
+        },
     };
-    let old = live.gen.as_deref();
-    let gen = commit::run(&vol, &state, &staging, &mut manifest, old, &opts, cfg.adopt)?;
+    let gen = commit::run(&commit, &mut manifest)?;
     drop(staging);
+    for w in &gen.warnings {
+        console.warn(w);
+    }
 
     // Retire what no reader may still need, then report.
     summary.status = "synced";
@@ -274,21 +281,9 @@ fn open_dest(cfg: &SyncConfig, sources: &Sources) -> Result<(Volume, Dest)> {
     let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
     check_overlap(&base, sources)?;
     let vol = layout::open_for_sync(base, cfg)?;
-    let dest = vol.inspect()?;
-    let shown = &vol.display;
-    match &dest {
-        Dest::Directory | Dest::File if vol.layout == Layout::Fanout => Err(error::refused(format!(
-            "{shown}: {} is not a packsync link; remove it or choose another DEST",
-            sys::os(&vol.name).to_string_lossy()
-        ))),
-        Dest::File => Err(error::usage(format!(
-            "{shown}: DEST exists and is not a directory"
-        ))),
-        Dest::Foreign(t) => Err(error::refused(format!(
-            "{shown}: not a packsync destination (a symlink to {t}); remove it or choose another DEST"
-        ))),
-        _ => Ok((vol, dest)),
-    }
+    let dest = layout::inspect(&vol)?;
+    layout::of(&vol).check_dest(&vol, &dest)?;
+    Ok((vol, dest))
 }
 
 /// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
@@ -387,9 +382,9 @@ fn load_live(
             let state = state.with_context(|| {
                 format!("{} points into a missing state directory", vol.display)
             })?;
-            let opened = vol.open_generation(state, gen).and_then(|fd| {
+            let opened = layout::open_generation(vol, state, gen).and_then(|fd| {
                 let label = format!("{}/gen/{gen}", state.path.display());
-                let dir = source::Dir::new(DirFd::from_owned(fd), label);
+                let dir = source::Dir::new(fd, label);
                 let tree = dir.scan(0, &Filter::default(), warn)?;
                 Ok((dir, tree))
             });
@@ -425,10 +420,11 @@ fn load_live(
             })
         }
         Dest::Directory => {
-            // Volume handles are still plain descriptors (the volume's to change).
-            let fd = sys::open_dir_at(vol.parent.as_fd(), &vol.name)
+            let fd = vol
+                .parent()
+                .and_then(|p| p.open_dir(&vol.name))
                 .with_context(|| format!("cannot open {}", vol.display))?;
-            let dir = source::Dir::new(DirFd::from_owned(fd), vol.display.clone());
+            let dir = source::Dir::new(fd, vol.display.clone());
             let tree = dir.scan(0, &Filter::default(), warn)?;
             Ok(Live {
                 tree: Some(tree),
@@ -575,7 +571,7 @@ fn guards(
     tree: &Tree,
     plan: &Plan,
     live: &Live,
-) -> Result<Option<layout::fanout::Check>> {
+) -> Result<layout::Check> {
     let live_nonempty = live.tree.as_ref().is_some_and(|t| !t.is_empty());
     if tree.is_empty() && live_nonempty && !cfg.allow_empty {
         return Err(error::refused(format!(
@@ -591,22 +587,14 @@ fn guards(
             )));
         }
     }
-    let fanout = if vol.layout == Layout::Fanout {
-        let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
-        let live_names: Option<Vec<&[u8]>> = live
-            .tree
-            .as_ref()
-            .filter(|_| live.gen.is_some())
-            .map(|t| t.entries.iter().map(|e| &*e.name).collect());
-        Some(layout::fanout::check(
-            vol,
-            &names,
-            live_names.as_deref(),
-            cfg.adopt,
-        )?)
-    } else {
-        None
-    };
+    // The layout's own (fanout: other slots' entries, entries packsync did not make).
+    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+    let live_names: Option<Vec<&[u8]>> = live
+        .tree
+        .as_ref()
+        .filter(|_| live.gen.is_some())
+        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+    let check = layout::of(vol).check(vol, &names, live_names.as_deref(), cfg.adopt)?;
     let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     crate::label::guard(
         &vol.display,
@@ -614,25 +602,18 @@ fn guards(
         live.gen.as_deref(),
         live_label,
     )?;
-    Ok(fanout)
+    Ok(check)
 }
 
-/// How the commit replaces DEST. A real directory there is exchanged for
-/// the link where the filesystem can (probed here), else only with `--migrate`.
-fn swap_for(dest: &Dest, cfg: &SyncConfig, vol: &Volume, staging: &Stage) -> Result<Swap> {
-    let swap = match dest {
+/// How the commit replaces DEST: a real directory there is exchanged for
+/// the link (the layout refuses where the filesystem cannot), or with
+/// `--migrate` moved away first.
+fn swap_for(dest: &Dest, cfg: &SyncConfig) -> Swap {
+    match dest {
         Dest::Directory if cfg.migrate => Swap::Migrate,
         Dest::Directory => Swap::Exchange,
         _ => Swap::Link,
-    };
-    if swap == Swap::Exchange && vol.layout == Layout::Symlink && !staging.can_exchange() {
-        return Err(error::refused(format!(
-            "{}: is a directory and this filesystem cannot swap it atomically (no RENAME_EXCHANGE); \
-             pass --migrate to take it over with DEST missing for an instant",
-            vol.display
-        )));
     }
-    Ok(swap)
 }
 
 /// An up-to-date sync writes no generation, but repairs fanout links that
@@ -642,15 +623,13 @@ fn settle(
     cfg: &SyncConfig,
     vol: &Volume,
     state: &State,
-    fanout: Option<layout::fanout::Check>,
+    check: layout::Check,
     mut summary: Summary,
     console: &Console,
     start: Instant,
 ) -> Result<i32> {
-    if let Some(check) = fanout.filter(|c| c.repair || !c.adopt.is_empty()) {
-        for w in layout::fanout::repair(vol, state, !check.adopt.is_empty())? {
-            console.warn(&w);
-        }
+    for w in layout::of(vol).repair(vol, state, &check)? {
+        console.warn(&w);
     }
     summary.retired = collect(cfg, vol, state, console);
     let gen = summary

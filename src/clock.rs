@@ -10,8 +10,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Short waits for an answer that should settle within milliseconds.
 pub const BRIEF: &[u64] = &[0, 1, 2, 5, 10, 20, 50, 100, 200];
-/// Longer waits, about a second and a half in all.
-pub const PATIENT: &[u64] = &[0, 2, 5, 10, 20, 50, 100, 200, 500, 1000];
 
 /// Time since the epoch, now (zero if the clock is before it).
 pub fn now() -> Duration {

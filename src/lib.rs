@@ -11,28 +11,17 @@
 //! The binary reaches all of it through `main`; every module is private to
 //! the crate, so the compiler sees what is unused.
 
-// Until the other parts of issue 10 land, these modules hold items the
-// compiler now sees unused: the shared clock, retry and `sys::component`
-// that callers are being moved to, and dead items their owners remove
-// (`commit::Generation::{digest, converged}`, `layout::LiveTree::path`,
-// `manifest::Manifest::seal`, `tree::Tree::adopt_groups`,
-// `sys::cstr_bytes`). The allowances go once those are merged.
-
 pub(crate) mod app;
 pub(crate) mod caps;
 pub(crate) mod chmod;
 pub(crate) mod claim;
 pub(crate) mod cli;
-#[allow(dead_code)]
 pub(crate) mod clock;
-#[allow(dead_code)]
 pub(crate) mod commit;
 pub(crate) mod config;
 pub(crate) mod error;
 pub(crate) mod label;
-#[allow(dead_code)]
 pub(crate) mod layout;
-#[allow(dead_code)]
 pub(crate) mod manifest;
 pub(crate) mod ops;
 pub(crate) mod plan;
@@ -42,10 +31,7 @@ pub(crate) mod scan;
 pub(crate) mod source;
 pub(crate) mod stage;
 pub(crate) mod staging;
-#[allow(dead_code)]
-#[allow(unused_imports)]
 pub(crate) mod sys;
-#[allow(dead_code)]
 pub(crate) mod tree;
 pub(crate) mod verify;
 pub(crate) mod volume;

@@ -2,53 +2,19 @@
 //! writers that are gone. Never removes the live generation, the `keep`
 //! newest others, one retired (or made, or reused) less than `grace` ago, or
 //! one leased by `exec` or claimed by a writer about to publish it (`claim`).
-//!
-//! The collector's half of the protocol in `commit` (no lock needed):
-//! 1. decide from what the volume shows: not live, not among the `keep`
-//!    newest, no activity (manifest made, `.used`, `.retired` stamps) for
-//!    `grace`, no live lease or claim;
-//! 2. announce the removal (`claim::Intent`), then look again: a claim,
-//!    DEST, or a changed stamp → stop;
-//! 3. rename `gen/<GEN>` into `trash/<GEN>+<me>`: one atomic step, so `gen/`
-//!    only ever holds whole trees, and no writer can start using it under
-//!    its name any more;
-//! 4. look again: DEST points at it, a claim or lease appeared, or a stamp
-//!    changed → rename it back (if a writer renamed a fresh copy in
-//!    meanwhile, drop ours) and stop;
-//! 5. move `meta/<GEN>.manifest` aside the same way and look again (a
-//!    converging writer may rely on it): claimed, back in `gen/`, or live →
-//!    put both back;
-//! 6. drop the announcement; delete the stamps, the manifest and the tree
-//!    through handles.
-//!
-//! A writer claims a generation before it stores it, then waits while it
-//! sees an announcement, then checks that the generation is there, and holds
-//! the claim until DEST points at it. Writer and collector each make their
-//! own mark before looking for the other's, so at least one sees the other
-//! (step 2); step 4 covers a view of DEST or of `leases/` that another
-//! client's cache made stale. A collector killed between steps 3 and 4
-//! leaves its `trash/` entry named after itself: the next run (on the same
-//! host at once, on another after `stale`) puts it back if DEST or a claim
-//! still wants it, else deletes it.
-//!
-//! Timing assumptions: on one host (one client) none. On a shared volume
-//! another client may see an old DEST, or miss a fresh claim, for as long as
-//! it caches names (GlusterFS about 1 s, NFS up to its `actimeo`, 60 s by
-//! default), so there `grace` is at least `SHARED_MIN_GRACE`. Staging of
-//! another host is a dead writer's after `stale` without change (the host
-//! clocks agree to well within that); a writer refreshes its staging's mtime
-//! every `stage::HEARTBEAT` and checks that it still owns it before it
-//! publishes. Directories that hold `.nfs*`/`.fuse_hidden*` files (still
-//! open elsewhere) stay in `trash/` for a later run.
+//! The collector's half of the lock-free protocol, and why `grace` has a
+//! floor on shared volumes: see docs/architecture.md, "The on-disk protocol".
+//! Directories that hold `.nfs*`/`.fuse_hidden*` files (still open
+//! elsewhere) stay in `trash/` for a later run.
 
-use std::os::fd::AsFd;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::Result;
 
-use crate::config::Layout;
+use crate::clock::now_f64 as now;
+use crate::layout;
 use crate::sys;
-use crate::volume::{stage_owner, unique_name, Dest, State, Volume};
+use crate::volume::{stage_owner, unique_name, State, Volume};
 
 #[derive(Debug, Clone, Copy)]
 pub struct Policy {
@@ -72,22 +38,13 @@ pub struct Retired {
     pub stale_stages: u64,
 }
 
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs_f64()
-}
-
 fn secs(st: &sys::Stat) -> f64 {
     let (s, ns) = sys::mtime_of(st);
     s as f64 + ns as f64 / 1e9
 }
 
 fn mtime_secs(state: &State, name: &str) -> Option<f64> {
-    sys::stat_at(state.meta.as_fd(), name.as_bytes())
-        .ok()
-        .map(|st| secs(&st))
+    state.meta.stat(name.as_bytes()).ok().map(|st| secs(&st))
 }
 
 /// The mtimes of `gen`'s manifest and stamps: any change is activity.
@@ -99,7 +56,7 @@ fn stamps(state: &State, gen: &str) -> [Option<f64>; 3] {
 pub fn last_active(state: &State, gen: &str) -> f64 {
     let [made, retired, used] = stamps(state, gen);
     let made = made.or_else(|| {
-        let st = sys::stat_at(state.gen.as_fd(), gen.as_bytes()).ok()?;
+        let st = state.gen.stat(gen.as_bytes()).ok()?;
         Some(sys::mtime_of(&st).0 as f64)
     });
     [made, retired, used]
@@ -115,7 +72,7 @@ pub fn made(state: &State, gen: &str) -> f64 {
 
 /// Whether a live lease or claim holds `gen` (one of a dead local process does not).
 pub fn leased(state: &State, gen: &str) -> bool {
-    let Ok(list) = sys::list_dir(state.leases.as_fd()) else {
+    let Ok(list) = state.leases.list() else {
         return true;
     };
     let prefix = format!("{gen}.");
@@ -135,7 +92,7 @@ fn lease_alive(state: &State, name: &str, owner: &str) -> bool {
     match stage_owner(owner) {
         Some((host, pid)) if host == crate::volume::host_tag() => sys::pid_alive(pid),
         // Another host's lease: its holder refreshes it; trust it for a day.
-        _ => match sys::stat_at(state.leases.as_fd(), name.as_bytes()) {
+        _ => match state.leases.stat(name.as_bytes()) {
             Ok(st) => now() - (sys::mtime_of(&st).0 as f64) < 86_400.0,
             Err(_) => false,
         },
@@ -143,10 +100,7 @@ fn lease_alive(state: &State, name: &str, owner: &str) -> bool {
 }
 
 fn live_gen(vol: &Volume) -> Result<Option<String>> {
-    Ok(match vol.inspect()? {
-        Dest::Live(g) => Some(g),
-        _ => None,
-    })
+    layout::live_generation(vol)
 }
 
 /// Apply `policy` to the state directory. `own_stage` is this writer's staging, left alone.
@@ -157,7 +111,7 @@ pub fn run(
     own_stage: Option<&str>,
 ) -> Result<Retired> {
     let mut out = Retired::default();
-    let shared = sys::fs_kind(state.fd.as_fd()).map_or(true, |k| k.is_shared());
+    let shared = state.fd.fs_kind().map_or(true, |k| k.is_shared());
     let grace = if shared {
         policy.grace.max(SHARED_MIN_GRACE)
     } else {
@@ -185,7 +139,7 @@ pub fn run(
     }
     sweep_trash(vol, state, policy.stale);
     out.stale_stages = remove_dead_stages(state, policy.stale, own_stage);
-    if vol.layout != Layout::Dir {
+    if layout::of(vol).live_in_gen() {
         remove_orphan_meta(vol, state);
     }
     remove_dead_leases(state);
@@ -221,12 +175,10 @@ fn remove_generation(
         return Ok(Outcome::Kept);
     }
     let aside = trash_name(gen);
-    match sys::rename_at(
-        state.gen.as_fd(),
-        gen.as_bytes(),
-        state.trash.as_fd(),
-        aside.as_bytes(),
-    ) {
+    match state
+        .gen
+        .rename(gen.as_bytes(), &state.trash, aside.as_bytes())
+    {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Outcome::Kept),
         Err(e) => return Err(e.into()),
@@ -240,51 +192,39 @@ fn remove_generation(
     }
     let mname = format!("{gen}.manifest");
     let maside = trash_name(&mname);
-    let moved = sys::rename_at(
-        state.meta.as_fd(),
-        mname.as_bytes(),
-        state.trash.as_fd(),
-        maside.as_bytes(),
-    )
-    .is_ok();
-    if wanted(vol, state, gen) || sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
-    {
+    let moved = state
+        .meta
+        .rename(mname.as_bytes(), &state.trash, maside.as_bytes())
+        .is_ok();
+    if wanted(vol, state, gen) || state.gen.exists(gen.as_bytes()).unwrap_or(true) {
         if moved {
-            let _ = sys::rename_at(
-                state.trash.as_fd(),
-                maside.as_bytes(),
-                state.meta.as_fd(),
-                mname.as_bytes(),
-            );
+            let _ = state
+                .trash
+                .rename(maside.as_bytes(), &state.meta, mname.as_bytes());
         }
         put_back(state, gen, &aside)?;
         return Ok(Outcome::Kept);
     }
     drop(intent);
     for what in ["retired", "used", "root", "after"] {
-        let _ = sys::unlink_at(state.meta.as_fd(), format!("{gen}.{what}").as_bytes());
+        let _ = state.meta.unlink(format!("{gen}.{what}").as_bytes());
     }
-    let _ = sys::unlink_at(state.trash.as_fd(), maside.as_bytes());
-    Ok(
-        if sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes())? {
-            Outcome::Removed
-        } else {
-            Outcome::Left
-        },
-    )
+    let _ = state.trash.unlink(maside.as_bytes());
+    Ok(if state.trash.remove_tree(aside.as_bytes())? {
+        Outcome::Removed
+    } else {
+        Outcome::Left
+    })
 }
 
 /// Rename `trash/<aside>` back to `gen/<gen>`; if a writer renamed a fresh
 /// copy in meanwhile, ours is not needed.
 fn put_back(state: &State, gen: &str, aside: &str) -> Result<()> {
-    let back = sys::rename_at(
-        state.trash.as_fd(),
-        aside.as_bytes(),
-        state.gen.as_fd(),
-        gen.as_bytes(),
-    );
-    if back.is_err() && sys::exists_at(state.gen.as_fd(), gen.as_bytes())? {
-        sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes())?;
+    let back = state
+        .trash
+        .rename(aside.as_bytes(), &state.gen, gen.as_bytes());
+    if back.is_err() && state.gen.exists(gen.as_bytes())? {
+        state.trash.remove_tree(aside.as_bytes())?;
         return Ok(());
     }
     Ok(back?)
@@ -294,19 +234,16 @@ fn put_back(state: &State, gen: &str, aside: &str) -> Result<()> {
 /// under its name, if it is still missing there. For a writer that finds
 /// the generation it just claimed gone.
 pub fn recover(state: &State, gen: &str) -> bool {
-    let Ok(list) = sys::list_dir(state.trash.as_fd()) else {
+    let Ok(list) = state.trash.list() else {
         return false;
     };
     let prefix = format!("{gen}+");
     list.iter().any(|l| {
         l.name.starts_with(prefix.as_bytes())
-            && sys::rename_at(
-                state.trash.as_fd(),
-                &l.name,
-                state.gen.as_fd(),
-                gen.as_bytes(),
-            )
-            .is_ok()
+            && state
+                .trash
+                .rename(&l.name, &state.gen, gen.as_bytes())
+                .is_ok()
     })
 }
 
@@ -316,7 +253,9 @@ fn owner_gone(state: &State, name: &[u8], owner: Option<&str>, stale: Duration) 
     let me = crate::volume::host_tag();
     match owner.and_then(stage_owner) {
         Some((host, pid)) if host == me => pid == sys::pid() || !sys::pid_alive(pid),
-        _ => sys::stat_at(state.trash.as_fd(), name)
+        _ => state
+            .trash
+            .stat(name)
             .is_ok_and(|st| now() - secs(&st) > stale.as_secs_f64()),
     }
 }
@@ -324,7 +263,7 @@ fn owner_gone(state: &State, name: &[u8], owner: Option<&str>, stale: Duration) 
 /// Leftovers of removals that died midway, or that met open files: put
 /// back what DEST or a claim still wants, delete the rest.
 fn sweep_trash(vol: &Volume, state: &State, stale: Duration) {
-    let Ok(list) = sys::list_dir(state.trash.as_fd()) else {
+    let Ok(list) = state.trash.list() else {
         return;
     };
     for l in list {
@@ -338,36 +277,30 @@ fn sweep_trash(vol: &Volume, state: &State, stale: Duration) {
         }
         if let Some(gen) = what.strip_suffix(".manifest") {
             let mname = format!("{gen}.manifest");
-            let missing = !sys::exists_at(state.meta.as_fd(), mname.as_bytes()).unwrap_or(true);
-            let needed = sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
-                || wanted(vol, state, gen);
+            let missing = !state.meta.exists(mname.as_bytes()).unwrap_or(true);
+            let needed =
+                state.gen.exists(gen.as_bytes()).unwrap_or(true) || wanted(vol, state, gen);
             if missing
                 && needed
-                && sys::rename_at(
-                    state.trash.as_fd(),
-                    &l.name,
-                    state.meta.as_fd(),
-                    mname.as_bytes(),
-                )
-                .is_ok()
+                && state
+                    .trash
+                    .rename(&l.name, &state.meta, mname.as_bytes())
+                    .is_ok()
             {
                 continue;
             }
         } else if crate::volume::valid_gen(what.as_bytes())
             && !what.starts_with("stage-")
-            && !sys::exists_at(state.gen.as_fd(), what.as_bytes()).unwrap_or(true)
+            && !state.gen.exists(what.as_bytes()).unwrap_or(true)
             && wanted(vol, state, what)
-            && sys::rename_at(
-                state.trash.as_fd(),
-                &l.name,
-                state.gen.as_fd(),
-                what.as_bytes(),
-            )
-            .is_ok()
+            && state
+                .trash
+                .rename(&l.name, &state.gen, what.as_bytes())
+                .is_ok()
         {
             continue;
         }
-        let _ = sys::remove_tree_at(state.trash.as_fd(), &l.name);
+        let _ = state.trash.remove_tree(&l.name);
     }
 }
 
@@ -375,7 +308,7 @@ fn sweep_trash(vol: &Volume, state: &State, stale: Duration) {
 /// `stale`: moved into `trash/` first, checked again (a writer touches its
 /// staging before it publishes), then deleted.
 fn remove_dead_stages(state: &State, stale: Duration, own: Option<&str>) -> u64 {
-    let Ok(list) = sys::list_dir(state.stage.as_fd()) else {
+    let Ok(list) = state.stage.list() else {
         return 0;
     };
     let me = crate::volume::host_tag();
@@ -386,7 +319,7 @@ fn remove_dead_stages(state: &State, stale: Duration, own: Option<&str>) -> u64 
         if Some(name.as_str()) == own {
             continue;
         }
-        let Ok(st) = sys::stat_at(state.stage.as_fd(), &l.name) else {
+        let Ok(st) = state.stage.stat(&l.name) else {
             continue;
         };
         let old = t - secs(&st) > stale.as_secs_f64();
@@ -399,36 +332,30 @@ fn remove_dead_stages(state: &State, stale: Duration, own: Option<&str>) -> u64 
         }
         if sys::kind_of(&st) != sys::StatKind::Dir {
             // Not packsync's: a symlink or file planted here is removed, never followed.
-            if sys::unlink_at(state.stage.as_fd(), &l.name).is_ok() {
+            if state.stage.unlink(&l.name).is_ok() {
                 n += 1;
             }
             continue;
         }
         let aside = trash_name(&format!("stage-{name}"));
-        if sys::rename_at(
-            state.stage.as_fd(),
-            &l.name,
-            state.trash.as_fd(),
-            aside.as_bytes(),
-        )
-        .is_err()
+        if state
+            .stage
+            .rename(&l.name, &state.trash, aside.as_bytes())
+            .is_err()
         {
             continue;
         }
         sys::crash_point("stage-trash");
-        let touched = sys::stat_at(state.trash.as_fd(), aside.as_bytes())
+        let touched = state
+            .trash
+            .stat(aside.as_bytes())
             .map_or(true, |now| sys::mtime_of(&now) != sys::mtime_of(&st));
         if touched {
             // Its writer is alive after all.
-            let _ = sys::rename_at(
-                state.trash.as_fd(),
-                aside.as_bytes(),
-                state.stage.as_fd(),
-                &l.name,
-            );
+            let _ = state.trash.rename(aside.as_bytes(), &state.stage, &l.name);
             continue;
         }
-        if sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes()).unwrap_or(false) {
+        if state.trash.remove_tree(aside.as_bytes()).unwrap_or(false) {
             n += 1;
         }
     }
@@ -440,7 +367,7 @@ fn remove_dead_stages(state: &State, stale: Duration, own: Option<&str>) -> u64 
 /// renaming its tree. A manifest goes aside first and is put back if a
 /// writer turns out to need it (as in `remove_generation`).
 fn remove_orphan_meta(vol: &Volume, state: &State) {
-    let Ok(list) = sys::list_dir(state.meta.as_fd()) else {
+    let Ok(list) = state.meta.list() else {
         return;
     };
     for l in list {
@@ -450,43 +377,33 @@ fn remove_orphan_meta(vol: &Volume, state: &State) {
         };
         if !matches!(what, "manifest" | "retired" | "used" | "after")
             || !crate::volume::valid_gen(gen.as_bytes())
-            || sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
+            || state.gen.exists(gen.as_bytes()).unwrap_or(true)
             || wanted(vol, state, gen)
         {
             continue;
         }
         if what != "manifest" {
-            let _ = sys::unlink_at(state.meta.as_fd(), &l.name);
+            let _ = state.meta.unlink(&l.name);
             continue;
         }
         let aside = trash_name(&name);
-        if sys::rename_at(
-            state.meta.as_fd(),
-            &l.name,
-            state.trash.as_fd(),
-            aside.as_bytes(),
-        )
-        .is_err()
+        if state
+            .meta
+            .rename(&l.name, &state.trash, aside.as_bytes())
+            .is_err()
         {
             continue;
         }
-        if sys::exists_at(state.gen.as_fd(), gen.as_bytes()).unwrap_or(true)
-            || wanted(vol, state, gen)
-        {
-            let _ = sys::rename_at(
-                state.trash.as_fd(),
-                aside.as_bytes(),
-                state.meta.as_fd(),
-                &l.name,
-            );
+        if state.gen.exists(gen.as_bytes()).unwrap_or(true) || wanted(vol, state, gen) {
+            let _ = state.trash.rename(aside.as_bytes(), &state.meta, &l.name);
         } else {
-            let _ = sys::unlink_at(state.trash.as_fd(), aside.as_bytes());
+            let _ = state.trash.unlink(aside.as_bytes());
         }
     }
 }
 
 fn remove_dead_leases(state: &State) {
-    let Ok(list) = sys::list_dir(state.leases.as_fd()) else {
+    let Ok(list) = state.leases.list() else {
         return;
     };
     for l in list {
@@ -498,7 +415,7 @@ fn remove_dead_leases(state: &State) {
             lease_alive(state, &name, owner)
         };
         if !alive {
-            let _ = sys::unlink_at(state.leases.as_fd(), &l.name);
+            let _ = state.leases.unlink(&l.name);
         }
     }
 }

@@ -31,12 +31,10 @@ impl Stage {
     pub fn new(state: &State) -> Result<Stage> {
         let name = unique_name();
         let shown = || format!("{}/stage/{name}", state.path.display());
-        let parent = DirFd::from_owned(
-            state
-                .stage
-                .try_clone()
-                .with_context(|| format!("cannot open {}/stage", state.path.display()))?,
-        );
+        let parent = state
+            .stage
+            .try_clone()
+            .with_context(|| format!("cannot open {}/stage", state.path.display()))?;
         parent
             .mkdir(name.as_bytes(), 0o700)
             .with_context(|| format!("cannot create {}", shown()))?;
@@ -62,20 +60,6 @@ impl Stage {
     /// The staging directory's handle (`stage::run` makes `tree/` in it).
     pub fn dir(&self) -> &DirFd {
         &self.dir
-    }
-
-    /// Can this filesystem exchange two names atomically
-    /// (renameat2(RENAME_EXCHANGE))? Asked with two scratch directories here.
-    pub fn can_exchange(&self) -> bool {
-        let probe = || -> std::io::Result<()> {
-            self.dir.mkdir(b"probe-a", 0o700)?;
-            self.dir.mkdir(b"probe-b", 0o700)?;
-            self.dir.rename_exchange(b"probe-a", &self.dir, b"probe-b")
-        };
-        let r = probe();
-        let _ = self.dir.rmdir(b"probe-a");
-        let _ = self.dir.rmdir(b"probe-b");
-        r.is_ok()
     }
 
     /// Remove the staging directory and everything in it now (dropping it
@@ -154,19 +138,5 @@ mod tests {
         assert_eq!(staged(&t), vec![second.name.clone()]);
         drop(second);
         assert!(staged(&t).is_empty());
-    }
-
-    #[test]
-    fn a_local_filesystem_can_exchange() {
-        let t = tempfile::tempdir().unwrap();
-        let state = state(&t);
-        let stage = Stage::new(&state).unwrap();
-        // tmpfs and ext4 have RENAME_EXCHANGE; the probe leaves nothing.
-        assert!(stage.can_exchange());
-        let left: Vec<_> =
-            std::fs::read_dir(t.path().join(".packs.packsync/stage").join(&stage.name))
-                .unwrap()
-                .collect();
-        assert!(left.is_empty());
     }
 }

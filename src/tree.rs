@@ -348,30 +348,6 @@ impl Tree {
         });
     }
 
-    /// Take the hardlink groups from `recorded` (a manifest) for every file
-    /// `matches` its recorded entry at the same path; the others get none.
-    /// For volumes that do not show hardlinks as one inode (sshfs).
-    pub fn adopt_groups(&mut self, recorded: &Tree, matches: &dyn Fn(&Entry, &Entry) -> bool) {
-        let mut by_path = std::collections::HashMap::new();
-        recorded.for_each(&mut |p, e| {
-            if let Node::File(_) = e.node {
-                by_path.insert(p.to_vec(), e.clone());
-            }
-        });
-        self.for_each_mut(&mut |p, e| {
-            let group = by_path
-                .get(p)
-                .filter(|r| matches(e, r))
-                .and_then(|r| match &r.node {
-                    Node::File(f) => f.group,
-                    _ => None,
-                });
-            if let Node::File(f) = &mut e.node {
-                f.group = group;
-            }
-        });
-    }
-
     /// Overlay `upper` on `self`: a path both provide takes `upper`'s entry,
     /// except that two directories merge, taking `upper`'s metadata.
     pub fn overlay(&mut self, upper: Tree) {
@@ -590,33 +566,5 @@ mod tests {
         let mut bytes: Vec<&[u8]> = names.iter().map(|n| &**n).collect();
         bytes.sort();
         assert_eq!(sorted.iter().map(|n| &**n).collect::<Vec<_>>(), bytes);
-    }
-
-    #[test]
-    fn groups_come_from_the_record_where_the_volume_hides_them() {
-        let mut recorded = Tree {
-            entries: vec![file("a", 0), file("b", 0), file("c", 0)],
-            ..Default::default()
-        };
-        for e in &mut recorded.entries[..2] {
-            if let Node::File(f) = &mut e.node {
-                f.group = Some(3);
-            }
-        }
-        let mut seen = Tree {
-            entries: vec![file("a", 0), file("b", 0), file("c", 0)],
-            ..Default::default()
-        };
-        seen.entries[1].meta.size = 9; // b was replaced: it no longer matches
-        seen.adopt_groups(&recorded, &|a, b| a.meta == b.meta);
-        let g: Vec<_> = seen
-            .entries
-            .iter()
-            .map(|e| match &e.node {
-                Node::File(f) => f.group,
-                _ => None,
-            })
-            .collect();
-        assert_eq!(g, vec![Some(3), None, None]);
     }
 }

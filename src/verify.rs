@@ -8,7 +8,7 @@
 //! writes.
 
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::BorrowedFd;
 
 use anyhow::{Context, Result};
 
@@ -16,7 +16,7 @@ use crate::manifest::hex;
 use crate::report::Collected;
 use crate::scan::{self, Filter};
 use crate::source::{Dir, Source};
-use crate::sys::{self, DirFd};
+use crate::sys::DirFd;
 use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 
 /// One way the tree on disk differs from its manifest.
@@ -76,9 +76,9 @@ impl Rules {
 
 /// Read the tree below `root`, hash every file (in parallel) and compare it
 /// with `expected`. `label` names the root in messages.
-pub fn run(root: &OwnedFd, label: &str, expected: &Tree, rules: Rules) -> Result<Vec<Difference>> {
+pub fn run(root: &DirFd, label: &str, expected: &Tree, rules: Rules) -> Result<Vec<Difference>> {
     let dir = Dir::new(
-        DirFd::from_owned(root.try_clone().context("cannot duplicate a handle")?),
+        root.try_clone().context("cannot duplicate a handle")?,
         label,
     );
     let seen = Collected::default();
@@ -100,7 +100,9 @@ pub fn run(root: &OwnedFd, label: &str, expected: &Tree, rules: Rules) -> Result
 /// `sync --verify`: the staged tree in `out` must be the planned `tree`.
 /// Fails (nothing published) with the first differences in the message.
 pub fn staged(out: BorrowedFd<'_>, tree: &Tree, rules: Rules) -> Result<()> {
-    let fd = sys::open_dir_at(out, b".").context("cannot reopen the staged tree")?;
+    let fd = DirFd::dup_of(out)
+        .and_then(|d| d.reopen())
+        .context("cannot reopen the staged tree")?;
     let diffs = run(&fd, "staging", tree, rules)?;
     if diffs.is_empty() {
         return Ok(());

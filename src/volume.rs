@@ -1,7 +1,7 @@
-//! The destination: DEST's parent held open, the state directory beside it,
-//! the names inside it, and what DEST currently is. Every operation here is
-//! relative to a handle this module holds; nothing is opened by full path
-//! below DEST's parent.
+//! The destination: the directory that holds the published name, the state
+//! directory beside it, the names inside it, and what DEST currently is.
+//! Every operation here goes through a `sys::DirFd` this module holds;
+//! nothing is opened by full path below DEST's parent.
 //!
 //! ```text
 //! <parent>/<name>                     -> .<name>.packsync/gen/<GEN>
@@ -12,36 +12,46 @@
 //!                          leases/    <GEN>.<host>-<pid>-<random> held by `exec`
 //! ```
 //!
-//! The other layouts (see `layout`) reuse this shape: with `--layout fanout`
-//! the published name is the data link `DEST/..data` (`..data-<slot>`) and the
-//! state directory is `DEST/..packsync` (`..packsync/slots/<slot>`); with
-//! `--layout dir` DEST is the live tree itself. Commands other than `sync`
-//! open DEST with `layout::find` and ask `live_generation` / `open_live`,
-//! which hide the layout.
+//! This module knows no layout: a layout driver (`layout`) decides where the
+//! published name and the state directory are (`Volume::inside_dest` for a
+//! name inside DEST, as fanout's data link) and what DEST's state means;
+//! here it is only read (`read_dest`) and opened (`state`). The layout is
+//! carried as a tag for `layout::of`.
 
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{Context, Result};
 
+use crate::clock;
 use crate::config::Layout;
 use crate::error;
 use crate::manifest::Manifest;
-use crate::sys;
+use crate::sys::{self, DirFd};
 
 pub const SUBDIRS: [&str; 5] = ["gen", "meta", "stage", "trash", "leases"];
 
 pub struct Volume {
-    /// The directory holding the published name: DEST's parent (DEST itself with fanout).
-    pub parent: OwnedFd,
+    /// The directory holding the published name: DEST's parent (DEST itself
+    /// with fanout). Empty until it exists: a fanout DEST that the first sync
+    /// creates only when it is about to stage (see `state`).
+    dir: OnceLock<DirFd>,
+    /// Where to make `dir` when it is missing: its parent and its name.
+    make: Option<(DirFd, Vec<u8>)>,
+    /// The path of `dir`, for messages.
     pub parent_path: PathBuf,
-    /// The published name: DEST's name (the data link `..data[-<slot>]` with fanout).
+    /// The published name inside `dir`: DEST's name (the data link with fanout).
     pub name: Vec<u8>,
     /// DEST as the user named it, for messages.
     pub display: String,
+    /// Which driver publishes here (see `layout::of`).
     pub layout: Layout,
     /// `--slot` (fanout only).
     pub slot: Option<String>,
+    /// The state directory, relative to `dir` (several components with fanout slots).
+    state_name: Vec<u8>,
 }
 
 /// What DEST is right now.
@@ -58,30 +68,24 @@ pub enum Dest {
     Foreign(String),
 }
 
+fn not_yet(what: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::NotFound,
+        format!("{what} does not exist yet"),
+    )
+}
+
 impl Volume {
-    /// Open DEST's parent (creating it when `mkpath`).
+    /// Open DEST's parent (creating it when `mkpath`), in the default shape:
+    /// DEST is the published name and `.<name>.packsync` the state directory.
     pub fn open(dest: &Path, mkpath: bool) -> Result<Volume> {
-        let display = dest.display().to_string();
-        let name = dest
-            .file_name()
-            .filter(|n| *n != ".." && *n != ".")
-            .with_context(|| {
-                error::usage(format!(
-                    "{display}: DEST must name an entry inside a directory"
-                ))
-            })?;
-        let name = std::os::unix::ffi::OsStrExt::as_bytes(name).to_vec();
-        let parent_path = match dest.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+        let (name, parent_path) = split(dest)?;
         if mkpath {
-            std::fs::create_dir_all(&parent_path)
-                .with_context(|| format!("cannot create {}", parent_path.display()))?;
+            make_path(&parent_path)?;
         }
-        let parent = match sys::open_dir_path(&parent_path) {
+        let parent = match DirFd::open_path(&parent_path) {
             Ok(fd) => fd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(error::usage(format!(
                     "{}: parent directory does not exist (use --mkpath to create it)",
                     parent_path.display()
@@ -93,64 +97,113 @@ impl Volume {
                 })
             }
         };
-        Ok(Volume {
-            parent,
+        Ok(Volume::at(dest, parent, parent_path, name))
+    }
+
+    /// As `open`, for commands that only read: `None` when DEST's parent is
+    /// missing or not a directory.
+    pub fn find(dest: &Path) -> Result<Option<Volume>> {
+        let (name, parent_path) = split(dest)?;
+        match DirFd::open_path(&parent_path) {
+            Ok(parent) => Ok(Some(Volume::at(dest, parent, parent_path, name))),
+            Err(e) if e.kind() == io::ErrorKind::NotFound || sys::is_not_dir(&e) => Ok(None),
+            Err(e) => Err(e)
+                .with_context(|| format!("cannot open parent directory {}", parent_path.display())),
+        }
+    }
+
+    fn at(dest: &Path, parent: DirFd, parent_path: PathBuf, name: Vec<u8>) -> Volume {
+        let mut state_name = b".".to_vec();
+        state_name.extend_from_slice(&name);
+        state_name.extend_from_slice(b".packsync");
+        Volume {
+            dir: OnceLock::from(parent),
+            make: None,
             parent_path,
             name,
-            display,
+            display: dest.display().to_string(),
             layout: Layout::Symlink,
             slot: None,
+            state_name,
+        }
+    }
+
+    /// The same place, published by `layout`'s driver.
+    pub fn with_layout(mut self, layout: Layout) -> Volume {
+        self.layout = layout;
+        self
+    }
+
+    /// DEST itself holds the published name `name` and the state directory
+    /// `state_name` (fanout). A DEST that does not exist yet is made by the
+    /// first `state(true)`; until then it reads as empty. Fails with
+    /// ELOOP/ENOTDIR when DEST is a symlink or a file.
+    pub fn inside_dest(
+        self,
+        name: Vec<u8>,
+        state_name: Vec<u8>,
+        layout: Layout,
+        slot: Option<&str>,
+    ) -> io::Result<Volume> {
+        let dest_path = self.parent_path.join(sys::os(&self.name));
+        let outer = self.dir.into_inner().expect("opened by Volume::open");
+        let dir = OnceLock::new();
+        let mut make = None;
+        match outer.open_dir(&self.name) {
+            Ok(fd) => {
+                let _ = dir.set(fd);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => make = Some((outer, self.name)),
+            Err(e) => return Err(e),
+        }
+        Ok(Volume {
+            dir,
+            make,
+            parent_path: dest_path,
+            name,
+            display: self.display,
+            layout,
+            slot: slot.map(str::to_string),
+            state_name,
         })
+    }
+
+    /// The directory holding the published name; NotFound while a DEST that
+    /// the first sync creates is not there yet.
+    pub fn parent(&self) -> io::Result<&DirFd> {
+        self.dir.get().ok_or_else(|| not_yet(&self.display))
+    }
+
+    /// `parent`, made first when this sync is the one to create it.
+    fn make_parent(&self) -> Result<&DirFd> {
+        if let Some(d) = self.dir.get() {
+            return Ok(d);
+        }
+        let (outer, name) = self.make.as_ref().ok_or_else(|| not_yet(&self.display))?;
+        let fd = outer
+            .ensure_dir(name, 0o755)
+            .with_context(|| format!("cannot create {}", self.display))?;
+        let _ = self.dir.set(fd);
+        Ok(self.dir.get().expect("just set"))
     }
 
     /// The state directory, relative to `parent` (several components with fanout slots).
     pub fn state_name(&self) -> Vec<u8> {
-        if self.layout == Layout::Fanout {
-            return crate::layout::fanout::state_name(self.slot.as_deref());
-        }
-        let mut s = b".".to_vec();
-        s.extend_from_slice(&self.name);
-        s.extend_from_slice(b".packsync");
-        s
-    }
-
-    /// The directory packsync owns and readers open: DEST.
-    pub fn root_path(&self) -> PathBuf {
-        match self.layout {
-            Layout::Fanout => self.parent_path.clone(),
-            _ => self.parent_path.join(sys::os(&self.name)),
-        }
-    }
-
-    /// The live generation's name, whatever the layout (`None`: nothing published yet).
-    pub fn live_generation(&self) -> Result<Option<String>> {
-        Ok(match self.inspect()? {
-            Dest::Live(g) => Some(g),
-            _ => None,
-        })
-    }
-
-    /// The live generation opened: name, root handle and absolute path, which
-    /// always agree even while writers publish (see `layout::open_live`).
-    pub fn open_live(&self, state: &State) -> Result<Option<crate::layout::LiveTree>> {
-        crate::layout::open_live(self, state)
-    }
-
-    /// Generation `gen` opened: `gen/<GEN>`, or DEST itself when it is the
-    /// live tree of `--layout dir`.
-    pub fn open_generation(&self, state: &State, gen: &str) -> Result<OwnedFd> {
-        crate::layout::open_generation(self, state, gen)
+        self.state_name.clone()
     }
 
     /// The link text that points DEST at `gen` (relative to the parent).
     pub fn link_target(&self, gen: &str) -> Vec<u8> {
-        let mut t = self.state_name();
+        let mut t = self.state_name.clone();
         t.extend_from_slice(b"/gen/");
         t.extend_from_slice(gen.as_bytes());
         t
     }
 
-    pub fn inspect(&self) -> Result<Dest> {
+    /// What the published name is, read as a link. A real directory there
+    /// is `Directory` whatever it holds: only a layout driver knows whether
+    /// it is a live tree (`layout::inspect` asks it).
+    pub fn read_dest(&self) -> Result<Dest> {
         match self.read_link() {
             Ok(target) => {
                 let prefix = self.link_target("");
@@ -161,21 +214,16 @@ impl Volume {
                     _ => Ok(Dest::Foreign(crate::report::escape(&target))),
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Dest::Absent),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                let st = sys::stat_at(self.parent.as_fd(), &self.name)
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Dest::Absent),
+            Err(e) if sys::is_not_symlink(&e) => {
+                let st = self
+                    .parent()?
+                    .stat(&self.name)
                     .with_context(|| format!("cannot stat {}", self.display))?;
-                if sys::kind_of(&st) != sys::StatKind::Dir {
-                    return Ok(Dest::File);
-                }
-                if self.layout == Layout::Dir {
-                    if let Some(state) = self.state(false)? {
-                        if let Some(g) = crate::layout::dir::gen_of(&state, st.st_ino as u64) {
-                            return Ok(Dest::Live(g));
-                        }
-                    }
-                }
-                Ok(Dest::Directory)
+                Ok(match sys::kind_of(&st) {
+                    sys::StatKind::Dir => Dest::Directory,
+                    _ => Dest::File,
+                })
             }
             Err(e) => Err(e).with_context(|| format!("cannot read {}", self.display)),
         }
@@ -185,51 +233,46 @@ impl Volume {
     /// filesystem may answer ESTALE, an empty text (GlusterFS), or for an
     /// instant ENOENT: each is asked again a few times, with short waits,
     /// before it counts. An empty text is never taken for a foreign link.
-    fn read_link(&self) -> std::io::Result<Vec<u8>> {
-        let state_top = self.state_name();
-        let state_top = state_top.split(|b| *b == b'/').next().unwrap_or_default();
-        let mut last = None;
-        for wait_ms in [0, 1, 2, 5, 10, 20, 50, 100, 200] {
-            std::thread::sleep(std::time::Duration::from_millis(wait_ms));
-            match sys::readlink_at(self.parent.as_fd(), &self.name) {
-                Ok(t) if t.is_empty() => {
-                    last = Some(std::io::Error::other(
-                        "its link text reads empty (a network filesystem in the middle of a swap); try again",
-                    ))
-                }
-                Err(e) if e.raw_os_error() == Some(libc::ESTALE) => last = Some(e),
-                // Absent for a moment while DEST is swapped on another client?
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::NotFound
-                        && wait_ms < 5
-                        && sys::exists_at(self.parent.as_fd(), state_top).unwrap_or(false) =>
-                {
-                    last = Some(e)
-                }
-                r => return r,
+    fn read_link(&self) -> io::Result<Vec<u8>> {
+        use std::ops::ControlFlow::{Break, Continue};
+        let dir = self.parent()?;
+        let state_top = self
+            .state_name
+            .split(|b| *b == b'/')
+            .next()
+            .unwrap_or_default();
+        clock::retry(clock::BRIEF, |i| {
+            match dir.readlink(&self.name) {
+            Ok(t) if t.is_empty() => Continue(io::Error::other(
+                "its link text reads empty (a network filesystem in the middle of a swap); try again",
+            )),
+            Err(e) if sys::is_stale(&e) => Continue(e),
+            // Absent for a moment while DEST is swapped on another client?
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    && clock::BRIEF[i] < 5
+                    && dir.exists(state_top).unwrap_or(false) =>
+            {
+                Continue(e)
             }
+            r => Break(r),
         }
-        Err(last.expect("at least one attempt"))
+        })?
     }
 
-    /// The state directory, created when `create`; `None` when absent.
+    /// The state directory, created when `create` (and with it DEST, when
+    /// this sync is the one to make it); `None` when absent.
     pub fn state(&self, create: bool) -> Result<Option<State>> {
-        let sname = self.state_name();
-        let path = self.parent_path.join(sys::os(&sname));
-        // One component at a time: a fanout slot's state is `..packsync/slots/<slot>`.
-        let mut fd = Ok(self.parent.try_clone()?);
-        for part in sname.split(|b| *b == b'/') {
-            fd = fd.and_then(|dir| {
-                if create {
-                    sys::ensure_dir_at(dir.as_fd(), part, 0o755)
-                } else {
-                    sys::open_dir_at(dir.as_fd(), part)
-                }
-            });
-        }
-        let fd = match fd {
+        let path = self.parent_path.join(sys::os(&self.state_name));
+        // Several components for a fanout slot: `..packsync/slots/<slot>`.
+        let opened = if create {
+            self.make_parent()?.ensure_path(&self.state_name, 0o755)
+        } else {
+            self.parent().and_then(|d| d.open_beneath(&self.state_name))
+        };
+        let fd = match opened {
             Ok(fd) => fd,
-            Err(e) if !create && e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
                 return Err(e).with_context(|| {
                     format!(
@@ -240,31 +283,24 @@ impl Volume {
             }
         };
         let mut subs = Vec::with_capacity(SUBDIRS.len());
-        // `..packsync` holds the slots' state too: the unslotted state may not exist in it yet.
-        if !create
-            && self.layout == Layout::Fanout
-            && self.slot.is_none()
-            && !sys::exists_at(fd.as_fd(), b"gen")?
-        {
-            return Ok(None);
-        }
         for s in SUBDIRS {
             let r = if create {
-                sys::ensure_dir_at(fd.as_fd(), s.as_bytes(), 0o755)
+                fd.ensure_dir(s.as_bytes(), 0o755)
             } else {
-                sys::open_dir_at(fd.as_fd(), s.as_bytes())
+                fd.open_dir(s.as_bytes())
             };
-            // Another writer's first sync is creating it: nothing is published yet.
+            // Another writer's first sync is creating it (or, in fanout's
+            // `..packsync`, only slots have state yet): nothing is published.
             if !create
                 && r.as_ref()
-                    .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+                    .is_err_and(|e| e.kind() == io::ErrorKind::NotFound)
             {
                 return Ok(None);
             }
             subs.push(r.with_context(|| format!("cannot open {}/{s}", path.display()))?);
         }
         let mut it = subs.into_iter();
-        let mut next = || it.next().unwrap();
+        let mut next = || it.next().expect("one handle per subdirectory");
         Ok(Some(State {
             gen: next(),
             meta: next(),
@@ -275,6 +311,57 @@ impl Volume {
             path,
         }))
     }
+}
+
+/// DEST's name and its parent's path.
+fn split(dest: &Path) -> Result<(Vec<u8>, PathBuf)> {
+    let display = dest.display();
+    let name = dest
+        .file_name()
+        .filter(|n| *n != ".." && *n != ".")
+        .with_context(|| {
+            error::usage(format!(
+                "{display}: DEST must name an entry inside a directory"
+            ))
+        })?;
+    let parent_path = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    Ok((name.as_encoded_bytes().to_vec(), parent_path))
+}
+
+/// `--mkpath`: make `path` and its missing ancestors, relative to the nearest
+/// one that exists (opened as the user named it, the one place a symlink
+/// is followed); below it no symlink is followed.
+fn make_path(path: &Path) -> Result<()> {
+    let failed = || format!("cannot create {}", path.display());
+    let mut base = path;
+    let mut missing = Vec::new();
+    let anchor = loop {
+        match DirFd::open_path(base) {
+            Ok(fd) => break fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(failed),
+        }
+        match (base.parent(), base.file_name()) {
+            (Some(up), Some(name)) => {
+                missing.push(name);
+                base = if up.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    up
+                };
+            }
+            // `..` or `/` that does not open: nothing left to climb.
+            _ => return Err(io::Error::from(io::ErrorKind::NotFound)).with_context(failed),
+        }
+    };
+    let rest: Vec<&[u8]> = missing.iter().rev().map(|n| n.as_encoded_bytes()).collect();
+    anchor
+        .ensure_path(&rest.join(&b'/'), 0o755)
+        .with_context(failed)?;
+    Ok(())
 }
 
 /// A generation name: what packsync writes, nothing that walks elsewhere.
@@ -288,18 +375,19 @@ pub fn valid_gen(g: &[u8]) -> bool {
 
 /// The state directory, its subdirectories held open.
 pub struct State {
-    pub fd: OwnedFd,
-    pub gen: OwnedFd,
-    pub meta: OwnedFd,
-    pub stage: OwnedFd,
-    pub trash: OwnedFd,
-    pub leases: OwnedFd,
+    pub fd: DirFd,
+    pub gen: DirFd,
+    pub meta: DirFd,
+    pub stage: DirFd,
+    pub trash: DirFd,
+    pub leases: DirFd,
     pub path: PathBuf,
 }
 
 impl State {
-    pub fn open_gen(&self, gen: &str) -> Result<OwnedFd> {
-        sys::open_dir_at(self.gen.as_fd(), gen.as_bytes())
+    pub fn open_gen(&self, gen: &str) -> Result<DirFd> {
+        self.gen
+            .open_dir(gen.as_bytes())
             .with_context(|| format!("cannot open generation {}/gen/{gen}", self.path.display()))
     }
 
@@ -309,23 +397,26 @@ impl State {
     }
 
     /// A buffered reader over `meta/<GEN>.manifest`, and its path for messages.
-    pub fn manifest_reader(
-        &self,
-        gen: &str,
-    ) -> Result<(std::io::BufReader<std::fs::File>, String)> {
+    /// The `std::fs::File` only reads the descriptor `sys` opened through the
+    /// `meta/` handle (no symlink followed): no path reaches std.
+    pub fn manifest_reader(&self, gen: &str) -> Result<(io::BufReader<std::fs::File>, String)> {
         let name = format!("{gen}.manifest");
         let shown = format!("{}/meta/{name}", self.path.display());
-        let fd = sys::open_read_at(self.meta.as_fd(), name.as_bytes())
+        let fd = self
+            .meta
+            .open_read(name.as_bytes())
             .with_context(|| format!("cannot open manifest {shown}"))?;
         Ok((
-            std::io::BufReader::with_capacity(256 * 1024, std::fs::File::from(fd)),
+            io::BufReader::with_capacity(256 * 1024, std::fs::File::from(fd)),
             shown,
         ))
     }
 
     /// Generations present in `gen/`, sorted by name.
     pub fn generations(&self) -> Result<Vec<String>> {
-        let mut out: Vec<String> = sys::list_dir(self.gen.as_fd())
+        let mut out: Vec<String> = self
+            .gen
+            .list()
             .with_context(|| format!("cannot list {}/gen", self.path.display()))?
             .into_iter()
             .filter(|l| valid_gen(&l.name))
@@ -338,22 +429,22 @@ impl State {
     /// Record now as the time `gen` stopped being live (or was last reused).
     pub fn stamp(&self, gen: &str, what: &str) -> Result<()> {
         let name = format!("{gen}.{what}");
-        match sys::create_excl_at(self.meta.as_fd(), name.as_bytes()) {
+        let meta = &self.meta;
+        match meta.create_excl(name.as_bytes()) {
             Ok(_) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                 // Through a handle: by name, FUSE would follow a symlink planted here.
-                let touched =
-                    sys::open_read_at(self.meta.as_fd(), name.as_bytes()).and_then(|fd| {
-                        if sys::kind_of(&sys::fstat(fd.as_fd())?) != sys::StatKind::File {
-                            return Err(std::io::Error::from_raw_os_error(libc::ELOOP));
-                        }
-                        sys::touch_fd(fd.as_fd())
-                    });
+                let touched = meta.open_read(name.as_bytes()).and_then(|fd| {
+                    if sys::kind_of(&sys::fstat(fd.as_fd())?) != sys::StatKind::File {
+                        return Err(sys::symlink_refused());
+                    }
+                    sys::touch_fd(fd.as_fd())
+                });
                 match touched {
-                    Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+                    Err(e) if sys::is_not_dir(&e) => {
                         // Not a stamp packsync made: replace it, never follow it.
-                        let _ = sys::unlink_at(self.meta.as_fd(), name.as_bytes());
-                        sys::create_excl_at(self.meta.as_fd(), name.as_bytes()).map(drop)
+                        let _ = meta.unlink(name.as_bytes());
+                        meta.create_excl(name.as_bytes()).map(drop)
                     }
                     r => r,
                 }
@@ -397,14 +488,13 @@ pub fn host_tag() -> String {
                 }
             })
             .collect();
-        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        let pidns = std::fs::read_link("/proc/self/ns/pid").unwrap_or_default();
-        if boot.is_empty() && pidns.as_os_str().is_empty() {
+        let (boot, pidns) = sys::host_identity();
+        if boot.is_empty() && pidns.is_empty() {
             return host;
         }
         let mut h = <sha2::Sha256 as sha2::Digest>::new();
         sha2::Digest::update(&mut h, &boot);
-        sha2::Digest::update(&mut h, pidns.as_os_str().as_encoded_bytes());
+        sha2::Digest::update(&mut h, &pidns);
         let d = sha2::Digest::finalize(h);
         format!("{host}_{:02x}{:02x}{:02x}{:02x}", d[0], d[1], d[2], d[3])
     })

@@ -21,21 +21,102 @@
 //! DEST cannot be a mount point (a mount point cannot be renamed); use
 //! `--layout fanout` for a volume root.
 
-use std::os::fd::AsFd;
-
 use anyhow::{Context, Result};
 
+use super::{Driver, LiveTree, Options, Published, Swap};
+use crate::config::Layout;
 use crate::error;
-use crate::staging::Stage;
-use crate::sys;
-use crate::volume::{State, Volume};
+use crate::sys::{self, DirFd};
+use crate::volume::{Dest, State, Volume};
 
 const MARKER: &[u8] = b"layout";
 
+pub struct Dir;
+
+impl Driver for Dir {
+    fn name(&self) -> &'static str {
+        "dir"
+    }
+
+    fn open(&self, base: Volume, _slot: Option<&str>) -> Result<Volume> {
+        Ok(base.with_layout(Layout::Dir))
+    }
+
+    /// A real directory at DEST is the live generation whose recorded inode it has.
+    fn inspect(&self, vol: &Volume) -> Result<Dest> {
+        let dest = vol.read_dest()?;
+        if dest != Dest::Directory {
+            return Ok(dest);
+        }
+        let st = vol
+            .parent()?
+            .stat(&vol.name)
+            .with_context(|| format!("cannot stat {}", vol.display))?;
+        if let Some(state) = vol.state(false)? {
+            if let Some(g) = gen_of(&state, st.st_ino) {
+                return Ok(Dest::Live(g));
+            }
+        }
+        Ok(Dest::Directory)
+    }
+
+    fn open_live(&self, vol: &Volume, state: &State) -> Result<Option<LiveTree>> {
+        let fd = match vol.parent().and_then(|p| p.open_dir(&vol.name)) {
+            Ok(fd) => fd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("cannot open {}", vol.display)),
+        };
+        let st = fd
+            .fstat()
+            .with_context(|| format!("cannot stat {}", vol.display))?;
+        Ok(gen_of(state, st.st_ino).map(|gen| LiveTree { gen, root: fd }))
+    }
+
+    /// The live generation is DEST itself; the others are in `gen/`.
+    fn open_generation(&self, vol: &Volume, state: &State, gen: &str) -> Result<DirFd> {
+        if let Some(live) = self.open_live(vol, state)? {
+            if live.gen == gen {
+                return Ok(live.root);
+            }
+        }
+        state.open_gen(gen)
+    }
+
+    fn live_in_gen(&self) -> bool {
+        false
+    }
+
+    fn prepare(&self, vol: &Volume, state: &State, stage: &DirFd, _swap: Swap) -> Result<()> {
+        preflight(vol, stage)?;
+        mark(state)
+    }
+
+    fn publish(
+        &self,
+        vol: &Volume,
+        state: &State,
+        stage: &DirFd,
+        gen: &str,
+        was_live: Option<&str>,
+        opts: &Options,
+    ) -> Result<Published> {
+        // The exchange says exactly which tree it took out; `was_live` only
+        // counts when it did not (nothing there, or a directory taken over).
+        let replaced = publish(vol, state, stage, gen, opts.fsync)?;
+        Ok(Published {
+            replaced: replaced
+                .or(was_live.map(str::to_string))
+                .into_iter()
+                .collect(),
+            warnings: Vec::new(),
+        })
+    }
+}
+
 /// Record in the state directory that DEST uses the dir layout.
 pub fn mark(state: &State) -> Result<()> {
-    match sys::create_excl_at(state.fd.as_fd(), MARKER) {
-        Ok(fd) => sys::write_all(fd.as_fd(), b"dir\n")
+    match state.fd.create_excl(MARKER) {
+        Ok(fd) => sys::write_all(std::os::fd::AsFd::as_fd(&fd), b"dir\n")
             .with_context(|| format!("cannot write {}/layout", state.path.display())),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(e) => Err(e).with_context(|| format!("cannot create {}/layout", state.path.display())),
@@ -43,7 +124,7 @@ pub fn mark(state: &State) -> Result<()> {
 }
 
 pub fn is_marked(state: &State) -> bool {
-    sys::exists_at(state.fd.as_fd(), MARKER).unwrap_or(false)
+    state.fd.exists(MARKER).unwrap_or(false)
 }
 
 /// The generation whose tree has inode `ino`, from `meta/<GEN>.root`. A
@@ -52,18 +133,19 @@ pub fn is_marked(state: &State) -> bool {
 /// since: the newest record wins, as it was written after that reuse.
 pub fn gen_of(state: &State, ino: u64) -> Option<String> {
     // A handle of its own: a listing reads on from where the last one on a handle stopped.
-    let meta = sys::open_dir_at(state.meta.as_fd(), b".").ok()?;
-    let list = sys::list_dir(meta.as_fd()).ok()?;
+    let meta = state.meta.reopen().ok()?;
+    let list = meta.list().ok()?;
     list.into_iter()
         .filter_map(|l| {
             let name = String::from_utf8(l.name).ok()?;
             let gen = name.strip_suffix(".root")?;
-            let fd = sys::open_read_at(state.meta.as_fd(), name.as_bytes()).ok()?;
-            let text = crate::volume::read_to_string(fd.as_fd()).ok()?;
+            let fd = state.meta.open_read(name.as_bytes()).ok()?;
+            let fd = std::os::fd::AsFd::as_fd(&fd);
+            let text = crate::volume::read_to_string(fd).ok()?;
             if text.trim().parse::<u64>().ok()? != ino {
                 return None;
             }
-            let written = sys::mtime_of(&sys::fstat(fd.as_fd()).ok()?);
+            let written = sys::mtime_of(&sys::fstat(fd).ok()?);
             Some((written, gen.to_string()))
         })
         .max()
@@ -73,65 +155,67 @@ pub fn gen_of(state: &State, ino: u64) -> Option<String> {
 /// Refuse, before anything is staged, a DEST this layout cannot swap: a mount
 /// point, or a filesystem without RENAME_EXCHANGE. `stage` is a fresh staging
 /// directory on DEST's filesystem to probe in.
-pub fn preflight(vol: &Volume, stage: &Stage) -> Result<()> {
-    if let Ok(st) = sys::stat_at(vol.parent.as_fd(), &vol.name) {
-        let parent = sys::fstat(vol.parent.as_fd())
+pub fn preflight(vol: &Volume, stage: &DirFd) -> Result<()> {
+    let parent = vol.parent()?;
+    if let Ok(st) = parent.stat(&vol.name) {
+        let up = parent
+            .fstat()
             .with_context(|| format!("cannot stat {}", vol.parent_path.display()))?;
-        if st.st_dev != parent.st_dev {
+        if st.st_dev != up.st_dev {
             return Err(error::refused(format!(
                 "{}: is a mount point, which --layout dir cannot swap; use --layout fanout for a volume root",
                 vol.display
             )));
         }
     }
-    sys::mkdir_at(stage.fd(), b"probe-a", 0o700).context("cannot probe the filesystem")?;
-    sys::mkdir_at(stage.fd(), b"probe-b", 0o700).context("cannot probe the filesystem")?;
-    let r = sys::rename_exchange(stage.fd(), b"probe-a", stage.fd(), b"probe-b");
-    let _ = sys::rmdir_at(stage.fd(), b"probe-a");
-    let _ = sys::rmdir_at(stage.fd(), b"probe-b");
-    r.map_err(|_| {
-        error::refused(format!(
+    if !super::exchange_works(stage)? {
+        return Err(error::refused(format!(
             "{}: --layout dir needs renameat2(RENAME_EXCHANGE), which this filesystem lacks \
              (NFS, FUSE and GlusterFS do); use --layout symlink or --layout fanout",
             vol.display
-        ))
-    })
+        )));
+    }
+    Ok(())
 }
 
 /// Make generation `name` the tree at DEST. The tree is `stage/<me>/tree`
 /// (a sync) or the retained `gen/<name>` (a rollback). Returns the generation
 /// the exchange took out of DEST, now in `gen/`, if packsync knew it.
-pub fn publish(
+fn publish(
     vol: &Volume,
     state: &State,
-    stage: &Stage,
+    stage: &DirFd,
     name: &str,
     fsync: bool,
 ) -> Result<Option<String>> {
-    let from_gen = !sys::exists_at(stage.fd(), b"tree")?;
+    let from_gen = !stage.exists(b"tree")?;
     if from_gen {
-        sys::rename_at(state.gen.as_fd(), name.as_bytes(), stage.fd(), b"tree")
+        state
+            .gen
+            .rename(name.as_bytes(), stage, b"tree")
             .with_context(|| format!("cannot take {}/gen/{name}", state.path.display()))?;
     }
     let result = swap(vol, state, stage, name, fsync);
     if result.is_err() && from_gen {
         // Put the retained generation back where it was.
-        let _ = sys::rename_at(stage.fd(), b"tree", state.gen.as_fd(), name.as_bytes());
+        let _ = stage.rename(b"tree", &state.gen, name.as_bytes());
     }
     let exchanged = result?;
     if !exchanged {
         return Ok(None);
     }
     // The tree that was live is now `stage/<me>/tree`: file it as what it was.
-    let st = sys::stat_at(stage.fd(), b"tree").context("cannot find the replaced tree")?;
-    let Some(old) = gen_of(state, st.st_ino as u64).filter(|g| g != name) else {
+    let st = stage
+        .stat(b"tree")
+        .context("cannot find the replaced tree")?;
+    let Some(old) = gen_of(state, st.st_ino).filter(|g| g != name) else {
         // A directory packsync did not make (taken over): removed with the staging directory.
         return Ok(None);
     };
-    match sys::rename_at(stage.fd(), b"tree", state.gen.as_fd(), old.as_bytes()) {
+    match stage.rename(b"tree", &state.gen, old.as_bytes()) {
         Ok(()) => Ok(Some(old)),
         // A copy of the same generation is retained already: this one goes with the staging.
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY)) => Ok(Some(old)),
+        Err(e) if sys::is_taken(&e) => Ok(Some(old)),
         Err(e) => Err(e).with_context(|| {
             format!(
                 "cannot move the replaced tree to {}/gen/{old}",
@@ -143,57 +227,48 @@ pub fn publish(
 
 /// Record the staged tree's inode, then put it at DEST. True when a tree was
 /// exchanged out of DEST (it is then `stage/<me>/tree`).
-fn swap(vol: &Volume, state: &State, stage: &Stage, name: &str, fsync: bool) -> Result<bool> {
-    let st = sys::stat_at(stage.fd(), b"tree").context("cannot stat the staged tree")?;
-    let _ = sys::unlink_at(stage.fd(), b"root");
-    let fd = sys::create_excl_at(stage.fd(), b"root").context("cannot write the root record")?;
+fn swap(vol: &Volume, state: &State, stage: &DirFd, name: &str, fsync: bool) -> Result<bool> {
+    use std::os::fd::AsFd;
+    let st = stage.stat(b"tree").context("cannot stat the staged tree")?;
+    let _ = stage.unlink(b"root");
+    let fd = stage
+        .create_excl(b"root")
+        .context("cannot write the root record")?;
     sys::write_all(fd.as_fd(), format!("{}\n", st.st_ino).as_bytes())
         .context("cannot write the root record")?;
-    rustix::fs::fchmod(fd.as_fd(), rustix::fs::Mode::from_raw_mode(0o644))
-        .context("cannot write the root record")?;
+    sys::set_mode_fd(fd.as_fd(), 0o644).context("cannot write the root record")?;
     if fsync {
         sys::fsync(fd.as_fd()).context("cannot flush the root record")?;
     }
     drop(fd);
     let rname = format!("{name}.root");
-    sys::rename_at(stage.fd(), b"root", state.meta.as_fd(), rname.as_bytes())
+    stage
+        .rename(b"root", &state.meta, rname.as_bytes())
         .with_context(|| format!("cannot store {}/meta/{rname}", state.path.display()))?;
     if fsync {
-        sys::fsync(state.meta.as_fd()).context("cannot flush meta/")?;
+        state.meta.fsync().context("cannot flush meta/")?;
     }
     if let Some(sig) = sys::signals::pending() {
         return Err(crate::error::Failure::Interrupted(sig).into());
     }
-    let exchanged = match sys::rename_noreplace(stage.fd(), b"tree", vol.parent.as_fd(), &vol.name)
-    {
+    let parent = vol.parent()?;
+    let exchanged = match stage.rename_noreplace(b"tree", parent, &vol.name) {
         Ok(()) => false,
         Err(e)
             if e.kind() == std::io::ErrorKind::AlreadyExists
                 || e.kind() == std::io::ErrorKind::Unsupported =>
         {
-            sys::rename_exchange(stage.fd(), b"tree", vol.parent.as_fd(), &vol.name)
+            stage
+                .rename_exchange(b"tree", parent, &vol.name)
                 .with_context(|| format!("cannot publish {}", vol.display))?;
             true
         }
         Err(e) => return Err(e).with_context(|| format!("cannot publish {}", vol.display)),
     };
     if fsync {
-        sys::fsync(vol.parent.as_fd())
+        parent
+            .fsync()
             .with_context(|| format!("cannot flush {}", vol.parent_path.display()))?;
     }
     Ok(exchanged)
-}
-
-/// Before staging: refuse what this layout cannot swap (see `preflight`),
-/// removing the staging and, when this sync made it, the state directory, so
-/// that a refused sync leaves nothing behind; else mark the layout.
-pub fn prepare(vol: &Volume, state: &State, stage: &mut Stage, fresh_state: bool) -> Result<()> {
-    if let Err(e) = preflight(vol, stage) {
-        stage.remove();
-        if fresh_state {
-            let _ = sys::remove_tree_at(vol.parent.as_fd(), &vol.state_name());
-        }
-        return Err(e);
-    }
-    mark(state)
 }

@@ -34,16 +34,19 @@
 //! slot that race therefore converge on the tree of the last swap.
 
 use std::collections::BTreeSet;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::io;
+use std::ops::ControlFlow::{Break, Continue};
 
 use anyhow::{Context, Result};
 
-use crate::config::STALE_STAGE;
+use super::{symlink, Check, Driver, LiveTree, Options, Published};
+use crate::clock;
+use crate::config::{Layout, STALE_STAGE};
 use crate::error;
 use crate::report::escape;
 use crate::staging::Stage;
-use crate::sys;
-use crate::volume::{unique_name, State, Volume};
+use crate::sys::{self, DirFd};
+use crate::volume::{unique_name, Dest, State, Volume};
 
 /// The state root inside DEST.
 pub const STATE: &[u8] = b"..packsync";
@@ -51,6 +54,90 @@ const DATA: &[u8] = b"..data";
 const CLAIMS: &[u8] = b"claims";
 const SLOTS: &[u8] = b"slots";
 const LOST_FOUND: &[u8] = b"lost+found";
+
+pub struct Fanout;
+
+impl Driver for Fanout {
+    fn name(&self) -> &'static str {
+        "fanout"
+    }
+
+    /// The published name is the slot's data link inside DEST, the state
+    /// `DEST/..packsync[/slots/<slot>]`. A DEST that is absent is made by the
+    /// first `Volume::state(true)` (an existing empty directory, such as a
+    /// volume's mount point, is the usual first case).
+    fn open(&self, base: Volume, slot: Option<&str>) -> Result<Volume> {
+        let display = base.display.clone();
+        base.inside_dest(data_link(slot), state_name(slot), Layout::Fanout, slot)
+            .map_err(|e| {
+                if sys::is_not_dir(&e) {
+                    error::refused(format!(
+                        "{display}: --layout fanout needs DEST to be a real directory (it is a symlink or a file)"
+                    ))
+                } else {
+                    anyhow::Error::new(e).context(format!("cannot open {display}"))
+                }
+            })
+    }
+
+    fn open_live(&self, vol: &Volume, state: &State) -> Result<Option<LiveTree>> {
+        symlink::open_live(vol, state)
+    }
+
+    fn has_slots(&self) -> bool {
+        true
+    }
+
+    fn check_dest(&self, vol: &Volume, dest: &Dest) -> Result<()> {
+        match dest {
+            Dest::Directory | Dest::File => Err(error::refused(format!(
+                "{}: {} is not a packsync link; remove it or choose another DEST",
+                vol.display,
+                sys::os(&vol.name).to_string_lossy()
+            ))),
+            _ => super::refuse_dest(vol, dest),
+        }
+    }
+
+    fn check(
+        &self,
+        vol: &Volume,
+        names: &[&[u8]],
+        live: Option<&[&[u8]]>,
+        adopt: bool,
+    ) -> Result<Check> {
+        check(vol, names, live, adopt)
+    }
+
+    /// Claim the new entries, swap the data link, then make the entry links follow it.
+    fn publish(
+        &self,
+        vol: &Volume,
+        state: &State,
+        stage: &DirFd,
+        gen: &str,
+        was_live: Option<&str>,
+        opts: &Options,
+    ) -> Result<Published> {
+        let replaced = symlink::shown_before(vol, was_live);
+        claim(vol, &top_level(state, gen)?)?;
+        symlink::link(vol, stage, gen, opts)?;
+        let warnings = reconcile(vol, state, opts.adopt.then_some(stage))?;
+        if opts.fsync {
+            vol.parent()?
+                .fsync()
+                .with_context(|| format!("cannot flush {}", vol.display))?;
+        }
+        Ok(Published { replaced, warnings })
+    }
+
+    fn repair(&self, vol: &Volume, state: &State, check: &Check) -> Result<Vec<String>> {
+        if !check.repair && check.adopt.is_empty() {
+            return Ok(Vec::new());
+        }
+        repair(vol, state, !check.adopt.is_empty())
+    }
+}
 
 /// A slot name: what may follow `..data-` and name a directory.
 pub fn valid_slot(s: &str) -> bool {
@@ -103,29 +190,38 @@ fn describe(link: &[u8]) -> String {
     }
 }
 
-/// Slots with state at DEST: the unslotted one (`None`) first, then by name.
-pub fn slots(dest: BorrowedFd<'_>) -> std::io::Result<Vec<Option<String>>> {
-    let root = sys::open_dir_at(dest, STATE)?;
-    let mut out = Vec::new();
-    if sys::exists_at(root.as_fd(), b"gen")? {
-        out.push(None);
-    }
-    if let Ok(fd) = sys::open_dir_at(root.as_fd(), SLOTS) {
-        let mut names: Vec<String> = sys::list_dir(fd.as_fd())?
-            .into_iter()
-            .filter_map(|l| String::from_utf8(l.name).ok())
-            .filter(|s| valid_slot(s))
-            .collect();
-        names.sort();
-        out.extend(names.into_iter().map(Some));
-    }
-    Ok(out)
+/// Slots with state at DEST (`base` as `Volume::open` opened it): the
+/// unslotted one (`None`) first, then by name.
+pub fn slots(base: &Volume) -> Result<Vec<Option<String>>> {
+    let dest = base
+        .parent()
+        .and_then(|p| p.open_dir(&base.name))
+        .with_context(|| format!("cannot open {}", base.display))?;
+    let listed = || -> io::Result<Vec<Option<String>>> {
+        let root = dest.open_dir(STATE)?;
+        let mut out = Vec::new();
+        if root.exists(b"gen")? {
+            out.push(None);
+        }
+        if let Ok(fd) = root.open_dir(SLOTS) {
+            let mut names: Vec<String> = fd
+                .list()?
+                .into_iter()
+                .filter_map(|l| String::from_utf8(l.name).ok())
+                .filter(|s| valid_slot(s))
+                .collect();
+            names.sort();
+            out.extend(names.into_iter().map(Some));
+        }
+        Ok(out)
+    };
+    listed().with_context(|| format!("cannot list the slots of {}", base.display))
 }
 
 /// A listing of `dir` through a handle of its own (a listing reads on from
 /// where the last one on the same handle stopped).
-fn list(dir: BorrowedFd<'_>) -> std::io::Result<Vec<sys::Listed>> {
-    sys::list_dir(sys::open_dir_at(dir, b".")?.as_fd())
+fn list(dir: &DirFd) -> io::Result<Vec<sys::Listed>> {
+    dir.reopen()?.list()
 }
 
 /// Who a top-level entry of DEST belongs to.
@@ -142,17 +238,17 @@ enum Owner {
 
 /// Who owns `name`, as `mine` sees it: a link through another data link that
 /// no longer exists (its slot was removed by hand) counts as not packsync's.
-fn owner_for(dest: BorrowedFd<'_>, name: &[u8], mine: &[u8]) -> Result<Owner> {
+fn owner_for(dest: &DirFd, name: &[u8], mine: &[u8]) -> Result<Owner> {
     Ok(match owner(dest, name)? {
-        Owner::Link(link) if link != mine && !sys::exists_at(dest, &link).unwrap_or(true) => {
+        Owner::Link(link) if link != mine && !dest.exists(&link).unwrap_or(true) => {
             Owner::Foreign { dir: false }
         }
         o => o,
     })
 }
 
-fn owner(dest: BorrowedFd<'_>, name: &[u8]) -> Result<Owner> {
-    match sys::readlink_at(dest, name) {
+fn owner(dest: &DirFd, name: &[u8]) -> Result<Owner> {
+    match dest.readlink(name) {
         Ok(t) => {
             let link = t
                 .strip_suffix(name)
@@ -163,9 +259,10 @@ fn owner(dest: BorrowedFd<'_>, name: &[u8]) -> Result<Owner> {
                 None => Owner::Foreign { dir: false },
             })
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Owner::Absent),
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            let dir = sys::stat_at(dest, name)
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Owner::Absent),
+        Err(e) if sys::is_not_symlink(&e) => {
+            let dir = dest
+                .stat(name)
                 .map(|st| sys::kind_of(&st) == sys::StatKind::Dir)
                 .unwrap_or(false);
             Ok(Owner::Foreign { dir })
@@ -174,22 +271,12 @@ fn owner(dest: BorrowedFd<'_>, name: &[u8]) -> Result<Owner> {
     }
 }
 
-/// What the state of DEST means for this slot's sync, decided before
-/// anything is written.
-#[derive(Debug, Default)]
-pub struct Check {
-    /// Entries packsync did not make that `--adopt` replaces or removes.
-    pub adopt: Vec<Vec<u8>>,
-    /// This slot's entry links do not match its live generation (a writer was
-    /// killed between its swap and its links, or someone edited DEST).
-    pub repair: bool,
-}
-
 /// Refuse (exit 3) a sync of `vol`'s slot that would publish `names` (the new
 /// tree's top-level entries) when another slot owns or claims one of them,
-/// or when DEST holds entries packsync did not make and `adopt` is off.
-/// `live` is the top-level of the slot's live generation, if any.
-pub fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool) -> Result<Check> {
+/// or when DEST holds entries packsync did not make and `adopt` is off; and
+/// (exit 2) a tree with a name packsync keeps. `live` is the top-level of
+/// the slot's live generation, if any. A DEST not made yet holds nothing.
+fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool) -> Result<Check> {
     if let Some(bad) = names.iter().find(|n| reserved(n)) {
         return Err(error::usage(format!(
             "{}: the source has a top-level entry {}, and --layout fanout keeps names starting with .. for itself",
@@ -197,8 +284,10 @@ pub fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool)
             escape(bad)
         )));
     }
+    let Ok(dest) = vol.parent() else {
+        return Ok(Check::default());
+    };
     let want: BTreeSet<&[u8]> = names.iter().copied().collect();
-    let dest = vol.parent.as_fd();
     let mut out = Check::default();
     let mut conflicts: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut mine = BTreeSet::new();
@@ -233,8 +322,8 @@ pub fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool)
             if mine.contains(*n) || conflicts.iter().any(|c| c.0 == *n) {
                 continue;
             }
-            if let Ok(link) = sys::readlink_at(claims.as_fd(), n) {
-                if link != vol.name && claim_holds(vol, claims.as_fd(), n, &link) {
+            if let Ok(link) = claims.readlink(n) {
+                if link != vol.name && claim_holds(vol, &claims, n, &link) {
                     conflicts.push((n.to_vec(), link));
                 }
             }
@@ -281,31 +370,34 @@ fn conflict(vol: &Volume, conflicts: &[(Vec<u8>, Vec<u8>)]) -> anyhow::Error {
     ))
 }
 
-fn open_claims(vol: &Volume, create: bool) -> Option<OwnedFd> {
-    let root = if create {
-        sys::ensure_dir_at(vol.parent.as_fd(), STATE, 0o755).ok()?
-    } else {
-        sys::open_dir_at(vol.parent.as_fd(), STATE).ok()?
-    };
+fn open_claims(vol: &Volume, create: bool) -> Option<DirFd> {
+    let dest = vol.parent().ok()?;
     if create {
-        sys::ensure_dir_at(root.as_fd(), CLAIMS, 0o755).ok()
+        dest.ensure_dir(STATE, 0o755)
+            .and_then(|root| root.ensure_dir(CLAIMS, 0o755))
+            .ok()
     } else {
-        sys::open_dir_at(root.as_fd(), CLAIMS).ok()
+        dest.open_dir(STATE)
+            .and_then(|root| root.open_dir(CLAIMS))
+            .ok()
     }
 }
 
 /// Whether another data link's claim on `name` still stands: its entry link
 /// is there, its live generation has the entry, or its slot's state exists
 /// and the claim is recent (its writer may be publishing right now).
-fn claim_holds(vol: &Volume, claims: BorrowedFd<'_>, name: &[u8], link: &[u8]) -> bool {
-    let dest = vol.parent.as_fd();
+fn claim_holds(vol: &Volume, claims: &DirFd, name: &[u8], link: &[u8]) -> bool {
+    let Ok(dest) = vol.parent() else {
+        return false;
+    };
     if owner_for(dest, name, b"").ok() == Some(Owner::Link(link.to_vec())) {
         return true;
     }
-    let in_live = sys::readlink_at(dest, link)
+    let in_live = dest
+        .readlink(link)
         .ok()
-        .and_then(|t| crate::layout::open_beneath(dest, &t).ok())
-        .is_some_and(|g| sys::exists_at(g.as_fd(), name).unwrap_or(false));
+        .and_then(|t| dest.open_beneath(&t).ok())
+        .is_some_and(|g| g.exists(name).unwrap_or(false));
     if in_live {
         return true;
     }
@@ -314,85 +406,93 @@ fn claim_holds(vol: &Volume, claims: BorrowedFd<'_>, name: &[u8], link: &[u8]) -
         Some(slot) => [STATE, b"/slots/", slot].concat(),
         None => [STATE, b"/gen"].concat(),
     };
-    if crate::layout::open_beneath(dest, &slot_state).is_err() {
+    if dest.open_beneath(&slot_state).is_err() {
         return false;
     }
-    match sys::stat_at(claims, name) {
-        Ok(st) => {
-            let age = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_secs() as i64
-                - sys::mtime_of(&st).0;
-            age < STALE_STAGE.as_secs() as i64
-        }
-        Err(_) => false,
-    }
+    claims
+        .stat(name)
+        .is_ok_and(|st| clock::now_secs() - sys::mtime_of(&st).0 < STALE_STAGE.as_secs() as i64)
+}
+
+/// How claiming one name went.
+enum Claimed {
+    /// Made now, by this sync.
+    Made,
+    /// This data link's already.
+    Ours,
+    /// Another data link's, and it stands.
+    Held(Vec<u8>),
 }
 
 /// Claim every name in `names` for `vol`'s slot, before its data link shows
 /// them. Refuses (exit 3), releasing what it claimed, when another slot holds one.
-pub fn claim(vol: &Volume, names: &[Vec<u8>]) -> Result<()> {
+fn claim(vol: &Volume, names: &[Vec<u8>]) -> Result<()> {
     let claims = open_claims(vol, true)
         .with_context(|| format!("cannot create {}/..packsync/claims", vol.display))?;
-    let c = claims.as_fd();
     let mut made: Vec<&[u8]> = Vec::new();
     let mut conflicts = Vec::new();
     for n in names {
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            match sys::symlink_at(&vol.name, c, n) {
-                Ok(()) => {
-                    made.push(n);
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && tries < 8 => {
-                    let Ok(link) = sys::readlink_at(c, n) else {
-                        continue; // released meanwhile: try again
-                    };
-                    if link == vol.name {
-                        break;
-                    }
-                    if claim_holds(vol, c, n, &link) {
-                        conflicts.push((n.clone(), link));
-                        break;
-                    }
-                    // Stale: replace it with ours in one rename.
-                    let tmp = format!("..{}", unique_name());
-                    sys::symlink_at(&vol.name, c, tmp.as_bytes())
-                        .context("cannot write a claim")?;
-                    sys::rename_at(c, tmp.as_bytes(), c, n).context("cannot write a claim")?;
-                    made.push(n);
-                    break;
-                }
-                Err(e) => {
-                    release(c, &vol.name, &made);
-                    return Err(e)
-                        .with_context(|| format!("cannot claim {} in {}", escape(n), vol.display));
-                }
+        match claim_one(vol, &claims, n) {
+            Ok(Claimed::Made) => made.push(n),
+            Ok(Claimed::Ours) => {}
+            Ok(Claimed::Held(link)) => conflicts.push((n.clone(), link)),
+            Err(e) => {
+                release(&claims, &vol.name, &made);
+                return Err(e)
+                    .with_context(|| format!("cannot claim {} in {}", escape(n), vol.display));
             }
         }
     }
     // A link of another slot without a claim (claims came later, or were removed by hand).
+    let dest = vol.parent()?;
     for n in names {
-        if let Owner::Link(link) = owner_for(vol.parent.as_fd(), n, &vol.name)? {
+        if let Owner::Link(link) = owner_for(dest, n, &vol.name)? {
             if link != vol.name && !conflicts.iter().any(|x| &x.0 == n) {
                 conflicts.push((n.clone(), link));
             }
         }
     }
     if !conflicts.is_empty() {
-        release(c, &vol.name, &made);
+        release(&claims, &vol.name, &made);
         return Err(conflict(vol, &conflicts));
     }
     Ok(())
 }
 
-fn release(claims: BorrowedFd<'_>, link: &[u8], names: &[&[u8]]) {
+/// `symlinkat(claims/<name>)` creates the claim or finds one; a stale one
+/// of another slot is replaced in one rename. Asked again when a claim is
+/// released between finding it and reading it.
+fn claim_one(vol: &Volume, claims: &DirFd, n: &[u8]) -> Result<Claimed> {
+    clock::retry(&[0; 8], |_| match claims.symlink(&vol.name, n) {
+        Ok(()) => Break(Ok(Claimed::Made)),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let Ok(link) = claims.readlink(n) else {
+                return Continue(e); // released meanwhile: try again
+            };
+            if link == vol.name {
+                return Break(Ok(Claimed::Ours));
+            }
+            if claim_holds(vol, claims, n, &link) {
+                return Break(Ok(Claimed::Held(link)));
+            }
+            // Stale: replace it with ours in one rename.
+            let tmp = format!("..{}", unique_name());
+            Break(
+                claims
+                    .symlink(&vol.name, tmp.as_bytes())
+                    .and_then(|()| claims.rename(tmp.as_bytes(), claims, n))
+                    .context("cannot write a claim")
+                    .map(|()| Claimed::Made),
+            )
+        }
+        Err(e) => Break(Err(e.into())),
+    })?
+}
+
+fn release(claims: &DirFd, link: &[u8], names: &[&[u8]]) {
     for n in names {
-        if sys::readlink_at(claims, n).is_ok_and(|l| l == link) {
-            let _ = sys::unlink_at(claims, n);
+        if claims.readlink(n).is_ok_and(|l| l == link) {
+            let _ = claims.unlink(n);
         }
     }
 }
@@ -400,7 +500,8 @@ fn release(claims: BorrowedFd<'_>, link: &[u8], names: &[&[u8]]) {
 /// The top-level names of `gen` in `state`.
 pub fn top_level(state: &State, gen: &str) -> Result<Vec<Vec<u8>>> {
     let fd = state.open_gen(gen)?;
-    let mut names: Vec<Vec<u8>> = sys::list_dir(fd.as_fd())
+    let mut names: Vec<Vec<u8>> = fd
+        .list()
         .with_context(|| format!("cannot list {}/gen/{gen}", state.path.display()))?
         .into_iter()
         .map(|l| l.name)
@@ -410,109 +511,152 @@ pub fn top_level(state: &State, gen: &str) -> Result<Vec<Vec<u8>>> {
 }
 
 /// Make `vol`'s entry links match the generation its data link shows, until
-/// the data link stays put. With `adopt` (and a staging directory to build
+/// the data link stays put. With `adopt` (a staging directory to build
 /// replacements in), entries packsync did not make give way: replaced when
 /// the generation has them, removed by the unslotted sync otherwise.
 /// Returns warnings (entries it had to leave as they are).
-pub fn reconcile(vol: &Volume, state: &State, adopt: Option<&Stage>) -> Result<Vec<String>> {
-    let dest = vol.parent.as_fd();
-    let prefix = vol.link_target("");
-    let mut warnings = Vec::new();
-    for _ in 0..16 {
-        warnings.clear();
-        let before = read_link(vol)?;
-        let names: BTreeSet<Vec<u8>> = match &before {
-            Some(t) => match t.strip_prefix(prefix.as_slice()) {
-                Some(gen) => top_level(state, &String::from_utf8_lossy(gen))?
-                    .into_iter()
-                    .collect(),
-                None => anyhow::bail!(
-                    "{}: {} is not a packsync link",
-                    vol.display,
-                    escape(&vol.name)
-                ),
-            },
-            None => BTreeSet::new(),
+fn reconcile(vol: &Volume, state: &State, adopt: Option<&DirFd>) -> Result<Vec<String>> {
+    let settled = clock::retry(&[0; 16], |_| {
+        let round = || -> Result<(bool, Vec<String>)> {
+            let before = read_link(vol)?;
+            let warnings = follow(vol, state, adopt, &before)?;
+            Ok((read_link(vol)? == before, warnings))
         };
-        let claims = open_claims(vol, !names.is_empty());
-        // Links that go: this slot's links to entries its tree no longer has.
-        for l in list(dest).with_context(|| format!("cannot list {}", vol.display))? {
-            let n = l.name;
-            if n == STATE || is_data_link(&n) || names.contains(&n) {
-                continue;
-            }
-            match owner_for(dest, &n, &vol.name)? {
-                Owner::Link(link) if link == vol.name => {
-                    match sys::unlink_at(dest, &n) {
-                        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                            return Err(e).with_context(|| {
-                                format!("cannot remove {}/{}", vol.display, escape(&n))
-                            })
-                        }
-                        _ => {}
-                    }
-                    if let Some(c) = &claims {
-                        release(c.as_fd(), &vol.name, &[&n]);
-                    }
-                }
-                Owner::Foreign { dir }
-                    if adopt.is_some() && vol.slot.is_none() && !(dir && n == LOST_FOUND) =>
-                {
-                    remove_foreign(vol, state, &n)?;
-                }
-                _ => {}
-            }
+        match round() {
+            Ok((true, warnings)) => Break(Ok(warnings)),
+            Ok((false, warnings)) => Continue(warnings),
+            Err(e) => Break(Err(e)),
         }
-        // Links that come: entries of the tree without their link.
-        for n in &names {
-            if let Some(c) = &claims {
-                let _ = sys::symlink_at(&vol.name, c.as_fd(), n);
-            }
-            let mut target = vol.name.clone();
-            target.push(b'/');
-            target.extend_from_slice(n);
-            match owner_for(dest, n, &vol.name)? {
-                Owner::Absent => match sys::symlink_at(&target, dest, n) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-                    Err(e) => {
-                        return Err(e)
-                            .with_context(|| format!("cannot link {}/{}", vol.display, escape(n)))
-                    }
-                },
-                Owner::Link(link) if link == vol.name => {}
-                Owner::Link(link) => warnings.push(format!(
-                    "{}/{}: belongs to {}; not linked",
-                    vol.display,
-                    escape(n),
-                    describe(&link)
-                )),
-                Owner::Foreign { dir } => match adopt {
-                    Some(stage) => replace_foreign(vol, state, stage, n, &target, dir)?,
-                    None => warnings.push(format!(
-                        "{}/{}: not created by packsync; not linked (pass --adopt to replace it)",
-                        vol.display,
-                        escape(n)
-                    )),
-                },
-            }
-        }
-        if read_link(vol)? == before {
-            return Ok(warnings);
+    });
+    match settled {
+        Ok(r) => r,
+        Err(mut warnings) => {
+            warnings.push(format!(
+                "{}: other writers kept moving {}; their last one sets its links",
+                vol.display,
+                escape(&vol.name)
+            ));
+            Ok(warnings)
         }
     }
-    warnings.push(format!(
-        "{}: other writers kept moving {}; their last one sets its links",
-        vol.display,
-        escape(&vol.name)
-    ));
+}
+
+/// One round of `reconcile`: the links of the tree that the data link text
+/// `shown` names.
+fn follow(
+    vol: &Volume,
+    state: &State,
+    adopt: Option<&DirFd>,
+    shown: &Option<Vec<u8>>,
+) -> Result<Vec<String>> {
+    let prefix = vol.link_target("");
+    let names: BTreeSet<Vec<u8>> = match shown {
+        Some(t) => match t.strip_prefix(prefix.as_slice()) {
+            Some(gen) => top_level(state, &String::from_utf8_lossy(gen))?
+                .into_iter()
+                .collect(),
+            None => anyhow::bail!(
+                "{}: {} is not a packsync link",
+                vol.display,
+                escape(&vol.name)
+            ),
+        },
+        None => BTreeSet::new(),
+    };
+    let claims = open_claims(vol, !names.is_empty());
+    unlink_gone(vol, state, adopt.is_some(), &names, claims.as_ref())?;
+    link_present(vol, state, adopt, &names, claims.as_ref())
+}
+
+/// Links that go: this slot's links to entries its tree no longer has (and,
+/// with `adopt`, for the unslotted sync, entries packsync did not make).
+fn unlink_gone(
+    vol: &Volume,
+    state: &State,
+    adopt: bool,
+    names: &BTreeSet<Vec<u8>>,
+    claims: Option<&DirFd>,
+) -> Result<()> {
+    let dest = vol.parent()?;
+    for l in list(dest).with_context(|| format!("cannot list {}", vol.display))? {
+        let n = l.name;
+        if n == STATE || is_data_link(&n) || names.contains(&n) {
+            continue;
+        }
+        match owner_for(dest, &n, &vol.name)? {
+            Owner::Link(link) if link == vol.name => {
+                match dest.unlink(&n) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                        return Err(e).with_context(|| {
+                            format!("cannot remove {}/{}", vol.display, escape(&n))
+                        })
+                    }
+                    _ => {}
+                }
+                if let Some(c) = claims {
+                    release(c, &vol.name, &[&n]);
+                }
+            }
+            Owner::Foreign { dir } if adopt && vol.slot.is_none() && !(dir && n == LOST_FOUND) => {
+                remove_foreign(vol, state, &n)?;
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Links that come: entries of the tree without their link. Returns what
+/// it had to leave alone.
+fn link_present(
+    vol: &Volume,
+    state: &State,
+    adopt: Option<&DirFd>,
+    names: &BTreeSet<Vec<u8>>,
+    claims: Option<&DirFd>,
+) -> Result<Vec<String>> {
+    let dest = vol.parent()?;
+    let mut warnings = Vec::new();
+    for n in names {
+        if let Some(c) = claims {
+            let _ = c.symlink(&vol.name, n);
+        }
+        let mut target = vol.name.clone();
+        target.push(b'/');
+        target.extend_from_slice(n);
+        match owner_for(dest, n, &vol.name)? {
+            Owner::Absent => match dest.symlink(&target, n) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("cannot link {}/{}", vol.display, escape(n)))
+                }
+            },
+            Owner::Link(link) if link == vol.name => {}
+            Owner::Link(link) => warnings.push(format!(
+                "{}/{}: belongs to {}; not linked",
+                vol.display,
+                escape(n),
+                describe(&link)
+            )),
+            Owner::Foreign { dir } => match adopt {
+                Some(stage) => replace_foreign(vol, state, stage, n, &target, dir)?,
+                None => warnings.push(format!(
+                    "{}/{}: not created by packsync; not linked (pass --adopt to replace it)",
+                    vol.display,
+                    escape(n)
+                )),
+            },
+        }
+    }
     Ok(warnings)
 }
 
 fn read_link(vol: &Volume) -> Result<Option<Vec<u8>>> {
-    match sys::readlink_at(vol.parent.as_fd(), &vol.name) {
+    match vol.parent().and_then(|p| p.readlink(&vol.name)) {
         Ok(t) => Ok(Some(t)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => {
             Err(e).with_context(|| format!("cannot read {}/{}", vol.display, escape(&vol.name)))
         }
@@ -525,54 +669,53 @@ fn read_link(vol: &Volume) -> Result<Option<Vec<u8>>> {
 fn replace_foreign(
     vol: &Volume,
     state: &State,
-    stage: &Stage,
+    stage: &DirFd,
     name: &[u8],
     target: &[u8],
     dir: bool,
 ) -> Result<()> {
-    let dest = vol.parent.as_fd();
+    let dest = vol.parent()?;
     let shown = || format!("{}/{}", vol.display, escape(name));
-    let _ = sys::remove_tree_at(stage.fd(), b"adopt");
-    sys::symlink_at(target, stage.fd(), b"adopt").context("cannot create a link in staging")?;
+    let _ = stage.remove_tree(b"adopt");
+    stage
+        .symlink(target, b"adopt")
+        .context("cannot create a link in staging")?;
     if dir {
-        match sys::rename_exchange(stage.fd(), b"adopt", dest, name) {
+        match stage.rename_exchange(b"adopt", dest, name) {
             Ok(()) => {
-                let _ = sys::remove_tree_at(stage.fd(), b"adopt");
+                let _ = stage.remove_tree(b"adopt");
                 return Ok(());
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Unsupported => {
+            Err(e) if e.kind() == io::ErrorKind::Unsupported => {
                 remove_foreign(vol, state, name)?;
             }
             Err(e) => return Err(e).with_context(|| format!("cannot replace {}", shown())),
         }
     }
-    sys::rename_at(stage.fd(), b"adopt", dest, name)
+    stage
+        .rename(b"adopt", dest, name)
         .with_context(|| format!("cannot replace {}", shown()))
 }
 
 /// Bring `vol`'s entry links in line with its live generation without
-/// publishing anything (an up-to-date sync, `gc`): repairs what a killed
-/// writer or a hand edit left, and with `adopt` replaces foreign entries.
-pub fn repair(vol: &Volume, state: &State, adopt: bool) -> Result<Vec<String>> {
+/// publishing anything (an up-to-date sync): repairs what a killed writer
+/// or a hand edit left, and with `adopt` replaces foreign entries.
+fn repair(vol: &Volume, state: &State, adopt: bool) -> Result<Vec<String>> {
     if !adopt {
         return reconcile(vol, state, None);
     }
     let stage = Stage::new(state)?;
-    reconcile(vol, state, Some(&stage))
+    reconcile(vol, state, Some(stage.dir()))
 }
 
 /// Move an entry packsync did not make out of DEST and delete it.
 fn remove_foreign(vol: &Volume, state: &State, name: &[u8]) -> Result<()> {
     let aside = unique_name();
-    sys::rename_at(
-        vol.parent.as_fd(),
-        name,
-        state.trash.as_fd(),
-        aside.as_bytes(),
-    )
-    .with_context(|| format!("cannot remove {}/{}", vol.display, escape(name)))?;
+    vol.parent()
+        .and_then(|p| p.rename(name, &state.trash, aside.as_bytes()))
+        .with_context(|| format!("cannot remove {}/{}", vol.display, escape(name)))?;
     // What cannot go yet (files open on NFS) stays in trash/ for a later run.
-    let _ = sys::remove_tree_at(state.trash.as_fd(), aside.as_bytes());
+    let _ = state.trash.remove_tree(aside.as_bytes());
     Ok(())
 }
 

@@ -1,30 +1,35 @@
-//! Layouts: how DEST is published, and finding out which one a DEST uses.
+//! Layouts: how DEST is published. One `Driver` trait says what every layout
+//! does; each layout is one file that implements it:
 //!
 //! * `symlink` (default): DEST is a relative link into `.<name>.packsync/gen/`.
 //! * `fanout`: DEST is a real directory holding a data link and one link per
-//!   top-level entry; several slots may share it (`fanout`).
+//!   top-level entry; several slots may share it.
 //! * `dir`: DEST is the live tree itself, a real directory swapped with
-//!   renameat2(RENAME_EXCHANGE) (`dir`).
+//!   renameat2(RENAME_EXCHANGE).
 //!
-//! Every layout is a `Volume` whose `parent`/`name` is the published name and
-//! whose state directory has the same shape, so commit, retire and the
-//! read-only commands work on all of them. This module opens DEST the right
-//! way for a layout (`open`), finds the layout of an existing DEST (`current`,
-//! `find`) and opens the live tree whatever the layout (`open_live`). It never
-//! writes, except to create DEST itself for a first fanout sync.
+//! Every layout publishes through a `Volume` (the directory holding the
+//! published name, and a state directory of one shape), so commit, retire
+//! and the read-only commands work on all of them through the driver that
+//! `driver_for` picks: the one place that matches `config::Layout`. This
+//! module also finds the layout of an existing DEST (`current`, `find`) and
+//! opens DEST for a sync (`open_for_sync`), which never writes: a fanout
+//! DEST is created by the first `Volume::state(true)`, once every refusal
+//! has passed. A new layout is a new file here, an arm in `driver_for`, and
+//! its recognition in `current`.
 
 pub mod dir;
 pub mod fanout;
+pub mod symlink;
 
-use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 
 use crate::config::Layout;
 use crate::error;
-use crate::sys;
-use crate::volume::{State, Volume};
+use crate::staging::Stage;
+use crate::sys::{self, DirFd};
+use crate::volume::{Dest, State, Volume};
 
 /// The live generation, opened.
 pub struct LiveTree {
@@ -32,81 +37,249 @@ pub struct LiveTree {
     pub gen: String,
     /// A handle on its root directory: reads through it see this generation
     /// and no other, whatever writers publish meanwhile.
-    pub root: OwnedFd,
-    /// Its absolute path, for `PACKSYNC_ROOT`. With `--layout dir` this is
-    /// DEST itself: the live tree moves when it is replaced, so no path pins it.
-    pub path: PathBuf,
+    pub root: DirFd,
+}
+
+/// How DEST is replaced (the symlink layout; the others have one way each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Swap {
+    /// DEST is absent or a packsync link: rename(2) over it.
+    Link,
+    /// DEST is a real directory: exchange it atomically for the link.
+    Exchange,
+    /// DEST is a real directory and `--migrate`: move it away, then rename (a gap).
+    Migrate,
+}
+
+/// How a generation is published.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Flush what the publish changed (not `--no-fsync`).
+    pub fsync: bool,
+    pub swap: Swap,
+    /// `--adopt` (fanout): entries of DEST packsync did not make give way.
+    pub adopt: bool,
+}
+
+/// What a layout found before anything is written (fanout's checks).
+#[derive(Debug, Default)]
+pub struct Check {
+    /// Entries packsync did not make that `--adopt` replaces or removes.
+    pub adopt: Vec<Vec<u8>>,
+    /// The published tree's links do not match its live generation (a writer
+    /// was killed between its swap and its links, or someone edited DEST).
+    pub repair: bool,
+}
+
+/// What publishing did.
+#[derive(Debug, Default)]
+pub struct Published {
+    /// Generations that stopped being live (their grace period starts now).
+    pub replaced: Vec<String>,
+    /// For the reporter: what the publish left undone (fanout entries that
+    /// belong to someone else).
+    pub warnings: Vec<String>,
+}
+
+/// What every layout does. The state directory's shape and the protocol
+/// around publishing (claims, convergence, retire) are the same for all;
+/// see docs/architecture.md, "Layouts" and "The on-disk protocol".
+pub trait Driver: Sync {
+    /// What `--layout` takes and `status` shows.
+    fn name(&self) -> &'static str;
+
+    /// DEST (opened by `Volume::open`) as this layout publishes it: where the
+    /// published name and the state directory are. Writes nothing.
+    fn open(&self, base: Volume, slot: Option<&str>) -> Result<Volume>;
+
+    /// What DEST is now.
+    fn inspect(&self, vol: &Volume) -> Result<Dest> {
+        vol.read_dest()
+    }
+
+    /// The live generation opened; its name and handle always agree, even
+    /// while writers publish.
+    fn open_live(&self, vol: &Volume, state: &State) -> Result<Option<LiveTree>>;
+
+    /// Generation `gen` opened (retained or live).
+    fn open_generation(&self, vol: &Volume, state: &State, gen: &str) -> Result<DirFd> {
+        let _ = vol;
+        state.open_gen(gen)
+    }
+
+    /// Whether the live generation is a directory in `gen/` that DEST points
+    /// at (commit renames a staged tree there before publishing). False when
+    /// DEST is the tree itself: a tree is then in a writer's staging while
+    /// it is exchanged, so retire must not take its metadata for an orphan's.
+    fn live_in_gen(&self) -> bool {
+        true
+    }
+
+    /// Whether several trees (`--slot`) may publish into one DEST, and
+    /// `--adopt` means something.
+    fn has_slots(&self) -> bool {
+        false
+    }
+
+    /// Refuse a DEST this layout cannot publish over, before anything is read.
+    fn check_dest(&self, vol: &Volume, dest: &Dest) -> Result<()> {
+        refuse_dest(vol, dest)
+    }
+
+    /// Refusals that need the new tree's top-level `names` (and the live
+    /// one's, if any), before anything is written.
+    fn check(
+        &self,
+        vol: &Volume,
+        names: &[&[u8]],
+        live: Option<&[&[u8]]>,
+        adopt: bool,
+    ) -> Result<Check> {
+        let _ = (vol, names, live, adopt);
+        Ok(Check::default())
+    }
+
+    /// Before staging into `stage`: refuse what cannot be published here
+    /// (see `prepare`, which cleans up after a refusal), record the layout.
+    fn prepare(&self, vol: &Volume, state: &State, stage: &DirFd, swap: Swap) -> Result<()> {
+        let _ = (vol, state, stage, swap);
+        Ok(())
+    }
+
+    /// Make generation `gen` live. It is claimed and present (in `gen/`, or
+    /// staged as `stage/tree` when `live_in_gen` is false). `was_live` is the
+    /// generation live when the sync began.
+    fn publish(
+        &self,
+        vol: &Volume,
+        state: &State,
+        stage: &DirFd,
+        gen: &str,
+        was_live: Option<&str>,
+        opts: &Options,
+    ) -> Result<Published>;
+
+    /// An up-to-date sync: bring what DEST shows in line with the live
+    /// generation without publishing (fanout's entry links); warnings.
+    fn repair(&self, vol: &Volume, state: &State, check: &Check) -> Result<Vec<String>> {
+        let _ = (vol, state, check);
+        Ok(Vec::new())
+    }
+}
+
+/// The driver for `layout`: the one place that matches it.
+pub fn driver_for(layout: Layout) -> &'static dyn Driver {
+    match layout {
+        Layout::Symlink => &symlink::Symlink,
+        Layout::Fanout => &fanout::Fanout,
+        Layout::Dir => &dir::Dir,
+    }
+}
+
+/// The driver that publishes `vol`.
+pub fn of(vol: &Volume) -> &'static dyn Driver {
+    driver_for(vol.layout)
 }
 
 pub fn layout_name(l: Layout) -> &'static str {
-    match l {
-        Layout::Symlink => "symlink",
-        Layout::Fanout => "fanout",
-        Layout::Dir => "dir",
+    driver_for(l).name()
+}
+
+/// What DEST is now, as its layout reads it.
+pub fn inspect(vol: &Volume) -> Result<Dest> {
+    of(vol).inspect(vol)
+}
+
+/// The live generation's name (`None`: nothing published yet).
+pub fn live_generation(vol: &Volume) -> Result<Option<String>> {
+    Ok(match inspect(vol)? {
+        Dest::Live(g) => Some(g),
+        _ => None,
+    })
+}
+
+/// See `Driver::open_live`.
+pub fn open_live(vol: &Volume, state: &State) -> Result<Option<LiveTree>> {
+    of(vol).open_live(vol, state)
+}
+
+/// See `Driver::open_generation`.
+pub fn open_generation(vol: &Volume, state: &State, gen: &str) -> Result<DirFd> {
+    of(vol).open_generation(vol, state, gen)
+}
+
+/// `Driver::prepare`, and after a refusal nothing left behind: the staging
+/// directory, and the state directory when this sync made it.
+pub fn prepare(
+    vol: &Volume,
+    state: &State,
+    stage: &mut Stage,
+    fresh_state: bool,
+    swap: Swap,
+) -> Result<()> {
+    let refused = of(vol).prepare(vol, state, stage.dir(), swap);
+    if refused.is_err() {
+        stage.remove();
+        if fresh_state {
+            if let Ok(parent) = vol.parent() {
+                let _ = parent.remove_tree(top(&vol.state_name()));
+            }
+        }
+    }
+    refused
+}
+
+/// The first component of a relative path.
+fn top(path: &[u8]) -> &[u8] {
+    path.split(|b| *b == b'/').next().unwrap_or_default()
+}
+
+/// The refusals every layout shares: DEST is a file, or a link packsync did not make.
+pub fn refuse_dest(vol: &Volume, dest: &Dest) -> Result<()> {
+    match dest {
+        Dest::File => Err(error::usage(format!(
+            "{}: DEST exists and is not a directory",
+            vol.display
+        ))),
+        Dest::Foreign(t) => Err(error::refused(format!(
+            "{}: not a packsync destination (a symlink to {t}); remove it or choose another DEST",
+            vol.display
+        ))),
+        _ => Ok(()),
     }
 }
 
-/// Open DEST as `sync` publishes it with `layout`. With fanout, DEST itself is
-/// created when absent and `create` (an existing empty directory, such as a
-/// volume's mount point, is the usual first case).
-pub fn open(
-    dest: &Path,
-    mkpath: bool,
-    layout: Layout,
-    slot: Option<&str>,
-    create: bool,
-) -> Result<Volume> {
-    let mut vol = Volume::open(dest, mkpath)?;
-    let root_path = vol.root_path();
-    vol.layout = layout;
-    if layout != Layout::Fanout {
-        return Ok(vol);
-    }
-    if create {
-        match sys::mkdir_at(vol.parent.as_fd(), &vol.name, 0o755) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e).with_context(|| format!("cannot create {}", vol.display)),
-        }
-    }
-    let fd = match sys::open_dir_at(vol.parent.as_fd(), &vol.name) {
-        Ok(fd) => fd,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
-            return Err(error::refused(format!(
-                "{}: --layout fanout needs DEST to be a real directory (it is a symlink or a file)",
-                vol.display
-            )))
-        }
-        Err(e) => return Err(e).with_context(|| format!("cannot open {}", vol.display)),
-    };
-    Ok(Volume {
-        parent: fd,
-        parent_path: root_path,
-        name: fanout::data_link(slot),
-        display: vol.display,
-        layout,
-        slot: slot.map(str::to_string),
-    })
+/// Whether the filesystem of `dir` exchanges two names atomically
+/// (renameat2 RENAME_EXCHANGE), probed with two directories made in `dir`.
+pub fn exchange_works(dir: &DirFd) -> Result<bool> {
+    dir.mkdir(b"probe-a", 0o700)
+        .context("cannot probe the filesystem")?;
+    dir.mkdir(b"probe-b", 0o700)
+        .context("cannot probe the filesystem")?;
+    let r = dir.rename_exchange(b"probe-a", dir, b"probe-b");
+    let _ = dir.rmdir(b"probe-a");
+    let _ = dir.rmdir(b"probe-b");
+    Ok(r.is_ok())
 }
 
 /// The layout an existing DEST was published with (`None`: nothing packsync
 /// made is there). `base` is DEST opened with `Volume::open`.
 pub fn current(base: &Volume) -> Result<Option<Layout>> {
-    let st = match sys::stat_at(base.parent.as_fd(), &base.name) {
+    let parent = base.parent()?;
+    let st = match parent.stat(&base.name) {
         Ok(st) => Some(st),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => return Err(e).with_context(|| format!("cannot stat {}", base.display)),
     };
     let kind = st.as_ref().map(sys::kind_of);
-    if kind == Some(sys::StatKind::Symlink)
-        && matches!(base.inspect()?, crate::volume::Dest::Live(_))
-    {
+    if kind == Some(sys::StatKind::Symlink) && matches!(base.read_dest()?, Dest::Live(_)) {
         return Ok(Some(Layout::Symlink));
     }
     if kind == Some(sys::StatKind::Dir) {
-        let fd = sys::open_dir_at(base.parent.as_fd(), &base.name)
+        let fd = parent
+            .open_dir(&base.name)
             .with_context(|| format!("cannot open {}", base.display))?;
-        if sys::open_dir_at(fd.as_fd(), fanout::STATE).is_ok() {
+        if fd.open_dir(fanout::STATE).is_ok() {
             return Ok(Some(Layout::Fanout));
         }
     }
@@ -122,10 +295,11 @@ pub fn current(base: &Volume) -> Result<Option<Layout>> {
 /// layouts and one per slot with fanout (the unslotted tree first, then slots
 /// by name). `slot` picks one slot. A DEST packsync did not make is refused (exit 3).
 pub fn find(dest: &Path, slot: Option<&str>) -> Result<Vec<Volume>> {
-    let mut base = Volume::open(dest, false)?;
+    let base = Volume::open(dest, false)?;
     let layout = current(&base)?
         .ok_or_else(|| error::refused(format!("{}: not a packsync destination", base.display)))?;
-    if layout != Layout::Fanout {
+    let driver = driver_for(layout);
+    if !driver.has_slots() {
         if let Some(s) = slot {
             return Err(error::usage(format!(
                 "{}: --slot {s}: DEST uses --layout {}; slots exist only with --layout fanout",
@@ -133,13 +307,9 @@ pub fn find(dest: &Path, slot: Option<&str>) -> Result<Vec<Volume>> {
                 layout_name(layout)
             )));
         }
-        base.layout = layout;
-        return Ok(vec![base]);
+        return Ok(vec![driver.open(base, None)?]);
     }
-    let dest_fd = sys::open_dir_at(base.parent.as_fd(), &base.name)
-        .with_context(|| format!("cannot open {}", base.display))?;
-    let slots = fanout::slots(dest_fd.as_fd())
-        .with_context(|| format!("cannot list the slots of {}", base.display))?;
+    let slots = fanout::slots(&base)?;
     let chosen: Vec<Option<String>> = match slot {
         None => slots.clone(),
         Some(s) => slots
@@ -166,85 +336,19 @@ pub fn find(dest: &Path, slot: Option<&str>) -> Result<Vec<Volume>> {
     }
     chosen
         .iter()
-        .map(|s| open(dest, false, Layout::Fanout, s.as_deref(), false))
+        .map(|s| driver.open(Volume::open(dest, false)?, s.as_deref()))
         .collect()
-}
-
-/// See `Volume::open_live`.
-pub fn open_live(vol: &Volume, state: &State) -> Result<Option<LiveTree>> {
-    if vol.layout == Layout::Dir {
-        let fd = match sys::open_dir_at(vol.parent.as_fd(), &vol.name) {
-            Ok(fd) => fd,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("cannot open {}", vol.display)),
-        };
-        let st = sys::fstat(fd.as_fd()).with_context(|| format!("cannot stat {}", vol.display))?;
-        return Ok(dir::gen_of(state, st.st_ino as u64).map(|gen| LiveTree {
-            gen,
-            root: fd,
-            path: absolute(&vol.root_path()),
-        }));
-    }
-    // The link may move on between reading it and opening its target, and a
-    // collector may then retire the old target: read again until they agree.
-    let mut last_err = None;
-    for _ in 0..8 {
-        let Some(gen) = vol.live_generation()? else {
-            return Ok(None);
-        };
-        match state.open_gen(&gen) {
-            Ok(root) => {
-                let path = absolute(&state.path).join("gen").join(&gen);
-                return Ok(Some(LiveTree { gen, root, path }));
-            }
-            Err(e) => {
-                if vol.live_generation()?.as_deref() == Some(gen.as_str()) {
-                    return Err(e);
-                }
-                last_err = Some(e);
-            }
-        }
-    }
-    Err(last_err.expect("looped"))
-}
-
-/// See `Volume::open_generation`.
-pub fn open_generation(vol: &Volume, state: &State, gen: &str) -> Result<OwnedFd> {
-    if vol.layout == Layout::Dir {
-        if let Some(live) = open_live(vol, state)? {
-            if live.gen == gen {
-                return Ok(live.root);
-            }
-        }
-    }
-    state.open_gen(gen)
-}
-
-fn absolute(p: &Path) -> PathBuf {
-    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
-}
-
-/// Open a relative path one component at a time, never following a symlink.
-pub fn open_beneath(dir: std::os::fd::BorrowedFd<'_>, path: &[u8]) -> std::io::Result<OwnedFd> {
-    let mut fd = sys::open_dir_at(dir, b".")?;
-    for part in path.split(|b| *b == b'/').filter(|p| !p.is_empty()) {
-        if part == b".." || part == b"." {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                "path leaves its directory",
-            ));
-        }
-        fd = sys::open_dir_at(fd.as_fd(), part)?;
-    }
-    Ok(fd)
 }
 
 /// Open DEST for `sync` with the layout and slot the command line asks for
 /// (`base` is DEST opened with `Volume::open`). Refuses a slot or `--adopt`
-/// without fanout (exit 2), and a DEST published with another layout (exit 3).
+/// without fanout (exit 2), and a DEST published with another layout (exit
+/// 3). Writes nothing: what the layout needs created is made by
+/// `Volume::state(true)` when the sync is about to stage.
 pub fn open_for_sync(base: Volume, cfg: &crate::config::SyncConfig) -> Result<Volume> {
     let want = cfg.layout;
-    if want != Layout::Fanout {
+    let driver = driver_for(want);
+    if !driver.has_slots() {
         for (flag, set) in [("--slot", cfg.slot.is_some()), ("--adopt", cfg.adopt)] {
             if set {
                 return Err(error::usage(format!("{flag} needs --layout fanout")));
@@ -270,11 +374,5 @@ pub fn open_for_sync(base: Volume, cfg: &crate::config::SyncConfig) -> Result<Vo
             )));
         }
     }
-    if want == Layout::Fanout && cfg.dry_run && !sys::exists_at(base.parent.as_fd(), &base.name)? {
-        // Nothing there and nothing to create in a dry run: everything would be added.
-        return Ok(base);
-    }
-    let create = !cfg.dry_run;
-    let mkpath = cfg.mkpath && create;
-    open(&cfg.dest, mkpath, want, cfg.slot.as_deref(), create)
+    driver.open(base, cfg.slot.as_deref())
 }

@@ -10,7 +10,6 @@
 //! sees the lease or has already removed the generation, which is then
 //! reported instead of running CMD on nothing.
 
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -18,7 +17,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::error::Failure;
-use crate::sys;
+use crate::layout;
+use crate::sys::{self, DirFd};
 use crate::volume::{self, State, Volume};
 
 /// Another host trusts a lease for a day from its mtime; refresh well within.
@@ -26,14 +26,14 @@ const REFRESH: Duration = Duration::from_secs(600);
 
 /// A held lease; removed when dropped.
 pub struct Lease {
-    dir: OwnedFd,
+    dir: DirFd,
     name: String,
 }
 
 impl Lease {
     pub fn take(state: &State, gen: &str) -> Result<Lease> {
         let name = format!("{gen}.{}", volume::unique_name());
-        sys::create_excl_at(state.leases.as_fd(), name.as_bytes()).with_context(|| {
+        state.leases.create_excl(name.as_bytes()).with_context(|| {
             format!("cannot create lease {}/leases/{name}", state.path.display())
         })?;
         let dir = state
@@ -45,7 +45,7 @@ impl Lease {
             // Ends with the process, or once the lease is gone.
             std::thread::spawn(move || loop {
                 std::thread::sleep(REFRESH);
-                if sys::touch_at(fd.as_fd(), name.as_bytes()).is_err() {
+                if fd.touch(name.as_bytes()).is_err() {
                     break;
                 }
             });
@@ -56,20 +56,21 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let _ = sys::unlink_at(self.dir.as_fd(), self.name.as_bytes());
+        let _ = self.dir.unlink(self.name.as_bytes());
     }
 }
 
-/// Lease `gen` and return its absolute path, or fail if it is gone.
+/// Lease `gen` and return its absolute path, from the handle the lease
+/// pins (see `ops::gen_path`), or fail if it is gone.
 fn pin(vol: &Volume, state: &State, gen: &str) -> Result<(Lease, PathBuf)> {
     let lease = Lease::take(state, gen)?;
-    vol.open_generation(state, gen).with_context(|| {
+    let fd = layout::open_generation(vol, state, gen).with_context(|| {
         format!(
             "{}: generation {gen} was removed before it could be leased; run again",
             vol.display
         )
     })?;
-    Ok((lease, super::gen_path(vol, state, gen)))
+    Ok((lease, super::gen_path(&fd, state, gen)))
 }
 
 pub fn run(dest: &Path, slot: Option<&str>, cmd: &[String]) -> Result<i32> {
@@ -137,7 +138,9 @@ pub struct After {
 
 /// Whether an `--exec-after` command succeeded on `gen` (`meta/<GEN>.after`).
 pub fn after_done(state: &State, gen: &str) -> bool {
-    sys::stat_at(state.meta.as_fd(), format!("{gen}.after").as_bytes())
+    state
+        .meta
+        .stat(format!("{gen}.after").as_bytes())
         .is_ok_and(|st| sys::kind_of(&st) == sys::StatKind::File)
 }
 

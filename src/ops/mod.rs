@@ -17,10 +17,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::config::Layout;
 use crate::error;
 use crate::layout::{self, LiveTree};
-use crate::sys;
+use crate::sys::{self, DirFd};
 use crate::volume::{Dest, State, Volume};
 
 /// One tree DEST publishes (DEST itself, or one fanout slot of it), opened.
@@ -32,20 +31,19 @@ pub struct Target {
 /// Open every tree DEST publishes (one; one per slot with fanout, or only
 /// `slot`); refuse (exit 3) anything packsync did not make.
 pub fn open(dest: &Path, slot: Option<&str>) -> Result<Vec<Target>> {
-    let parent = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !parent.is_dir() {
+    let Some(base) = Volume::find(dest)? else {
+        let parent = match dest.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
         return Err(error::refused(format!(
             "{}: not a packsync destination ({} is not a directory)",
             dest.display(),
             parent.display()
         )));
-    }
-    let base = Volume::open(dest, false)?;
+    };
     if layout::current(&base)?.is_none() {
-        let why = match base.inspect()? {
+        let why = match base.read_dest()? {
             Dest::File => "it is not a directory".to_string(),
             Dest::Foreign(t) => format!("a symlink to {t}"),
             Dest::Directory => {
@@ -97,7 +95,7 @@ pub fn slot_name(vol: &Volume) -> String {
 impl Target {
     /// The live generation, or an error when DEST does not point at one yet.
     pub fn live(&self) -> Result<LiveTree> {
-        self.vol.open_live(&self.state)?.with_context(|| {
+        layout::open_live(&self.vol, &self.state)?.with_context(|| {
             format!(
                 "{}: no live generation yet (no sync has completed; `packsync wait` blocks until one has)",
                 self.vol.display
@@ -114,26 +112,28 @@ impl Target {
     }
 }
 
-/// The absolute path of generation `gen` (for `PACKSYNC_ROOT`): below the
-/// state directory, or DEST itself for the live tree of `--layout dir`.
-pub fn gen_path(vol: &Volume, state: &State, gen: &str) -> PathBuf {
-    let abs = |p: &Path| {
-        std::fs::canonicalize(p)
-            .or_else(|_| std::path::absolute(p))
-            .unwrap_or_else(|_| p.to_path_buf())
-    };
-    if vol.layout == Layout::Dir && vol.live_generation().ok().flatten().as_deref() == Some(gen) {
-        return abs(&vol.root_path());
-    }
-    abs(&state.path).join("gen").join(gen)
+/// The absolute path of the generation `fd` holds open (for `PACKSYNC_ROOT`
+/// and `status`): where the kernel has it now, so below the state directory,
+/// or DEST itself for the live tree of `--layout dir`. Without /proc, the
+/// path it has in `gen/`.
+pub fn gen_path(fd: &DirFd, state: &State, gen: &str) -> PathBuf {
+    fd.path().unwrap_or_else(|| in_gen(state, gen))
 }
 
-/// Seconds since the epoch, now.
-pub fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
+/// `gen_path` of generation `gen`, opened for the purpose.
+pub fn path_of(vol: &Volume, state: &State, gen: &str) -> PathBuf {
+    match layout::open_generation(vol, state, gen) {
+        Ok(fd) => gen_path(&fd, state, gen),
+        Err(_) => in_gen(state, gen),
+    }
+}
+
+/// `<state>/gen/<gen>`, absolute.
+fn in_gen(state: &State, gen: &str) -> PathBuf {
+    std::path::absolute(&state.path)
+        .unwrap_or_else(|_| state.path.clone())
+        .join("gen")
+        .join(gen)
 }
 
 /// `2024-05-01T12:00:00Z` for seconds since the epoch (UTC).
@@ -171,7 +171,7 @@ pub fn age(secs: i64) -> String {
 
 /// Seconds since the epoch of `meta/<name>`'s mtime, if it exists.
 pub fn meta_time(state: &State, name: &str) -> Option<i64> {
-    let st = sys::stat_at(std::os::fd::AsFd::as_fd(&state.meta), name.as_bytes()).ok()?;
+    let st = state.meta.stat(name.as_bytes()).ok()?;
     Some(sys::mtime_of(&st).0)
 }
 

@@ -17,7 +17,7 @@ use super::Target;
 
 pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
     let t = super::open_one(dest, slot)?;
-    let live = t.vol.live_generation()?;
+    let live = crate::layout::live_generation(&t.vol)?;
     let gen = match to {
         Some(spec) => find(&t, spec)?,
         None => previous(&t, live.as_deref())?,
@@ -57,6 +57,7 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
         &commit::Options {
             fsync: true,
             swap: Swap::Link,
+            adopt: false,
         },
     );
     drop(stage);

@@ -4,6 +4,8 @@
 use std::os::fd::AsFd;
 use std::path::Path;
 
+use crate::clock::now_secs as now;
+
 use anyhow::Result;
 
 use crate::config;
@@ -14,7 +16,7 @@ use crate::retire;
 use crate::sys;
 use crate::volume::{self, State};
 
-use super::{age, gen_path, meta_time, now, rfc3339, Target};
+use super::{age, meta_time, path_of, rfc3339, Target};
 
 /// One tree's status; its fields are documented in the README ("status and
 /// verify JSON").
@@ -96,7 +98,7 @@ pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
 
 /// Everything `status` shows of one tree, read from its state directory.
 pub fn collect(t: &Target) -> Result<Status> {
-    let live = t.vol.live_generation()?;
+    let live = layout::live_generation(&t.vol)?;
     let mut gens = t.state.generations()?;
     // Newest first, as retire orders them.
     gens.sort_by(|a, b| {
@@ -115,7 +117,7 @@ pub fn collect(t: &Target) -> Result<Status> {
     };
     if let Some(g) = &live {
         let info = info(t, g, false);
-        out.resolves = info.complete && t.vol.open_generation(&t.state, g).is_ok();
+        out.resolves = info.complete && layout::open_generation(&t.vol, &t.state, g).is_ok();
         out.live = Some(info);
     }
     for g in gens.iter().filter(|g| Some(*g) != live.as_ref()) {
@@ -133,7 +135,7 @@ fn info(t: &Target, gen: &str, retained: bool) -> GenInfo {
     };
     let mut g = GenInfo {
         generation: gen.to_string(),
-        path: gen_path(&t.vol, &t.state, gen).display().to_string(),
+        path: path_of(&t.vol, &t.state, gen).display().to_string(),
         complete: header.is_some(),
         label: None,
         created: None,
@@ -166,7 +168,7 @@ pub(super) fn read_header(
     gen: &str,
 ) -> Option<(Manifest, Option<u64>, Option<u64>)> {
     let name = format!("{gen}.manifest");
-    let fd = sys::open_read_at(state.meta.as_fd(), name.as_bytes()).ok()?;
+    let fd = state.meta.open_read(name.as_bytes()).ok()?;
     let text = volume::read_to_string(fd.as_fd()).ok()?;
     let head = text.split("\n---\n").next()?;
     let m = Manifest::parse(&format!("{head}\n---\n")).ok()?;
@@ -178,7 +180,7 @@ pub(super) fn read_header(
 }
 
 fn stages(state: &State) -> Vec<StageInfo> {
-    let Ok(list) = sys::list_dir(state.stage.as_fd()) else {
+    let Ok(list) = state.stage.list() else {
         return Vec::new();
     };
     let me = volume::host_tag();
@@ -187,7 +189,9 @@ fn stages(state: &State) -> Vec<StageInfo> {
         .into_iter()
         .map(|l| {
             let name = String::from_utf8_lossy(&l.name).into_owned();
-            let age_seconds = sys::stat_at(state.stage.as_fd(), &l.name)
+            let age_seconds = state
+                .stage
+                .stat(&l.name)
                 .map(|st| t - sys::mtime_of(&st).0)
                 .unwrap_or(0);
             let owner = volume::stage_owner(&name).map(|(h, p)| (h.to_string(), p));

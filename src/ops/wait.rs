@@ -64,23 +64,22 @@ pub fn run(
 /// complete live generation, carrying `label` when one is asked for.
 fn probe(dest: &Path, shown: &str, slot: Option<&str>, label: Option<&str>) -> Result<Probe> {
     let not_yet = |why: String| Ok(Probe::NotYet(why));
-    let parent = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !parent.is_dir() {
-        return not_yet(format!(
-            "{shown}: no live generation (its parent directory does not exist)"
-        ));
-    }
-    let Ok(base) = Volume::open(dest, false) else {
-        return not_yet(format!(
-            "{shown}: no live generation (its parent directory cannot be opened)"
-        ));
+    let base = match Volume::find(dest) {
+        Ok(Some(base)) => base,
+        Ok(None) => {
+            return not_yet(format!(
+                "{shown}: no live generation (its parent directory does not exist)"
+            ))
+        }
+        Err(_) => {
+            return not_yet(format!(
+                "{shown}: no live generation (its parent directory cannot be opened)"
+            ))
+        }
     };
     if layout::current(&base)?.is_none() {
         // Nothing a sync could ever replace: say so now rather than at the timeout.
-        match base.inspect()? {
+        match base.read_dest()? {
             Dest::File => {
                 return Err(error::refused(format!(
                     "{shown}: not a packsync destination (it is not a directory)"
@@ -109,7 +108,7 @@ fn probe(dest: &Path, shown: &str, slot: Option<&str>, label: Option<&str>) -> R
         let Some(state) = vol.state(false)? else {
             return not_yet(format!("{name}: no live generation (no state directory)"));
         };
-        let Some(live) = vol.open_live(&state)? else {
+        let Some(live) = layout::open_live(vol, &state)? else {
             return not_yet(format!("{name}: no live generation"));
         };
         // The header is enough, and cheap to read every poll.

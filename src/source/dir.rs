@@ -269,7 +269,7 @@ mod tests {
     fn verify_reports_a_skipped_fifo_under_its_own_name() {
         let t = tempfile::tempdir().unwrap();
         mkfifo(&t.path().join("fi\tfo"));
-        let root = DirFd::open_path(t.path()).unwrap().into_owned();
+        let root = DirFd::open_path(t.path()).unwrap();
         // Against an empty manifest (its root's mode and mtime differ too).
         let diffs = crate::verify::run(&root, "live", &Tree::default(), rules()).unwrap();
         let diffs: Vec<_> = diffs.into_iter().filter(|d| d.path != b".").collect();

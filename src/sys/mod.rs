@@ -6,7 +6,7 @@
 //! through file descriptors (or `AT_SYMLINK_NOFOLLOW` for symlinks, which have
 //! no descriptor). Nothing in this module knows about generations or plans.
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::OsStr;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -563,10 +563,6 @@ pub fn os(name: &[u8]) -> &OsStr {
     OsStr::from_bytes(name)
 }
 
-pub fn cstr_bytes(c: &CStr) -> &[u8] {
-    c.to_bytes()
-}
-
 /// Stat fields as plain numbers.
 pub fn mtime_of(st: &Stat) -> (i64, u32) {
     #[allow(clippy::unnecessary_cast)]
@@ -584,7 +580,7 @@ pub fn ctime_of(st: &Stat) -> u64 {
 
 mod dirfd;
 pub mod forward;
-pub use dirfd::{component, DirFd};
+pub use dirfd::DirFd;
 
 /// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
 /// up its staging directory before exiting 130/143.
@@ -683,4 +679,46 @@ pub fn signal_name(sig: i32) -> &'static str {
         libc::SIGTERM => "SIGTERM",
         _ => "a signal",
     }
+}
+
+// ---- For the volume, the layouts, commit and the operator commands. ----
+
+/// `readlink` said EINVAL: the name exists and is not a symlink.
+pub fn is_not_symlink(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EINVAL)
+}
+
+/// ESTALE: a network filesystem's handle went stale (another client swapped the name).
+pub fn is_stale(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ESTALE)
+}
+
+/// Opening a directory met a symlink or a non-directory there (ELOOP, ENOTDIR).
+pub fn is_not_dir(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
+}
+
+/// A rename found its target taken (EEXIST, or ENOTEMPTY for a directory).
+pub fn is_taken(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY))
+}
+
+/// ELOOP: what a path-free open of a non-file says; for callers that refuse one.
+pub fn symlink_refused() -> io::Error {
+    io::Error::from_raw_os_error(libc::ELOOP)
+}
+
+/// Set the mode of an open file (widened once its content is written).
+pub fn set_mode_fd(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    Ok(rfs::fchmod(fd, Mode::from_raw_mode(mode))?)
+}
+
+/// This boot's id and this process's pid namespace, as the kernel names
+/// them (empty where unreadable): what tells two hosts with one hostname apart.
+pub fn host_identity() -> (Vec<u8>, Vec<u8>) {
+    let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let pidns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.into_os_string().into_encoded_bytes())
+        .unwrap_or_default();
+    (boot, pidns)
 }
