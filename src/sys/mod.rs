@@ -5,6 +5,10 @@
 //! `O_NOFOLLOW | O_DIRECTORY`, files are created with `O_EXCL`, metadata is set
 //! through file descriptors (or `AT_SYMLINK_NOFOLLOW` for symlinks, which have
 //! no descriptor). Nothing in this module knows about generations or plans.
+//!
+//! Outside this module a name inside a directory is reached only through
+//! `DirFd` (dirfd.rs), whose methods check that it is one component: the
+//! name-based functions below are private to `sys`.
 
 use std::ffi::OsStr;
 use std::io;
@@ -54,7 +58,7 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
 
 /// Open a directory by path, following symlinks: only for paths the user
 /// named on the command line (a SOURCE root, DEST's parent).
-pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
     Ok(rfs::open(
         path,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
@@ -63,12 +67,12 @@ pub fn open_dir_path(path: &std::path::Path) -> io::Result<OwnedFd> {
 }
 
 /// Open the directory `name` inside `dir`; a symlink there is refused (ELOOP/ENOTDIR).
-pub fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+fn open_dir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     Ok(rfs::openat(dir, name, DIR_FLAGS, Mode::empty())?)
 }
 
 /// Open a regular file for reading; refuses a symlink.
-pub fn open_read_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+fn open_read_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     let flags =
         OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NOCTTY | OFlags::NONBLOCK;
     Ok(rfs::openat(dir, name, flags, Mode::empty())?)
@@ -77,7 +81,7 @@ pub fn open_read_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
 /// Create an empty regular file without opening it (mknod): nothing is
 /// left for FUSE to release after it is unlinked. Falls back to an
 /// `O_EXCL` create where mknod is refused.
-pub fn make_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+fn make_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     match rfs::mknodat(
         dir,
         name,
@@ -92,12 +96,12 @@ pub fn make_file_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
 }
 
 /// Create a new file, private (0600) until its content is written.
-pub fn create_excl_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
+fn create_excl_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {
     let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     Ok(rfs::openat(dir, name, flags, Mode::from_raw_mode(0o600))?)
 }
 
-pub fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Stat> {
+fn stat_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Stat> {
     Ok(rfs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?)
 }
 
@@ -106,7 +110,7 @@ pub fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
 }
 
 /// Whether `name` exists in `dir` (without following it).
-pub fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
+fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
     match stat_at(dir, name) {
         Ok(_) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
@@ -116,7 +120,7 @@ pub fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
 
 /// Every entry of a directory but `.` and `..`, in the order the kernel gives.
 /// The listing starts at the beginning even on a handle listed before.
-pub fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
+fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
     rfs::seek(dir, rfs::SeekFrom::Start(0))?;
     let mut buf = [MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut raw = RawDir::new(dir, &mut buf);
@@ -135,16 +139,16 @@ pub fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
     Ok(out)
 }
 
-pub fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
     Ok(rfs::readlinkat(dir, name, Vec::new())?.into_bytes())
 }
 
-pub fn mkdir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<()> {
+fn mkdir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<()> {
     Ok(rfs::mkdirat(dir, name, Mode::from_raw_mode(mode))?)
 }
 
 /// `mkdir` that accepts an existing directory (but not a symlink or file there).
-pub fn ensure_dir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<OwnedFd> {
+fn ensure_dir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<OwnedFd> {
     match mkdir_at(dir, name, mode) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
@@ -153,12 +157,12 @@ pub fn ensure_dir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<
     open_dir_at(dir, name)
 }
 
-pub fn symlink_at(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+fn symlink_at(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     Ok(rfs::symlinkat(target, dir, name)?)
 }
 
 /// Hard link without following a symlink at the source name.
-pub fn link_at(
+fn link_at(
     from_dir: BorrowedFd<'_>,
     from: &[u8],
     to_dir: BorrowedFd<'_>,
@@ -167,15 +171,15 @@ pub fn link_at(
     Ok(rfs::linkat(from_dir, from, to_dir, to, AtFlags::empty())?)
 }
 
-pub fn unlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+fn unlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     Ok(rfs::unlinkat(dir, name, AtFlags::empty())?)
 }
 
-pub fn rmdir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+fn rmdir_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     Ok(rfs::unlinkat(dir, name, AtFlags::REMOVEDIR)?)
 }
 
-pub fn rename_at(
+fn rename_at(
     from_dir: BorrowedFd<'_>,
     from: &[u8],
     to_dir: BorrowedFd<'_>,
@@ -185,7 +189,7 @@ pub fn rename_at(
 }
 
 /// Swap two names atomically; `Unsupported` where the filesystem lacks it.
-pub fn rename_exchange(
+fn rename_exchange(
     a_dir: BorrowedFd<'_>,
     a: &[u8],
     b_dir: BorrowedFd<'_>,
@@ -204,7 +208,7 @@ pub fn rename_exchange(
 /// Rename onto a name that must not exist (`AlreadyExists` if it does, even an
 /// empty directory, which plain rename(2) would replace); `Unsupported` where
 /// the filesystem lacks RENAME_NOREPLACE.
-pub fn rename_noreplace(
+fn rename_noreplace(
     from_dir: BorrowedFd<'_>,
     from: &[u8],
     to_dir: BorrowedFd<'_>,
@@ -246,7 +250,7 @@ pub fn set_meta_fd(
 }
 
 /// Owner and times of a symlink, which has no descriptor to set them through.
-pub fn set_symlink_meta(
+fn set_symlink_meta(
     dir: BorrowedFd<'_>,
     name: &[u8],
     owner: Option<(u32, u32)>,
@@ -311,7 +315,7 @@ pub fn fs_kind(fd: BorrowedFd<'_>) -> io::Result<FsKind> {
 }
 
 /// Set a name's mtime to now (the server's clock on a network filesystem).
-pub fn touch_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+fn touch_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     let now = Timespec {
         tv_sec: 0,
         tv_nsec: rfs::UTIME_NOW,
@@ -429,7 +433,7 @@ pub fn is_unsupported(e: &io::Error) -> bool {
 /// their handle. Names the filesystem keeps for open-but-deleted files
 /// (`.nfsXXXX`, `.fuse_hiddenXXXX`) are never touched; their directory is
 /// then left in place and `Ok(false)` is returned.
-pub fn remove_tree_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
+fn remove_tree_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
     let st = match stat_at(dir, name) {
         Ok(st) => st,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
