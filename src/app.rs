@@ -173,10 +173,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
 
 /// Nothing to stage: the live generation is the planned tree, under the
 /// same label (a new label on the same content is a new generation).
+/// A live generation whose manifest is missing or unreadable is not up to
+/// date: the sync stages it again, and commit replaces the bad manifest.
 fn up_to_date(cfg: &SyncConfig, plan: &Plan, live: &Live) -> bool {
     let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     plan.up_to_date()
         && live.gen.is_some()
+        && live.manifest.is_some()
         && (cfg.label.is_none() || cfg.label_text() == live_label)
 }
 

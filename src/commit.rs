@@ -244,7 +244,9 @@ fn ensure_present(state: &State, stage: &DirFd, name: &str) -> Result<()> {
 /// Store the staged manifest as `meta/<name>.manifest`: by hardlink, so the
 /// staged one stays for a retry, or by rename where the volume has no
 /// hardlinks. One already there is the same tree's (the name is its digest)
-/// and is kept; anything but a file there (a planted symlink) is replaced.
+/// and is kept while it reads whole and matches its digest; one that does
+/// not (cut short by a power loss, edited, not a file) is replaced by ours
+/// in one rename, so a reader sees the old text or the new one.
 fn store_manifest(state: &State, stage: &DirFd, name: &str) -> Result<()> {
     let mname = format!("{name}.manifest");
     let failed = || {
@@ -257,15 +259,23 @@ fn store_manifest(state: &State, stage: &DirFd, name: &str) -> Result<()> {
     match link() {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-            if state
+            let kind = state
                 .meta
                 .stat(mname.as_bytes())
-                .is_ok_and(|st| sys::kind_of(&st) != sys::StatKind::File)
-            {
+                .map(|st| sys::kind_of(&st));
+            if kind.is_ok_and(|k| k != sys::StatKind::File) {
                 state
                     .meta
                     .remove_tree(mname.as_bytes())
                     .and_then(|_| link())
+                    .with_context(failed)?;
+            } else if !manifest_whole(state, stage, name) {
+                let spare = b"manifest.replacing";
+                let _ = stage.unlink(spare);
+                stage
+                    .link(b"manifest", stage, spare)
+                    .and_then(|()| stage.rename(spare, &state.meta, mname.as_bytes()))
+                    .or_else(|_| stage.rename(b"manifest", &state.meta, mname.as_bytes()))
                     .with_context(failed)?;
             }
             Ok(())
@@ -274,6 +284,22 @@ fn store_manifest(state: &State, stage: &DirFd, name: &str) -> Result<()> {
             .rename(b"manifest", &state.meta, mname.as_bytes())
             .with_context(failed),
     }
+}
+
+/// Whether `meta/<name>.manifest` reads whole, matches its digest, and is
+/// the staged manifest's tree (same digest).
+fn manifest_whole(state: &State, stage: &DirFd, name: &str) -> bool {
+    let digest_of = |m: Result<Manifest>| m.ok().map(|m| m.digest);
+    let ours = stage
+        .open_read(b"manifest")
+        .map_err(anyhow::Error::from)
+        .and_then(|fd| {
+            // The `File` only reads the descriptor `sys` opened in staging.
+            let mut r = std::io::BufReader::new(std::fs::File::from(fd));
+            Manifest::read_header(&mut r)
+        });
+    let theirs = state.read_manifest(name);
+    matches!((digest_of(ours), digest_of(theirs)), (Some(a), Some(b)) if a == b)
 }
 
 /// Point DEST at generation `name` again (a rollback), through the layout's

@@ -202,6 +202,17 @@ impl Manifest {
         Ok(m)
     }
 
+    /// Read a whole manifest and check it against its own digest: one cut
+    /// short (a power loss after a `--no-fsync` sync leaves it empty) or
+    /// edited is refused, never taken for the tree it names.
+    pub fn read_checked(r: &mut dyn BufRead) -> Result<Manifest> {
+        let m = Manifest::read(r)?;
+        if digest(&m.tree, m.label.as_deref()) != m.digest {
+            bail!("the manifest does not match its digest (cut short or edited)");
+        }
+        Ok(m)
+    }
+
     /// Read the header, up to and including `---`; the tree is left empty.
     pub fn read_header(r: &mut dyn BufRead) -> Result<Manifest> {
         let mut first = String::new();

@@ -365,7 +365,7 @@ fn reuse(
     let ok = sys::kind_of(&st) == sys::StatKind::File
         && st.st_size as u64 == meta.size
         && st.st_mode & 0o7777 == meta.mode
-        && crate::plan::mtime_eq(sys::mtime_of(&st).into(), meta.mtime, granularity_ns);
+        && crate::plan::mtime_eq(meta.mtime, sys::mtime_of(&st).into(), granularity_ns);
     if !ok {
         out.unlink(name)?;
     }

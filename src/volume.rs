@@ -393,7 +393,7 @@ impl State {
 
     pub fn read_manifest(&self, gen: &str) -> Result<Manifest> {
         let (mut r, shown) = self.manifest_reader(gen)?;
-        Manifest::read(&mut r).with_context(|| format!("bad manifest {shown}"))
+        Manifest::read_checked(&mut r).with_context(|| format!("bad manifest {shown}"))
     }
 
     /// A buffered reader over `meta/<GEN>.manifest`, and its path for messages.

@@ -1008,3 +1008,93 @@ fn rollback_verify_and_exec_with_the_dir_layout() {
     f.packsync(&["rollback", "vol/packs", "--to", "v2"]).ok();
     assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "two");
 }
+
+// ---- a manifest lost to a power cut ----
+
+/// A live generation whose manifest is empty (what a power cut after a
+/// `--no-fsync` sync leaves), missing, or cut short is not up to date: the
+/// next sync republishes it with a whole manifest, and `verify` passes.
+#[test]
+fn a_live_generation_with_a_lost_manifest_is_rebuilt_not_reused() {
+    let f = Fixture::new();
+    f.file("pack/a.txt", "a");
+    f.file("pack/lib/b.txt", "bb");
+    f.sync(&["--no-fsync"]).ok();
+    let gen = live_gen(&f);
+    let manifest = f.state().join("meta").join(format!("{gen}.manifest"));
+    // The manifest as written, but for the time it was written.
+    let text = |p: &std::path::Path| -> Vec<String> {
+        let all = String::from_utf8(fs::read(p).unwrap()).unwrap();
+        all.lines()
+            .filter(|l| !l.starts_with("created "))
+            .map(str::to_string)
+            .collect()
+    };
+    let whole = fs::read(&manifest).unwrap();
+    let recorded = text(&manifest);
+    let damages: [(&str, Option<&[u8]>); 3] = [
+        ("empty", Some(b"")),
+        ("cut short", Some(&whole[..whole.len() - 20])),
+        ("missing", None),
+    ];
+    for (what, damaged) in damages {
+        match damaged {
+            Some(text) => fs::write(&manifest, text).unwrap(),
+            None => fs::remove_file(&manifest).unwrap(),
+        }
+        // `verify` refuses a manifest that does not read whole.
+        assert_eq!(f.packsync(&["verify", "vol/packs"]).code, 1, "{what}");
+        // A plain sync sees a missing or empty one; --checksum reads every entry.
+        let extra: &[&str] = if what == "cut short" {
+            &["--checksum"]
+        } else {
+            &[]
+        };
+        let out = f.sync(extra).ok();
+        assert!(out.stdout.contains("synced"), "{what}: {}", out.stdout);
+        assert_eq!(live_gen(&f), gen, "{what}: the same tree keeps its name");
+        assert_eq!(text(&manifest), recorded, "{what}");
+        f.packsync(&["verify", "vol/packs"]).ok();
+        assert!(f.sync(&[]).ok().stdout.contains("up to date"), "{what}");
+    }
+    // Converging on it from another version: the bad manifest is replaced too.
+    fs::write(&manifest, b"").unwrap();
+    let pack = f.src().join("pack");
+    let (s, ns) = mtime(&pack);
+    f.file("pack/c.txt", "c");
+    f.sync(&[]).ok();
+    fs::remove_file(pack.join("c.txt")).unwrap();
+    set_mtime(&pack, s, ns);
+    f.sync(&[]).ok();
+    assert_eq!(live_gen(&f), gen);
+    assert_eq!(text(&manifest), recorded);
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+/// Durations and numbers past what packsync can hold are a usage error
+/// (exit 2, one line), never a crash, and change nothing.
+#[test]
+fn out_of_range_durations_and_numbers_are_refused_in_one_line() {
+    let f = Fixture::new();
+    f.file("pack/a.txt", "a");
+    f.sync(&[]).ok();
+    for (flag, value) in [
+        ("--grace", "99999999999999999999d"),
+        ("--grace", "18446744073709551615s"),
+        ("--keep", "99999999999999999999999"),
+        ("--max-delete", "-1"),
+    ] {
+        let arg = format!("{flag}={value}");
+        f.refused(&["sync", &arg, "src", "vol/packs"], 2, flag);
+    }
+    f.refused(
+        &["wait", "vol/packs", "--timeout", "99999999999999999999d"],
+        2,
+        "--timeout",
+    );
+    f.refused(
+        &["gc", "vol/packs", "--grace", "99999999999999999999d"],
+        2,
+        "--grace",
+    );
+}
