@@ -4,9 +4,12 @@
 //! each source (and the live generation) into a `Tree`; `plan` compares them
 //! and marks what can be reused; `stage` builds the new tree in a private
 //! staging directory; `commit` makes it durable, names it by its digest and
-//! publishes it with one rename of a symlink over DEST; `retire` removes what
-//! no reader may still need. `volume` holds the destination's directory
-//! handles and `sys` is the only place that makes raw syscalls.
+//! publishes it through the layout's driver (`layout`); `retire` removes what
+//! no reader may still need. `source` is where the entries come from,
+//! `volume` holds the destination's directory handles, and `sys` is the only
+//! place that makes raw syscalls (inside the volume, through `sys::DirFd`).
+//! docs/architecture.md draws the pipeline, says what each module may touch
+//! and describes the on-disk protocol.
 //!
 //! The binary reaches all of it through `main`; every module is private to
 //! the crate, so the compiler sees what is unused.

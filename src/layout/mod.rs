@@ -83,7 +83,7 @@ pub struct Published {
 
 /// What every layout does. The state directory's shape and the protocol
 /// around publishing (claims, convergence, retire) are the same for all;
-/// see docs/architecture.md, "Layouts" and "The on-disk protocol".
+/// see docs/architecture.md, "Layouts (and adding one)" and "The on-disk protocol".
 pub trait Driver: Sync {
     /// What `--layout` takes and `status` shows.
     fn name(&self) -> &'static str;
