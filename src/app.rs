@@ -165,14 +165,16 @@ fn load_rules(cfg: &SyncConfig) -> Result<Vec<String>> {
         let text = std::fs::read_to_string(f).map_err(|e| {
             error::usage(format!("{}: cannot read --exclude-from: {e}", f.display()))
         })?;
-        rules.extend(
-            text.lines()
-                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-                .map(str::to_string),
-        );
+        rules.extend(exclude_lines(&text).map(str::to_string));
     }
     rules.extend(cfg.rules.iter().cloned());
     Ok(rules)
+}
+
+/// The rules of an `--exclude-from` file: its lines but blank ones and comments.
+pub(crate) fn exclude_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
 }
 
 fn now() -> (i64, u32) {

@@ -12,11 +12,13 @@ pub mod app;
 pub mod caps;
 pub mod chmod;
 pub mod claim;
-pub mod clock;
 pub mod cli;
+pub mod clock;
 pub mod commit;
 pub mod config;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod label;
 pub mod layout;
 pub mod manifest;

@@ -26,11 +26,7 @@ pub struct DirFd(OwnedFd);
 
 /// `name` as one path component, or `EINVAL`.
 pub fn component(name: &[u8]) -> io::Result<&[u8]> {
-    if name.is_empty()
-        || name == b"."
-        || name == b".."
-        || name.contains(&b'/')
-        || name.contains(&0)
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
     {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -582,8 +582,8 @@ pub fn ctime_of(st: &Stat) -> u64 {
     (s as u64).wrapping_mul(1_000_000_000).wrapping_add(ns)
 }
 
-pub mod forward;
 mod dirfd;
+pub mod forward;
 pub use dirfd::{component, DirFd};
 
 /// SIGINT/SIGTERM become a flag that long work polls, so that it can clean
