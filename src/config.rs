@@ -153,6 +153,11 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
         "d" => n * 86400.0,
         _ => bail!("unknown unit {unit:?} (use ms, s, m, h or d)"),
     };
+    // Past this no deadline or timestamp can hold it (and from_secs_f64 panics).
+    const MAX_SECS: f64 = 1e15;
+    if secs > MAX_SECS {
+        bail!("out of range (at most {MAX_SECS:.0}s)");
+    }
     Ok(Duration::from_secs_f64(secs))
 }
 

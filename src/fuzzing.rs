@@ -262,4 +262,75 @@ mod tests {
         duration("15m");
         exclude_from(b"# comment\n*.pyc\n!keep.pyc\n/build/\n");
     }
+
+    /// The body of a manifest after its header, each test's lines below a root.
+    fn body(lines: &str) -> Vec<u8> {
+        format!("packsync-manifest 1\n---\nd 0755 0 0 0 1.000000000 - - .\n{lines}").into_bytes()
+    }
+
+    fn refused(text: &[u8]) -> bool {
+        manifest(text);
+        Manifest::read(&mut &text[..]).is_err()
+    }
+
+    #[test]
+    fn a_duration_too_large_for_any_clock_is_refused_not_a_panic() {
+        for s in [
+            "99999999999999999999d",
+            "99999999999999999999999999",
+            "10000000000000000000s",
+        ] {
+            duration(s);
+            assert!(crate::config::parse_duration(s).is_err(), "{s}");
+        }
+        duration("11574074074d");
+    }
+
+    #[test]
+    fn a_manifest_without_its_root_line_is_refused() {
+        // Cut right after the header, it read as an empty tree.
+        assert!(refused(b"packsync-manifest 1\n---\n"));
+        assert!(refused(
+            b"packsync-manifest 1\n---\nf 0644 0 0 1 2.000000000 - - a\n"
+        ));
+        assert!(refused(&body("d 0755 0 0 0 1.000000000 - - .\n")));
+    }
+
+    #[test]
+    fn a_manifest_path_that_is_not_a_walk_below_the_root_is_refused() {
+        for p in ["%00", "a%00b", "..", ".", "d/..", "d//x", "d/"] {
+            let text = body(&format!(
+                "d 0755 0 0 0 1.0 - - d\nf 0644 0 0 1 2.0 - - {p}\n"
+            ));
+            assert!(refused(&text), "{p}");
+        }
+        assert!(!refused(&body(
+            "d 0755 0 0 0 1.0 - - d\nf 0644 0 0 1 2.0 - - d/..x\n"
+        )));
+    }
+
+    #[test]
+    fn manifest_siblings_out_of_order_or_twice_are_refused() {
+        assert!(refused(&body(
+            "f 0644 0 0 1 2.0 - - b\nf 0644 0 0 1 2.0 - - a\n"
+        )));
+        assert!(refused(&body(
+            "f 0644 0 0 1 2.0 - - a\nf 0644 0 0 1 2.0 - - a\n"
+        )));
+        assert!(!refused(&body(
+            "f 0644 0 0 1 2.0 - - a\nf 0644 0 0 1 2.0 - - b\n"
+        )));
+    }
+
+    #[test]
+    fn manifest_fields_out_of_range_are_refused_not_a_panic() {
+        // A sha256 of 64 bytes that are not 64 hex digits used to panic on a char boundary.
+        let hash = "\u{e9}".repeat(32);
+        assert!(refused(&body(&format!("f 0644 0 0 1 2.0 {hash} - a\n"))));
+        assert!(refused(&body("f 10644 0 0 1 2.0 - - a\n")));
+        assert!(refused(&body("f 0644 0 0 1 2.1000000000 - - a\n")));
+        // A fraction is a fraction: `.5` is half a second.
+        let m = Manifest::read(&mut &body("f 0644 0 0 1 2.5 - - a\n")[..]).unwrap();
+        assert_eq!(m.tree.entries[0].meta.mtime.pair(), (2, 500_000_000));
+    }
 }
