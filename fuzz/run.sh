@@ -18,13 +18,14 @@ triple=$(rustc -vV | sed -n 's/^host: //p')
 cargo fuzz build --sanitizer none --debug-assertions
 bin=target/$triple/release
 total_findings=0
-printf '%-14s %12s %9s %s\n' target execs/s findings corpus
+printf '%-14s %12s %9s %s\n' target execs/s findings 'corpus, crash inputs'
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t" "artifacts/$t"
     before=$(find "artifacts/$t" -type f | wc -l)
     dict=()
     if [ -f "$t.dict" ]; then dict=("-dict=$t.dict"); fi
     execs=0
+    sites=$(mktemp)
     start=$(date +%s)
     end=$((start + secs))
     runs=0
@@ -36,13 +37,19 @@ for t in "${targets[@]}"; do
             -artifact_prefix="artifacts/$t/" >"$log" 2>&1 || true
         n=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
         execs=$((execs + ${n:-0}))
-        grep -E 'panicked at|^SUMMARY' "$log" | sed "s/^/    $t: /" >&2 || true
+        # A finding: the panic's place and message (one a line in sites).
+        grep -A1 'panicked at' "$log" | grep -v '^--$' | paste -d' ' - - >>"$sites" || true
         rm -f "$log"
     done
     elapsed=$(($(date +%s) - start))
     [ "$elapsed" -gt 0 ] || elapsed=1
-    found=$(($(find "artifacts/$t" -type f | wc -l) - before))
+    crashes=$(($(find "artifacts/$t" -type f | wc -l) - before))
+    found=$(sed 's/^thread [^)]*) //' "$sites" | sort -u | wc -l)
+    [ "$found" -gt 0 ] || [ "$crashes" -eq 0 ] || found=1
     total_findings=$((total_findings + found))
-    printf '%-14s %12d %9d %s\n' "$t" $((execs / elapsed)) "$found" "$(find "corpus/$t" -type f | wc -l) inputs"
+    printf '%-14s %12d %9d %s\n' "$t" $((execs / elapsed)) "$found" \
+        "$(find "corpus/$t" -type f | wc -l) inputs, $crashes new in artifacts/$t"
+    sed 's/^thread [^)]*) //' "$sites" | sort | uniq -c | sed 's/^/    /'
+    rm -f "$sites"
 done
 [ "$total_findings" -eq 0 ]

@@ -274,6 +274,17 @@ mod tests {
     }
 
     #[test]
+    fn chmod_x_is_decided_from_the_mode_before_the_rules_as_rsync_does() {
+        chmod("u-x,g+X,o+x", 0o100);
+        assert_eq!(
+            crate::chmod::parse("u-x,g+X,o+x")
+                .unwrap()
+                .mode(0o100, false),
+            0o011
+        );
+    }
+
+    #[test]
     fn a_duration_too_large_for_any_clock_is_refused_not_a_panic() {
         for s in [
             "99999999999999999999d",
