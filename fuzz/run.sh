@@ -24,6 +24,8 @@ for t in "${targets[@]}"; do
     before=$(find "artifacts/$t" -type f | wc -l)
     dict=()
     if [ -f "$t.dict" ]; then dict=("-dict=$t.dict"); fi
+    # Every input builds a few gitignore matchers (regexes): keep them short.
+    if [ "$t" = exclude_from ]; then dict+=("-max_len=256"); fi
     execs=0
     sites=$(mktemp)
     start=$(date +%s)
