@@ -138,9 +138,6 @@ fn parse_rule(clause: &str) -> Result<Rule> {
 impl Rules {
     /// The mode an entry gets (`mode` holds `0o7777` bits).
     pub fn mode(&self, mut mode: u32, is_dir: bool) -> u32 {
-        // As rsync decides `X`: from the mode before any rule, so that the
-        // rules give the same mode however often they are applied.
-        let had_x = mode & 0o111 != 0;
         for rule in &self.0 {
             let applies = match rule.target {
                 Target::All => true,
@@ -154,7 +151,7 @@ impl Rules {
                 Action::Set(m) => mode = *m,
                 Action::Symbolic { who, ops } => {
                     for (op, p) in ops {
-                        mode = apply_op(mode, is_dir, is_dir || had_x, *who, *op, p);
+                        mode = apply_op(mode, is_dir, *who, *op, p);
                     }
                 }
             }
@@ -174,9 +171,7 @@ impl Rules {
     }
 }
 
-/// `big_x`: whether `X` means `x` here (a directory, or a file someone could
-/// execute before the rules).
-fn apply_op(mode: u32, is_dir: bool, big_x: bool, who: u8, op: char, p: &Perms) -> u32 {
+fn apply_op(mode: u32, is_dir: bool, who: u8, op: char, p: &Perms) -> u32 {
     // The bits each class owns: its rwx and its special bit.
     let mut rwx_mask = 0;
     let mut special = 0;
@@ -199,7 +194,7 @@ fn apply_op(mode: u32, is_dir: bool, big_x: bool, who: u8, op: char, p: &Perms) 
     if p.w {
         bits |= 0o222;
     }
-    if p.x || (p.big_x && big_x) {
+    if p.x || (p.big_x && (is_dir || mode & 0o111 != 0)) {
         bits |= 0o111;
     }
     bits &= rwx_mask;
