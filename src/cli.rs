@@ -344,11 +344,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         let text = sys::read_text(f).map_err(|e| {
             error::usage(format!("{}: cannot read --exclude-from: {e}", f.display()))
         })?;
-        lines.extend(
-            text.lines()
-                .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-                .map(str::to_string),
-        );
+        lines.extend(exclude_lines(&text).map(str::to_string));
     }
     lines.extend(rules);
     let filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
@@ -424,6 +420,12 @@ fn parse_slot(s: &str) -> Result<String> {
 fn parse_glob(s: &str) -> Result<String> {
     Filter::new(&[s.to_string()])?;
     Ok(s.to_string())
+}
+
+/// The rules of an `--exclude-from` file: its lines but blank ones and comments.
+pub(crate) fn exclude_lines(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
 }
 
 /// Write the completion script for `shell` to `out`.

@@ -23,6 +23,8 @@ pub(crate) mod clock;
 pub(crate) mod commit;
 pub(crate) mod config;
 pub(crate) mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub(crate) mod label;
 pub(crate) mod layout;
 pub(crate) mod manifest;

@@ -89,7 +89,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Result<[u8; 32]> {
-    if s.len() != 64 {
+    if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!("bad sha256 {s:?}");
     }
     let mut out = [0u8; 32];
@@ -199,6 +199,9 @@ impl Manifest {
     pub fn read(r: &mut dyn BufRead) -> Result<Manifest> {
         let mut m = Manifest::read_header(r)?;
         for_each_entry(r, &mut |path, e| insert(&mut m.tree, path, e))?;
+        if m.tree.root_srcs == 0 {
+            bail!("manifest has no entries (not even its root): truncated");
+        }
         Ok(m)
     }
 
@@ -320,10 +323,12 @@ fn flag(v: &str) -> Result<bool> {
 
 fn parse_time(s: &str) -> Result<(i64, u32)> {
     let (a, b) = s.split_once('.').unwrap_or((s, "0"));
-    Ok((
-        a.parse().context("bad time")?,
-        b.parse().context("bad time")?,
-    ))
+    // A fraction of a second, as written: `.5` is half a second, never 5 ns.
+    if b.is_empty() || b.len() > 9 || !b.bytes().all(|c| c.is_ascii_digit()) {
+        bail!("bad time {s:?}");
+    }
+    let ns = b.parse::<u32>().context("bad time")? * 10u32.pow(9 - b.len() as u32);
+    Ok((a.parse().context("bad time")?, ns))
 }
 
 fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
@@ -332,7 +337,10 @@ fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
         bail!("too few fields");
     }
     let meta = Meta {
-        mode: u32::from_str_radix(f[1], 8).context("bad mode")?,
+        mode: u32::from_str_radix(f[1], 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .context("bad mode")?,
         uid: f[2].parse().context("bad uid")?,
         gid: f[3].parse().context("bad gid")?,
         size: f[4].parse().context("bad size")?,
@@ -360,25 +368,40 @@ fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
         "l" => Node::Symlink(unescape(f.get(9).context("symlink without target")?)?.into()),
         k => bail!("unknown kind {k:?}"),
     };
-    let name = path
-        .rsplit(|&b| b == b'/')
-        .next()
-        .unwrap_or_default()
-        .into();
+    // Every component a name a directory can hold: nothing a handle-relative
+    // walk would refuse or take out of the tree.
+    let name: &[u8] = path.rsplit(|&b| b == b'/').next().unwrap_or_default();
+    if path != b"."
+        && path
+            .split(|&b| b == b'/')
+            .any(|c| c.is_empty() || c == b"." || c == b".." || c.contains(&0))
+    {
+        bail!("bad path {:?}", escape(&path));
+    }
+    let name = name.into();
     Ok((path, Entry { name, meta, node }))
 }
 
 /// Put an entry read in pre-order into `tree`.
 fn insert(tree: &mut Tree, path: Vec<u8>, e: Entry) -> Result<()> {
-    if path == b"." {
-        tree.root = e.meta;
-        tree.root_srcs = 1;
-        return Ok(());
+    match (path == b".", tree.root_srcs == 0) {
+        (true, true) => {
+            tree.root = e.meta;
+            tree.root_srcs = 1;
+            return Ok(());
+        }
+        (true, false) => bail!("the root twice"),
+        (false, true) => bail!("entry before the root"),
+        (false, false) => {}
     }
     let mut parts = path.split(|&b| b == b'/').peekable();
     let mut dir = &mut tree.entries;
     while let Some(part) = parts.next() {
         if parts.peek().is_none() {
+            // Names sorted bytewise, each once: trees are compared by merge walks.
+            if dir.last().is_some_and(|last| *last.name >= *e.name) {
+                bail!("entry out of order or twice");
+            }
             dir.push(e);
             return Ok(());
         }

@@ -171,7 +171,7 @@ pub(super) fn read_header(
     let fd = state.meta.open_read(name.as_bytes()).ok()?;
     let text = volume::read_to_string(fd.as_fd()).ok()?;
     let head = text.split("\n---\n").next()?;
-    let m = Manifest::parse(&format!("{head}\n---\n")).ok()?;
+    let m = Manifest::read_header(&mut text.as_bytes()).ok()?;
     let count = |key: &str| {
         head.lines()
             .find_map(|l| l.strip_prefix(key)?.strip_prefix(' ')?.parse().ok())

@@ -1,0 +1,349 @@
+//! Entry points for the fuzz targets under `fuzz/`: each takes what a volume
+//! or a user hands packsync (bytes, text), runs it through the parser the
+//! binary uses, and panics when an invariant that the rest of packsync relies
+//! on does not hold. "Does not crash" is the least of it: a manifest that
+//! parses must write back to one that parses the same, a label ordering must
+//! be a total order, and so on.
+//!
+//! Not an interface: hidden from the docs, thin, and the only thing the
+//! targets call, so the parsers can move between modules without touching
+//! `fuzz/`. No I/O here; a parser that needs a file gets its text.
+
+use std::cmp::Ordering;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::manifest::{Entries, Manifest};
+use crate::tree::{Entry, Node, Tree};
+
+/// `Manifest::read`, `read_header` and `Entries`, on bytes read from a
+/// volume. A manifest that parses describes a tree packsync could have
+/// written (every name one path component, siblings in strictly increasing
+/// byte order, modes within `0o7777`, times with nanoseconds below 10^9),
+/// writes back to text that parses to the same manifest, and streams
+/// (header, then entries one at a time) to the same entries in the same order.
+pub fn manifest(data: &[u8]) {
+    let Ok(mut m) = Manifest::read(&mut &data[..]) else {
+        return;
+    };
+    check_tree(&m.tree);
+    assert!(m.created.1 < 1_000_000_000, "created {:?}", m.created);
+
+    let text = m.seal();
+    let back = Manifest::parse(&text)
+        .unwrap_or_else(|e| panic!("a written manifest does not parse: {e:#}\n{text}"));
+    assert_eq!(back, m, "manifest changed through write and read\n{text}");
+    assert_eq!(m.seal(), text, "sealing twice gave different text");
+
+    // The streaming reader the sync uses sees the same entries, in order.
+    let mut r = text.as_bytes();
+    let header = Manifest::read_header(&mut r).expect("header of a written manifest");
+    assert_eq!(header.digest, m.digest);
+    let mut want: Vec<(Vec<u8>, Entry)> = Vec::new();
+    m.tree
+        .for_each(&mut |p, e| want.push((p.to_vec(), shallow(e))));
+    let mut entries = Entries::new(&mut r);
+    let (root, _) = entries.next_entry().unwrap().expect("the root line");
+    assert_eq!(root, b".");
+    for (path, e) in want {
+        let (p, got) = entries
+            .next_entry()
+            .unwrap()
+            .expect("an entry per tree entry");
+        assert_eq!((p, got), (path, e));
+    }
+    assert!(entries.next_entry().unwrap().is_none(), "entries left over");
+}
+
+/// An entry as `Entries` yields it: without its children.
+fn shallow(e: &Entry) -> Entry {
+    let mut e = e.clone();
+    if let Node::Dir(d) = &mut e.node {
+        d.entries.clear();
+    }
+    e
+}
+
+fn check_tree(tree: &Tree) {
+    fn walk(es: &[Entry]) {
+        for w in es.windows(2) {
+            assert!(w[0].name < w[1].name, "siblings out of order or twice");
+        }
+        for e in es {
+            let n: &[u8] = &e.name;
+            assert!(
+                !n.is_empty() && n != b"." && n != b".." && !n.contains(&b'/') && !n.contains(&0),
+                "{:?} is not one path component",
+                String::from_utf8_lossy(n)
+            );
+            assert!(e.meta.mode <= 0o7777, "mode {:o}", e.meta.mode);
+            assert!(e.meta.mtime.ns < 1_000_000_000, "mtime {:?}", e.meta.mtime);
+            if let Node::Dir(d) = &e.node {
+                walk(&d.entries);
+            }
+        }
+    }
+    assert!(tree.root.mode <= 0o7777, "root mode {:o}", tree.root.mode);
+    walk(&tree.entries);
+}
+
+/// `--chmod RULES` applied to `mode` (any `u32`: the type bits of `st_mode`
+/// included). The result is within `0o7777`, the same for a file and a
+/// directory wherever no rule can tell them apart, and applying the rules
+/// again changes nothing wherever `X` cannot see a difference: on a
+/// directory, or with no `X` at all. (packsync decides a file's `X` from the
+/// mode the rules have made so far, as chmod(1) does; rsync decides it once,
+/// from the mode before the rules. An integration test pins packsync's way.)
+pub fn chmod(rules: &str, mode: u32) {
+    let Ok(r) = crate::chmod::parse(rules) else {
+        return;
+    };
+    for is_dir in [false, true] {
+        let once = r.mode(mode, is_dir);
+        assert!(once <= 0o7777, "{rules:?} on {mode:o}: {once:o}");
+        if is_dir || !rules.contains('X') {
+            let twice = r.mode(once, is_dir);
+            assert_eq!(
+                twice, once,
+                "{rules:?} on {mode:o} (dir: {is_dir}): {once:o}, then {twice:o}"
+            );
+        }
+    }
+    let typed = rules.contains(['D', 'F', 'X', '=']);
+    if !typed {
+        assert_eq!(
+            r.mode(mode, false),
+            r.mode(mode, true),
+            "{rules:?} on {mode:o}"
+        );
+    }
+}
+
+/// The `--label` ordering of two labels: antisymmetric, consistent with
+/// equality, and what the downgrade guard decides.
+pub fn label(a: &str, b: &str) {
+    use crate::label::{check, parse, Verdict};
+    let (Some(va), Some(vb)) = (parse(a), parse(b)) else {
+        if let Some(va) = parse(a) {
+            assert_eq!(check(Some(&va), Some(b)), Verdict::Unordered);
+        }
+        return;
+    };
+    let ab = va.cmp(&vb);
+    assert_eq!(ab, vb.cmp(&va).reverse(), "{a:?} vs {b:?}");
+    assert_eq!(va == vb, ab == Ordering::Equal, "{a:?} vs {b:?}");
+    assert_eq!(va.cmp(&va), Ordering::Equal, "{a:?}");
+    let downgrade = check(Some(&va), Some(b)) == Verdict::Downgrade;
+    assert_eq!(downgrade, ab == Ordering::Less, "{a:?} over {b:?}");
+}
+
+/// The `--label` ordering of three labels is transitive (with `label` on
+/// each pair, a total order: sorting labels by it is well defined).
+pub fn labels(a: &str, b: &str, c: &str) {
+    use crate::label::parse;
+    label(a, b);
+    label(b, c);
+    label(a, c);
+    let (Some(va), Some(vb), Some(vc)) = (parse(a), parse(b), parse(c)) else {
+        return;
+    };
+    let le = |x: &crate::label::Version, y: &crate::label::Version| x <= y;
+    if le(&va, &vb) && le(&vb, &vc) {
+        assert!(
+            le(&va, &vc),
+            "{a:?} <= {b:?} <= {c:?} but not {a:?} <= {c:?}"
+        );
+    }
+    if va == vb {
+        assert_eq!(
+            va.cmp(&vc),
+            vb.cmp(&vc),
+            "{a:?} == {b:?} but not against {c:?}"
+        );
+    }
+}
+
+/// A duration flag's value (`--grace`, `--timeout`). One that parses can
+/// be added to the clocks the commands add it to, so no command panics on it.
+pub fn duration(s: &str) {
+    let Ok(d) = crate::config::parse_duration(s) else {
+        return;
+    };
+    check_duration(s, d);
+}
+
+fn check_duration(s: &str, d: Duration) {
+    assert!(
+        Instant::now().checked_add(d).is_some(),
+        "{s:?} parses to {d:?}, which overflows a deadline"
+    );
+    assert!(
+        SystemTime::now().checked_add(d).is_some(),
+        "{s:?} parses to {d:?}, which overflows the wall clock"
+    );
+}
+
+/// The bytes of an `--exclude-from FILE`, through the reader the sync uses
+/// and the filter it builds. Building never panics, and the user's last
+/// word wins: a pattern naming an exact path (escaped) appended after the
+/// file's lines excludes that path, and the same pattern with `!` includes it.
+pub fn exclude_from(data: &[u8]) {
+    // The sync reads the file as UTF-8 text and refuses it otherwise.
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let rules: Vec<String> = crate::cli::exclude_lines(text)
+        .map(str::to_string)
+        .collect();
+    let Ok(filter) = crate::scan::Filter::new(&rules) else {
+        return;
+    };
+    let mut probes: Vec<Vec<u8>> = Vec::new();
+    for r in rules.iter().take(3) {
+        let name = r.trim_start_matches(['!', '/']).trim_end_matches('/');
+        if let Some(name) = name.split('/').find(|n| !n.is_empty()) {
+            probes.push(name.as_bytes().to_vec());
+        }
+    }
+    for p in probes {
+        for is_dir in [false, true] {
+            let _ = filter.excludes(&p, is_dir);
+        }
+        let Some(exact) = literal(&p) else {
+            continue;
+        };
+        for (line, excluded) in [(exact.clone(), true), (format!("!{exact}"), false)] {
+            let mut more = rules.clone();
+            more.push(line.clone());
+            let f = crate::scan::Filter::new(&more)
+                .unwrap_or_else(|e| panic!("{line:?} after the file's rules: {e:#}"));
+            for is_dir in [false, true] {
+                assert_eq!(
+                    f.excludes(&p, is_dir),
+                    excluded,
+                    "{line:?} last, {:?} (dir: {is_dir})",
+                    String::from_utf8_lossy(&p)
+                );
+            }
+        }
+    }
+}
+
+/// A gitignore line that matches exactly `name` at the top, or `None` for a
+/// name no line can hold (gitignore trims trailing whitespace other than an
+/// escaped space, and a line cannot hold a line break).
+fn literal(name: &[u8]) -> Option<String> {
+    let name = std::str::from_utf8(name).ok()?;
+    if name.is_empty()
+        || name.contains(['\n', '\r', '/'])
+        || name.ends_with(|c: char| c.is_whitespace() && c != ' ')
+    {
+        return None;
+    }
+    let mut line = String::from("/");
+    for c in name.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '{' | '}' | ' ') {
+            line.push('\\');
+        }
+        line.push(c);
+    }
+    Some(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_facade_accepts_what_packsync_writes_and_is_told() {
+        manifest(b"packsync-manifest 1\n---\nd 0755 0 0 0 1.000000000 - - .\nf 0644 0 0 1 2.000000000 - - a\n");
+        chmod("D755,F644", 0o100600);
+        chmod("u+w,go-w,Da+X", 0o40700);
+        labels("v1.9", "v1.10", "1.10.0-rc1");
+        duration("15m");
+        exclude_from(b"# comment\n*.pyc\n!keep.pyc\n/build/\n");
+    }
+
+    /// The body of a manifest after its header, each test's lines below a root.
+    fn body(lines: &str) -> Vec<u8> {
+        format!("packsync-manifest 1\n---\nd 0755 0 0 0 1.000000000 - - .\n{lines}").into_bytes()
+    }
+
+    fn refused(text: &[u8]) -> bool {
+        manifest(text);
+        Manifest::read(&mut &text[..]).is_err()
+    }
+
+    #[test]
+    fn chmod_x_sees_the_mode_the_rules_made_so_far_unlike_rsync() {
+        // rsync -a --chmod gives 0011 here and 0744 below: it decides X from the
+        // source's mode. packsync follows chmod(1) (tests/integration/ops.rs
+        // pins the second case), so such rules are not idempotent on files.
+        chmod("u-x,g+X,o+x", 0o100);
+        let rules = crate::chmod::parse("u-x,g+X,o+x").unwrap();
+        assert_eq!(rules.mode(0o100, false), 0o001);
+        assert_eq!(rules.mode(0o001, false), 0o011);
+        let rules = crate::chmod::parse("D755,F644,Fu+X").unwrap();
+        assert_eq!(rules.mode(0o700, false), 0o644);
+    }
+
+    #[test]
+    fn a_duration_too_large_for_any_clock_is_refused_not_a_panic() {
+        for s in [
+            "99999999999999999999d",
+            "99999999999999999999999999",
+            "10000000000000000000s",
+        ] {
+            duration(s);
+            assert!(crate::config::parse_duration(s).is_err(), "{s}");
+        }
+        duration("11574074074d");
+    }
+
+    #[test]
+    fn a_manifest_without_its_root_line_is_refused() {
+        // Cut right after the header, it read as an empty tree.
+        assert!(refused(b"packsync-manifest 1\n---\n"));
+        assert!(refused(
+            b"packsync-manifest 1\n---\nf 0644 0 0 1 2.000000000 - - a\n"
+        ));
+        assert!(refused(&body("d 0755 0 0 0 1.000000000 - - .\n")));
+    }
+
+    #[test]
+    fn a_manifest_path_that_is_not_a_walk_below_the_root_is_refused() {
+        for p in ["%00", "a%00b", "..", ".", "d/..", "d//x", "d/"] {
+            let text = body(&format!(
+                "d 0755 0 0 0 1.0 - - d\nf 0644 0 0 1 2.0 - - {p}\n"
+            ));
+            assert!(refused(&text), "{p}");
+        }
+        assert!(!refused(&body(
+            "d 0755 0 0 0 1.0 - - d\nf 0644 0 0 1 2.0 - - d/..x\n"
+        )));
+    }
+
+    #[test]
+    fn manifest_siblings_out_of_order_or_twice_are_refused() {
+        assert!(refused(&body(
+            "f 0644 0 0 1 2.0 - - b\nf 0644 0 0 1 2.0 - - a\n"
+        )));
+        assert!(refused(&body(
+            "f 0644 0 0 1 2.0 - - a\nf 0644 0 0 1 2.0 - - a\n"
+        )));
+        assert!(!refused(&body(
+            "f 0644 0 0 1 2.0 - - a\nf 0644 0 0 1 2.0 - - b\n"
+        )));
+    }
+
+    #[test]
+    fn manifest_fields_out_of_range_are_refused_not_a_panic() {
+        // A sha256 of 64 bytes that are not 64 hex digits used to panic on a char boundary.
+        let hash = "\u{e9}".repeat(32);
+        assert!(refused(&body(&format!("f 0644 0 0 1 2.0 {hash} - a\n"))));
+        assert!(refused(&body("f 10644 0 0 1 2.0 - - a\n")));
+        assert!(refused(&body("f 0644 0 0 1 2.1000000000 - - a\n")));
+        // A fraction is a fraction: `.5` is half a second.
+        let m = Manifest::read(&mut &body("f 0644 0 0 1 2.5 - - a\n")[..]).unwrap();
+        assert_eq!(m.tree.entries[0].meta.mtime.pair(), (2, 500_000_000));
+    }
+}
