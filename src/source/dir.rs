@@ -193,9 +193,22 @@ impl Walk<'_> {
                 st.st_size as u64,
             ),
             StatKind::Symlink => {
-                let target = dir
-                    .readlink(&name)
-                    .with_context(|| format!("cannot read symlink {}", shown()))?;
+                let target = match dir.readlink(&name) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // sshfs with contain_symlinks (Debian's default) refuses
+                        // links that point outside, absolute ones among them.
+                        let hint = if sys::is_not_permitted(&e)
+                            && dir.fs_kind().is_ok_and(|k| k == sys::FsKind::Fuse)
+                        {
+                            " (on sshfs, mount with -o no_contain_symlinks: see the README's limits)"
+                        } else {
+                            ""
+                        };
+                        return Err(e)
+                            .with_context(|| format!("cannot read symlink {}{hint}", shown()));
+                    }
+                };
                 let size = target.len() as u64;
                 (Node::Symlink(target.into()), size)
             }

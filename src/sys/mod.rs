@@ -726,3 +726,9 @@ pub fn host_identity() -> (Vec<u8>, Vec<u8>) {
         .unwrap_or_default();
     (boot, pidns)
 }
+
+/// EPERM: the filesystem will not do it for this caller (sshfs refusing a
+/// link that points outside its export, for one).
+pub fn is_not_permitted(e: &io::Error) -> bool {
+    e.raw_os_error() == Some(libc::EPERM)
+}
