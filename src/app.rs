@@ -291,7 +291,7 @@ fn open_dest(cfg: &SyncConfig, sources: &Sources) -> Result<(Volume, Dest)> {
 
 /// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
 fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
-    let parent = sys::canonicalize(&vol.parent_path)
+    let parent = sys::canonicalize_existing(&vol.parent_path)
         .with_context(|| format!("cannot resolve {}", vol.parent_path.display()))?;
     let dest = parent.join(sys::os(&vol.name));
     let state = parent.join(sys::os(&vol.state_name()));

@@ -38,7 +38,9 @@ pub struct Volume {
     /// with fanout). Empty until it exists: a fanout DEST that the first sync
     /// creates only when it is about to stage (see `state`).
     dir: OnceLock<DirFd>,
-    /// Where to make `dir` when it is missing: its parent and its name.
+    /// Where to make `dir` when it is missing: the nearest directory that
+    /// exists, and the relative path below it (one name, or several with
+    /// `--mkpath`).
     make: Option<(DirFd, Vec<u8>)>,
     /// The path of `dir`, for messages.
     pub parent_path: PathBuf,
@@ -76,15 +78,20 @@ fn not_yet(what: &str) -> io::Error {
 }
 
 impl Volume {
-    /// Open DEST's parent (creating it when `mkpath`), in the default shape:
-    /// DEST is the published name and `.<name>.packsync` the state directory.
+    /// Open DEST's parent, in the default shape: DEST is the published name
+    /// and `.<name>.packsync` the state directory. With `mkpath` a missing
+    /// parent is made by the first `state(true)`, once every refusal has
+    /// passed; until then it reads as empty.
     pub fn open(dest: &Path, mkpath: bool) -> Result<Volume> {
         let (name, parent_path) = split(dest)?;
-        if mkpath {
-            make_path(&parent_path)?;
-        }
         let parent = match DirFd::open_path(&parent_path) {
             Ok(fd) => fd,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && mkpath => {
+                let make = anchor_of(&parent_path)?;
+                let mut vol = Volume::at(dest, None, parent_path, name);
+                vol.make = Some(make);
+                return Ok(vol);
+            }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Err(error::usage(format!(
                     "{}: parent directory does not exist (use --mkpath to create it)",
@@ -97,7 +104,7 @@ impl Volume {
                 })
             }
         };
-        Ok(Volume::at(dest, parent, parent_path, name))
+        Ok(Volume::at(dest, Some(parent), parent_path, name))
     }
 
     /// As `open`, for commands that only read: `None` when DEST's parent is
@@ -105,19 +112,23 @@ impl Volume {
     pub fn find(dest: &Path) -> Result<Option<Volume>> {
         let (name, parent_path) = split(dest)?;
         match DirFd::open_path(&parent_path) {
-            Ok(parent) => Ok(Some(Volume::at(dest, parent, parent_path, name))),
+            Ok(parent) => Ok(Some(Volume::at(dest, Some(parent), parent_path, name))),
             Err(e) if e.kind() == io::ErrorKind::NotFound || sys::is_not_dir(&e) => Ok(None),
             Err(e) => Err(e)
                 .with_context(|| format!("cannot open parent directory {}", parent_path.display())),
         }
     }
 
-    fn at(dest: &Path, parent: DirFd, parent_path: PathBuf, name: Vec<u8>) -> Volume {
+    fn at(dest: &Path, parent: Option<DirFd>, parent_path: PathBuf, name: Vec<u8>) -> Volume {
         let mut state_name = b".".to_vec();
         state_name.extend_from_slice(&name);
         state_name.extend_from_slice(b".packsync");
+        let dir = OnceLock::new();
+        if let Some(parent) = parent {
+            let _ = dir.set(parent);
+        }
         Volume {
-            dir: OnceLock::from(parent),
+            dir,
             make: None,
             parent_path,
             name,
@@ -146,15 +157,23 @@ impl Volume {
         slot: Option<&str>,
     ) -> io::Result<Volume> {
         let dest_path = self.parent_path.join(sys::os(&self.name));
-        let outer = self.dir.into_inner().expect("opened by Volume::open");
         let dir = OnceLock::new();
         let mut make = None;
-        match outer.open_dir(&self.name) {
-            Ok(fd) => {
-                let _ = dir.set(fd);
+        match (self.dir.into_inner(), self.make) {
+            (Some(outer), _) => match outer.open_dir(&self.name) {
+                Ok(fd) => {
+                    let _ = dir.set(fd);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => make = Some((outer, self.name)),
+                Err(e) => return Err(e),
+            },
+            // `--mkpath`: DEST's parent is to be made too.
+            (None, Some((anchor, mut rest))) => {
+                rest.push(b'/');
+                rest.extend_from_slice(&self.name);
+                make = Some((anchor, rest));
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => make = Some((outer, self.name)),
-            Err(e) => return Err(e),
+            (None, None) => return Err(not_yet(&self.display)),
         }
         Ok(Volume {
             dir,
@@ -181,8 +200,8 @@ impl Volume {
         }
         let (outer, name) = self.make.as_ref().ok_or_else(|| not_yet(&self.display))?;
         let fd = outer
-            .ensure_dir(name, 0o755)
-            .with_context(|| format!("cannot create {}", self.display))?;
+            .ensure_path(name, 0o755)
+            .with_context(|| format!("cannot create {}", self.parent_path.display()))?;
         let _ = self.dir.set(fd);
         Ok(self.dir.get().expect("just set"))
     }
@@ -331,10 +350,11 @@ fn split(dest: &Path) -> Result<(Vec<u8>, PathBuf)> {
     Ok((name.as_encoded_bytes().to_vec(), parent_path))
 }
 
-/// `--mkpath`: make `path` and its missing ancestors, relative to the nearest
-/// one that exists (opened as the user named it, the one place a symlink
-/// is followed); below it no symlink is followed.
-fn make_path(path: &Path) -> Result<()> {
+/// `--mkpath`: the nearest ancestor of `path` that exists (opened as the
+/// user named it, the one place a symlink is followed) and the path of the
+/// missing rest below it, which `ensure_path` makes without following a
+/// symlink. Nothing is created here.
+fn anchor_of(path: &Path) -> Result<(DirFd, Vec<u8>)> {
     let failed = || format!("cannot create {}", path.display());
     let mut base = path;
     let mut missing = Vec::new();
@@ -358,10 +378,7 @@ fn make_path(path: &Path) -> Result<()> {
         }
     };
     let rest: Vec<&[u8]> = missing.iter().rev().map(|n| n.as_encoded_bytes()).collect();
-    anchor
-        .ensure_path(&rest.join(&b'/'), 0o755)
-        .with_context(failed)?;
-    Ok(())
+    Ok((anchor, rest.join(&b'/')))
 }
 
 /// A generation name: what packsync writes, nothing that walks elsewhere.

@@ -265,7 +265,12 @@ pub fn exchange_works(dir: &DirFd) -> Result<bool> {
 /// The layout an existing DEST was published with (`None`: nothing packsync
 /// made is there). `base` is DEST opened with `Volume::open`.
 pub fn current(base: &Volume) -> Result<Option<Layout>> {
-    let parent = base.parent()?;
+    let parent = match base.parent() {
+        Ok(p) => p,
+        // `--mkpath`: DEST's parent is not there yet, so neither is DEST.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
     let st = match parent.stat(&base.name) {
         Ok(st) => Some(st),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,

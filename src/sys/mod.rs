@@ -732,3 +732,33 @@ pub fn host_identity() -> (Vec<u8>, Vec<u8>) {
 pub fn is_not_permitted(e: &io::Error) -> bool {
     e.raw_os_error() == Some(libc::EPERM)
 }
+
+/// `canonicalize` of a path whose last components may not exist yet
+/// (`--mkpath`): the nearest ancestor that exists, resolved, with the
+/// missing names after it as written.
+pub fn canonicalize_existing(path: &std::path::Path) -> io::Result<std::path::PathBuf> {
+    let mut missing = Vec::new();
+    let mut base = path;
+    loop {
+        match std::fs::canonicalize(base) {
+            Ok(mut p) => {
+                p.extend(missing.iter().rev());
+                return Ok(p);
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match (base.parent(), base.file_name()) {
+                    (Some(up), Some(name)) => {
+                        missing.push(name);
+                        base = if up.as_os_str().is_empty() {
+                            std::path::Path::new(".")
+                        } else {
+                            up
+                        };
+                    }
+                    _ => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -709,3 +709,28 @@ fn operator_commands_work_with_every_layout() {
         );
     }
 }
+
+/// `--mkpath` makes DEST's parents only once the sync is about to stage: a
+/// refused sync leaves no directory behind, and an accepted one makes them.
+#[test]
+fn mkpath_makes_nothing_for_a_refused_sync() {
+    let f = Fixture::new();
+    f.file("..data/x", "reserved name");
+    let args = [
+        "sync",
+        "--mkpath",
+        "--layout",
+        "fanout",
+        "src",
+        "vol/new/deeper/packs",
+    ];
+    f.refused(&args, 2, "..data");
+    assert!(!f.path("vol/new").exists());
+    fs::remove_dir_all(f.src().join("..data")).unwrap();
+    f.file("pack/a.txt", "a");
+    f.packsync(&args).ok();
+    assert_eq!(
+        fs::read_link(f.path("vol/new/deeper/packs/pack")).unwrap(),
+        Path::new("..data/pack")
+    );
+}
