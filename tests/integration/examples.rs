@@ -94,7 +94,7 @@ fn rewrite(line: &str, root: &Path) -> String {
 }
 
 /// `cp -a`: symlinks stay symlinks, modes are kept.
-fn copy_tree(from: &Path, to: &Path) {
+pub fn copy_tree(from: &Path, to: &Path) {
     let m = fs::symlink_metadata(from).unwrap();
     if m.file_type().is_symlink() {
         symlink(fs::read_link(from).unwrap(), to).unwrap();
@@ -113,7 +113,7 @@ fn copy_tree(from: &Path, to: &Path) {
 
 /// Entries, types, bytes, permission bits and symlink targets below `root`
 /// (the root itself followed, as a reader opening P would).
-fn listing(root: &Path) -> BTreeMap<String, String> {
+pub fn listing(root: &Path) -> BTreeMap<String, String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         for e in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let p = e.unwrap().path();
