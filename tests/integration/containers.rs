@@ -1,13 +1,16 @@
-//! The StackStorm example in real containers: `../shared/container-rig.sh`
+//! The Kubernetes examples in real containers: `../shared/container-rig.sh`
 //! gives podman (`podman kube play`), buildah and a private image store.
 //! The test builds the images the manifest names (the packsync image as the
 //! Dockerfile's final stage: `FROM scratch` plus the static binary; a
 //! consumer image and pack images from the rig's busybox), plays the
 //! manifest's Deployments and Job as Pods, and checks what an operator
-//! would: the init containers published, a consumer started on an empty
-//! volume waits and then starts, the register-content step runs after the
-//! packs are live, an upgrade removes the action it dropped, and a replica
-//! of the old version is refused (exit 3) with the volume unchanged.
+//! would. StackStorm: the init containers published, a consumer started on
+//! an empty volume waits and then starts, the register-content step runs
+//! after the packs are live, an upgrade removes the action it dropped, and
+//! a replica of the old version is refused (exit 3) with the volume
+//! unchanged. OPA: three replicas started at once leave one generation,
+//! which every OPA (a stand-in that prints what it loads) reads. Two pack
+//! images: both slots are published and the consumer starts.
 //!
 //! The harness maps image names to the local ones, plays a Deployment's or
 //! Job's pod template as a Pod with `restartPolicy: Never` (podman 4.3
@@ -298,33 +301,54 @@ fn assert_published(vol: &Path, repo_dir: &str) {
     }
 }
 
-#[test]
-fn the_stackstorm_example_in_real_containers() {
+/// The rig, held under the lock, and the static binary; `None` (after one
+/// line, or a panic under CI) when either is missing. The rig goes down
+/// before the lock is released.
+struct Setup {
+    rig: Rig,
+    bin: PathBuf,
+    _lock: fs::File,
+}
+
+fn setup() -> Option<Setup> {
     if !is_root() {
         eprintln!("skipped: container tests need root");
-        return;
+        return None;
     }
     if !script().exists() {
-        return unavailable(&format!("{} is missing", script().display()));
+        unavailable(&format!("{} is missing", script().display()));
+        return None;
     }
     let bin = static_bin();
     if !bin.exists() {
-        return unavailable(&format!(
+        unavailable(&format!(
             "{} is missing (RUSTFLAGS='-C target-feature=+crt-static' cargo build --release \
              --target x86_64-unknown-linux-gnu)",
             bin.display()
         ));
+        return None;
     }
-    let _lock = rig_lock();
-    let rig = match Rig::up() {
-        Ok(r) => r,
+    let lock = rig_lock();
+    match Rig::up() {
+        Ok(rig) => Some(Setup {
+            rig,
+            bin,
+            _lock: lock,
+        }),
         Err(e) => {
-            return unavailable(&format!(
+            unavailable(&format!(
                 "the rig did not come up (it installs podman, buildah, skopeo, runc, \
                  docker-registry, busybox-static, catatonit): {e}"
-            ))
+            ));
+            None
         }
-    };
+    }
+}
+
+#[test]
+fn the_stackstorm_example_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
     let work = tempfile::Builder::new()
         .prefix("packsync-containers")
         .tempdir()
@@ -336,7 +360,7 @@ fn the_stackstorm_example_in_real_containers() {
     rig.build(
         "localhost/packsync-image:test",
         "scratch",
-        &[(&bin, "/packsync")],
+        &[(bin, "/packsync")],
         &["--entrypoint", r#"["/packsync"]"#],
     );
     let version = rig.ok(
@@ -367,7 +391,7 @@ fn the_stackstorm_example_in_real_containers() {
         "localhost/st2actionrunner-packsync:3.8",
         &busybox,
         &[
-            (&bin, "/usr/local/bin/packsync"),
+            (bin, "/usr/local/bin/packsync"),
             (&register, "/bin/st2-register-content"),
         ],
         &[],
@@ -388,7 +412,7 @@ fn the_stackstorm_example_in_real_containers() {
             &format!("localhost/st2packs-example:{v}"),
             &busybox,
             &[
-                (&bin, "/usr/local/bin/packsync"),
+                (bin, "/usr/local/bin/packsync"),
                 (&tree.join("packs"), "/opt/packs-image/packs"),
                 (&tree.join("virtualenvs"), "/opt/packs-image/virtualenvs"),
             ],
@@ -535,5 +559,190 @@ fn the_stackstorm_example_in_real_containers() {
         "containers: StackStorm example played as pods: consumer waited on an empty volume, \
          publisher published 1.2.0, registration saw both packs, 1.3.0 removed an action, \
          a 1.2.0 replica was refused (exit 3) with the volumes unchanged"
+    );
+}
+
+/// Build the packsync image (the Dockerfile's final stage); the rig's
+/// busybox image, the base of the others.
+fn base_images(rig: &Rig, bin: &Path) -> String {
+    rig.build(
+        "localhost/packsync-image:test",
+        "scratch",
+        &[(bin, "/packsync")],
+        &["--entrypoint", r#"["/packsync"]"#],
+    );
+    rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string()
+}
+
+/// opa-bundles.yaml: three replicas start at once and sync one bundle into
+/// one volume (exactly one generation, the bundle's tree, what each OPA
+/// stand-in loads); two-images-slots.yaml: two pack images, one slot each,
+/// both packs published, consumers start.
+#[test]
+fn the_opa_and_two_image_examples_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    let busybox = base_images(rig, bin);
+
+    // OPA: the bundle image, and a stand-in for OPA that prints what it loads.
+    rig.build(
+        "localhost/opa-policies:1.4.0",
+        &busybox,
+        &[
+            (bin, "/usr/local/bin/packsync"),
+            (&repo().join("examples/opa-bundle"), "/bundles"),
+        ],
+        &[],
+    );
+    let opa = work.join("opa");
+    fs::write(
+        &opa,
+        "#!/bin/sh\nfor a; do dir=$a; done\ncd \"$dir\" && echo \"loaded: $(find . -type f | sort | tr '\\n' ' ')\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(&opa, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    rig.build(
+        "localhost/opa-standin:1",
+        &busybox,
+        &[(&opa, "/bin/opa")],
+        &["--entrypoint", r#"["/bin/opa"]"#],
+    );
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/opa-policies:1.4.0",
+            "localhost/opa-policies:1.4.0",
+        ),
+        ("openpolicyagent/opa:1.4.2", "localhost/opa-standin:1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest = fs::read_to_string(repo().join("examples/kubernetes/opa-bundles.yaml")).unwrap();
+    let pods_of = pods(&manifest, &images);
+    assert_eq!(pods_of.len(), 1, "one Deployment");
+    let (name, yaml) = &pods_of[0];
+    assert_eq!(name, "opa");
+    let replicas: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let p = work.join(format!("opa-{i}.yaml"));
+            fs::write(
+                &p,
+                yaml.replacen("  name: opa\n", &format!("  name: opa-{i}\n"), 1),
+            )
+            .unwrap();
+            p
+        })
+        .collect();
+    let plays: Vec<Child> = replicas.iter().map(|p| rig.kube_play(p)).collect();
+    for (i, c) in plays.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "opa-{i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let shared = rig.volume("opa-policies");
+    assert_eq!(
+        listing(&shared.join("policies")),
+        listing(&repo().join("examples/opa-bundle")),
+        "the live bundle"
+    );
+    let gens: Vec<_> = fs::read_dir(shared.join(".policies.packsync/gen"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(gens.len(), 1, "three replicas, one generation: {gens:?}");
+    for i in 0..3 {
+        let c = format!("opa-{i}-opa");
+        assert_eq!(rig.exit_code(&c), "0");
+        assert_eq!(
+            rig.ok("podman", &["logs", &c]),
+            "loaded: ./authz/policy.rego ./roles/data.json",
+            "{c}"
+        );
+    }
+
+    // Two pack images, one slot each.
+    for (image, pack) in [
+        ("st2packs-hello:1.2.0", "hello_st2"),
+        ("st2packs-ops:0.4.1", "examples_ops"),
+    ] {
+        let dir = image.split(':').next().unwrap();
+        rig.build(
+            &format!("localhost/{image}"),
+            &busybox,
+            &[
+                (bin, "/usr/local/bin/packsync"),
+                (
+                    &repo().join("examples/packs").join(pack),
+                    &format!("/opt/packs-image/{dir}/packs/{pack}"),
+                ),
+                (
+                    &repo().join("examples/virtualenvs").join(pack),
+                    &format!("/opt/packs-image/{dir}/virtualenvs/{pack}"),
+                ),
+            ],
+            &[],
+        );
+    }
+    rig.build(
+        "localhost/st2actionrunner-packsync:3.8",
+        &busybox,
+        &[(bin, "/usr/local/bin/packsync")],
+        &[],
+    );
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/st2packs-hello:1.2.0",
+            "localhost/st2packs-hello:1.2.0",
+        ),
+        (
+            "registry.example.com/st2packs-ops:0.4.1",
+            "localhost/st2packs-ops:0.4.1",
+        ),
+        (
+            "registry.example.com/st2actionrunner-packsync:3.8",
+            "localhost/st2actionrunner-packsync:3.8",
+        ),
+        (
+            "stackstorm/st2api:3.8",
+            "localhost/st2actionrunner-packsync:3.8",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/two-images-slots.yaml")).unwrap();
+    let files: BTreeMap<String, PathBuf> = pods(&manifest, &images)
+        .into_iter()
+        .map(|(name, yaml)| {
+            let p = work.join(format!("slots-{name}.yaml"));
+            fs::write(&p, yaml).unwrap();
+            (name, p)
+        })
+        .collect();
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        ["st2actionrunner", "st2api"],
+        "the manifest's workloads"
+    );
+    for name in ["st2api", "st2actionrunner"] {
+        let (code, err) = rig.play(&files[name]);
+        assert_eq!(code, Some(0), "{name}: {err}");
+    }
+    assert_published(&rig.volume("st2-packs"), "examples/packs");
+    assert_published(&rig.volume("st2-virtualenvs"), "examples/virtualenvs");
+    assert_eq!(rig.exit_code("st2actionrunner-st2actionrunner"), "0");
+    eprintln!(
+        "containers: OPA example: 3 replicas at once, one generation, each OPA loaded the bundle; \
+         two-images example: both slots published, consumer started"
     );
 }
