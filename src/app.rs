@@ -107,6 +107,16 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     for w in warnings.take_warnings() {
         console.warn(&w);
     }
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    for w in crate::label::warnings(
+        &vol.display,
+        cfg.label.as_ref(),
+        live.gen.as_deref(),
+        live_label,
+        !up_to_date,
+    ) {
+        console.warn(&w);
+    }
     if cfg.dry_run || up_to_date {
         return match &state {
             Some(state) if !cfg.dry_run => {

@@ -198,6 +198,38 @@ pub fn guard(
     }
 }
 
+/// What a sync that passed the guard should still say, when it is about
+/// to publish a new generation (`changes`) over a labelled live one: a sync
+/// without `--label` turns the guard off for every later sync (an unlabelled
+/// live generation is replaced by any label), and the live label on other
+/// content means a replica of either content replaces the other unchecked
+/// (the label was not bumped).
+pub fn warnings(
+    dest: &str,
+    new: Option<&Label>,
+    live_gen: Option<&str>,
+    live_label: Option<&str>,
+    changes: bool,
+) -> Vec<String> {
+    let (true, Some(live)) = (changes, live_label) else {
+        return Vec::new();
+    };
+    let gen = live_gen.unwrap_or("-");
+    match new {
+        None => vec![format!(
+            "{dest}: replacing live generation {gen} labelled {live} with an unlabelled one: \
+             the downgrade guard is off until a sync names a --label again"
+        )],
+        Some(n) if n.text == live || parse(&n.text).is_some_and(|v| Some(v) == parse(live)) => {
+            vec![format!(
+                "{dest}: live generation {gen} is labelled {live} too, but its content differs: \
+                 bump the label with the content, or the guard cannot tell the two apart"
+            )]
+        }
+        Some(_) => Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +267,37 @@ mod tests {
         assert_eq!(v("v1.2"), v("1.2.0"));
         assert_eq!(v("1.2.0+build.5"), v("V1.2.0"));
         assert_eq!(v("1.02"), v("1.2"));
+    }
+
+    fn label(text: &str) -> Label {
+        Label {
+            text: text.to_string(),
+            version: parse(text),
+        }
+    }
+
+    #[test]
+    fn warns_when_the_guard_is_weakened() {
+        let w = |new: Option<&str>, live: Option<&str>, changes: bool| {
+            warnings("D", new.map(label).as_ref(), Some("g1"), live, changes)
+        };
+        let off = w(None, Some("1.2.0"), true);
+        assert_eq!(off.len(), 1);
+        assert!(
+            off[0].contains("labelled 1.2.0 with an unlabelled one"),
+            "{off:?}"
+        );
+        for same in ["1.2.0", "v1.2"] {
+            let got = w(Some(same), Some("1.2.0"), true);
+            assert_eq!(got.len(), 1, "{same}");
+            assert!(got[0].contains("content differs"), "{got:?}");
+        }
+        // Nothing to say: a newer label, nothing published, or no live label.
+        assert!(w(Some("1.3.0"), Some("1.2.0"), true).is_empty());
+        assert!(w(None, Some("1.2.0"), false).is_empty());
+        assert!(w(Some("1.2.0"), Some("1.2.0"), false).is_empty());
+        assert!(w(None, None, true).is_empty());
+        assert!(w(Some("latest"), Some("latest"), true).len() == 1);
     }
 
     #[test]

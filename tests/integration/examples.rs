@@ -27,9 +27,16 @@ struct Example {
     env: Vec<(String, String)>,
     /// `expect P D`: after the lines ran, the tree through P equals D.
     expects: Vec<(String, String)>,
-    /// The packsync command lines, in file order, with their line numbers.
+    /// The packsync command lines, in file order, with their line numbers
+    /// (`/usr/local/bin/packsync ...` read as `packsync ...`).
     commands: Vec<(usize, String)>,
+    /// Lines that call `packsync` by bare name, relying on the image's PATH.
+    bare: Vec<usize>,
 }
+
+/// Where the manifests call the binary: the path the image puts it at, so
+/// an image whose PATH lacks /usr/local/bin (busybox: /bin) still finds it.
+const BIN: &str = "/usr/local/bin/packsync";
 
 /// Read the `# packsync-test:` directives and the command lines.
 fn parse(name: &str, text: &str) -> Example {
@@ -62,8 +69,11 @@ fn parse(name: &str, text: &str) -> Example {
         if let Some(rest) = c.strip_prefix("exec ") {
             c = rest;
         }
-        if c.starts_with("packsync ") {
+        if let Some(rest) = c.strip_prefix(BIN).and_then(|r| r.strip_prefix(' ')) {
+            ex.commands.push((i + 1, format!("packsync {rest}")));
+        } else if c.starts_with("packsync ") {
             ex.commands.push((i + 1, c.to_string()));
+            ex.bare.push(i + 1);
         }
     }
     ex
@@ -84,7 +94,7 @@ fn rewrite(line: &str, root: &Path) -> String {
 }
 
 /// `cp -a`: symlinks stay symlinks, modes are kept.
-fn copy_tree(from: &Path, to: &Path) {
+pub fn copy_tree(from: &Path, to: &Path) {
     let m = fs::symlink_metadata(from).unwrap();
     if m.file_type().is_symlink() {
         symlink(fs::read_link(from).unwrap(), to).unwrap();
@@ -103,7 +113,7 @@ fn copy_tree(from: &Path, to: &Path) {
 
 /// Entries, types, bytes, permission bits and symlink targets below `root`
 /// (the root itself followed, as a reader opening P would).
-fn listing(root: &Path) -> BTreeMap<String, String> {
+pub fn listing(root: &Path) -> BTreeMap<String, String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
         for e in fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let p = e.unwrap().path();
@@ -271,6 +281,13 @@ fn every_kubernetes_example_runs_twice_and_leaves_the_expected_trees() {
         if ex.expects.is_empty() {
             failures.push(format!("{}: no expect directive", ex.name));
         }
+        for n in &ex.bare {
+            failures.push(format!(
+                "{}:{n}: call packsync as {BIN}: by bare name it fails with \
+                 `packsync: not found` (127) in an image whose PATH lacks /usr/local/bin",
+                ex.name
+            ));
+        }
         failures.extend(run(ex));
     }
     assert!(failures.is_empty(), "\n{}", failures.join("\n"));
@@ -311,4 +328,142 @@ fn the_reader_of_the_examples_finds_commands_and_directives() {
         rewrite(cmds[0], Path::new("/tmp/R")),
         "packsync sync /tmp/R/img /tmp/R/vol/x --label \"$V\""
     );
+}
+
+#[test]
+fn the_reader_of_the_examples_takes_the_absolute_path_and_flags_bare_names() {
+    let ex = parse(
+        "t.yaml",
+        "args:\n\
+           - |\n\
+             /usr/local/bin/packsync sync /img /vol/x --label \"$V\"\n\
+             exec /usr/local/bin/packsync exec /vol/x -- true\n\
+             packsync wait /vol/x\n\
+             /usr/local/bin/packsyncx wait /vol/x\n",
+    );
+    let cmds: Vec<&str> = ex.commands.iter().map(|c| c.1.as_str()).collect();
+    assert_eq!(
+        cmds,
+        [
+            "packsync sync /img /vol/x --label \"$V\"",
+            "packsync exec /vol/x -- true",
+            "packsync wait /vol/x"
+        ]
+    );
+    assert_eq!(ex.bare, [5]);
+}
+
+/// The script of the init container `name` in manifest `file`: the lines
+/// of its `- |` block, unindented.
+fn init_script(file: &str, name: &str) -> Vec<String> {
+    let text = fs::read_to_string(repo().join("examples/kubernetes").join(file)).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim() == format!("- name: {name}"))
+        .unwrap_or_else(|| panic!("{file}: no container {name}"));
+    let bar = at
+        + lines[at..]
+            .iter()
+            .position(|l| l.trim() == "- |")
+            .unwrap_or_else(|| panic!("{file}: {name} has no `- |` script"));
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    lines[bar + 1..]
+        .iter()
+        .take_while(|l| l.trim().is_empty() || indent(l) > indent(lines[bar]))
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+/// `kubectl rollout undo` as the StackStorm manifest documents it: the
+/// publisher's whole script, run as the init container runs it (`sh -ec`,
+/// the binary at /usr/local/bin/packsync, PACKS_PINNED from the optional
+/// ConfigMap), for pods of two pack versions.
+#[test]
+fn the_stackstorm_rollback_path_works_with_a_rollout_undo() {
+    let script = init_script("stackstorm-packs.yaml", "publish-packs");
+    assert!(
+        script.iter().any(|l| l.contains("PACKS_PINNED")),
+        "{script:?}"
+    );
+    let tmp = tempfile::Builder::new()
+        .prefix("packsync-rollback")
+        .tempdir()
+        .unwrap();
+    let root = tmp.path();
+    let script: Vec<String> = script.iter().map(|l| rewrite(l, root)).collect();
+    let under = |p: &str| root.join(p.trim_start_matches('/'));
+    fs::create_dir_all(under("/usr/local/bin")).unwrap();
+    symlink(bin(), under("/usr/local/bin/packsync")).unwrap();
+    for v in ["/opt/stackstorm/packs", "/opt/stackstorm/virtualenvs"] {
+        fs::create_dir_all(under(v)).unwrap();
+    }
+    // One image per version: 1.2.0 has an action that 1.1.0 lacks.
+    let image = |version: &str| {
+        let img = root.join(format!("image-{version}"));
+        if !img.exists() {
+            copy_tree(&repo().join("examples/packs"), &img.join("packs"));
+            copy_tree(
+                &repo().join("examples/virtualenvs"),
+                &img.join("virtualenvs"),
+            );
+            if version == "1.2.0" {
+                fs::write(img.join("packs/hello_st2/actions/new.yaml"), "name: new\n").unwrap();
+            }
+        }
+        let at = under("/opt/packs-image");
+        let _ = fs::remove_file(&at);
+        symlink(&img, &at).unwrap();
+    };
+    let pod = |version: &str, pinned: Option<&str>| {
+        image(version);
+        let out = Command::new("sh")
+            .arg("-ec")
+            .arg(script.join("\n"))
+            .env("PACK_VERSION", version)
+            .env_remove("PACKS_PINNED")
+            .envs(pinned.map(|p| ("PACKS_PINNED", p)))
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let packs = under("/opt/stackstorm/packs");
+    // The whole volume (refusals must leave it as it was), and the live tree.
+    let live = || {
+        let p = packs.join("hello_st2/actions/new.yaml");
+        (listing(&packs), p.exists())
+    };
+    let tree = || listing(&packs.join("..data"));
+    assert_eq!(pod("1.1.0", None), (Some(0), String::new()));
+    assert_eq!(pod("1.2.0", None).0, Some(0));
+    let v2 = live();
+    assert!(v2.1, "1.2.0 is live");
+    let v2_hello = listing(&packs.join("hello_st2"));
+    // The undo alone: the 1.1.0 pods are refused, the volume stays on 1.2.0.
+    let (code, err) = pod("1.1.0", None);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("--allow-downgrade"), "{err}");
+    assert_eq!(live(), v2);
+    // Pinned: the 1.1.0 pods publish, a 1.2.0 replica restarting is refused.
+    assert_eq!(pod("1.1.0", Some("1.1.0")).0, Some(0));
+    let v1 = live();
+    assert!(!v1.1, "1.1.0 is live again: the action 1.2.0 added is gone");
+    let (code, err) = pod("1.2.0", Some("1.1.0"));
+    assert_eq!(code, Some(3), "{err}");
+    assert!(
+        err.contains("packs are pinned to 1.1.0 (ConfigMap packsync-pin): not publishing 1.2.0"),
+        "{err}"
+    );
+    assert_eq!(live(), v1);
+    // Still pinned, a 1.1.0 pod restarting is up to date; unpinned, the next upgrade goes through.
+    assert_eq!(pod("1.1.0", Some("1.1.0")).0, Some(0));
+    assert_eq!(live(), v1);
+    let tree_v1 = tree();
+    assert_eq!(pod("1.2.0", None).0, Some(0));
+    assert!(live().1, "1.2.0 is live again");
+    assert_ne!(tree(), tree_v1);
+    assert_eq!(listing(&packs.join("hello_st2")), v2_hello);
 }

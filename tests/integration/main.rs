@@ -1,5 +1,6 @@
 //! Integration tests: the real binary on temporary trees.
 
+mod containers;
 mod copy;
 mod examples;
 mod faults;

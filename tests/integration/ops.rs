@@ -632,6 +632,56 @@ fn an_older_label_is_refused_unless_allowed() {
 }
 
 #[test]
+fn a_sync_that_weakens_the_label_guard_warns() {
+    let f = Fixture::new();
+    f.file("a.txt", "v1");
+    f.sync(&["--label", "1.2.0"]).ok();
+    let gen = live_gen(&f);
+    // The label not bumped with the content: published, with a warning.
+    f.file("a.txt", "v1 changed");
+    let out = f.sync(&["--label", "1.2.0"]).ok();
+    assert!(
+        out.stderr.contains(&format!(
+            "warning: vol/packs: live generation {gen} is labelled 1.2.0 too, but its content differs"
+        )),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        fs::read_to_string(f.dest().join("a.txt")).unwrap(),
+        "v1 changed"
+    );
+    // Nothing changed: nothing to say.
+    assert!(!f
+        .sync(&["--label", "1.2.0"])
+        .ok()
+        .stderr
+        .contains("warning"));
+    assert!(!f.sync(&[]).ok().stderr.contains("warning"));
+    // No --label over a labelled generation: the guard is off from here on.
+    let gen = live_gen(&f);
+    f.file("a.txt", "unlabelled");
+    let out = f.sync(&[]).ok();
+    assert!(
+        out.stderr.contains(&format!(
+            "warning: vol/packs: replacing live generation {gen} labelled 1.2.0 with an unlabelled one: \
+             the downgrade guard is off until a sync names a --label again"
+        )),
+        "{}",
+        out.stderr
+    );
+    let s = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(s["live"]["label"], serde_json::Value::Null);
+    // A newer label: no warning.
+    f.file("a.txt", "v2");
+    assert!(!f
+        .sync(&["--label", "1.3.0"])
+        .ok()
+        .stderr
+        .contains("warning"));
+}
+
+#[test]
 fn a_new_label_on_the_same_content_is_a_new_generation() {
     let f = Fixture::new();
     f.file("a.txt", "a");

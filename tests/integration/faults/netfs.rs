@@ -3,7 +3,9 @@
 //! with no shared locks (sshfs) and no RENAME_EXCHANGE. On each backend:
 //! symlink times never reach the target, a sync with nothing changed is up
 //! to date from either client, unchanged files are reused; then writers on
-//! both clients race for a few rounds while readers on both read.
+//! both clients race for a few rounds while readers on both read. CephFS
+//! (two ceph-fuse clients of one cluster, cluster-wide locks) is a test of
+//! its own, which also kills writers at random instants on both clients.
 //!
 //! Needs root and the rig. When the rig cannot come up the test fails under
 //! CI (`CI` set) and is skipped elsewhere. The rig runs in a private
@@ -61,6 +63,18 @@ impl Rig {
             env.push((
                 "NETFS_RIG_SSHFS_OPTS".to_string(),
                 "dir_cache=no,no_contain_symlinks".to_string(),
+            ));
+        }
+        if backend == "cephfs" {
+            // The rig's one OSD holds a read lease on its placement groups of
+            // osd_heartbeat_grace x 0.8 (16 s), and alone it never renews one
+            // that lapsed: a machine busy enough to stall it that long (seen
+            // with other builds on 2 cores) leaves every later write "waiting
+            // for readable" for ever. Every Ceph process the rig starts reads
+            // CEPH_ARGS: a lease of hours, and an MDS beacon grace to match.
+            env.push((
+                "CEPH_ARGS".to_string(),
+                "--osd_heartbeat_grace=7200 --mds_beacon_grace=600".to_string(),
             ));
         }
         let mut rig = Rig {
@@ -166,7 +180,19 @@ fn rig_lock() -> fs::File {
 
 #[test]
 fn netfs_rig_writers_and_readers_on_two_clients() {
-    if super::skip("the network-filesystem rig", true, false) {
+    on_backends("the network-filesystem rig", &["gluster", "sshfs"]);
+}
+
+/// CephFS, asked for by name (its mon ports are fixed: one per machine,
+/// and the rig lock serialises it with the other backends): the same
+/// parts, then writers killed at random instants while readers read.
+#[test]
+fn netfs_rig_cephfs_writers_readers_and_kills() {
+    on_backends("the CephFS rig", &["cephfs"]);
+}
+
+fn on_backends(what: &str, backends: &[&str]) {
+    if super::skip(what, true, false) {
         return;
     }
     if !script().exists() {
@@ -175,7 +201,7 @@ fn netfs_rig_writers_and_readers_on_two_clients() {
         return;
     }
     let _lock = rig_lock();
-    for backend in ["gluster", "sshfs"] {
+    for &backend in backends {
         let rig = match Rig::up(backend) {
             Ok(r) => r,
             Err(e) if !in_ci() => {
@@ -187,6 +213,9 @@ fn netfs_rig_writers_and_readers_on_two_clients() {
         fidelity(backend, &rig);
         writers_and_readers(backend, &rig);
         seconds_apart(backend, &rig);
+        if backend == "cephfs" {
+            kills(backend, &rig);
+        }
     }
 }
 
@@ -324,6 +353,7 @@ fn writers_and_readers(backend: &str, rig: &Rig) {
     thread::scope(|s| {
         s.spawn(|| reader(&a, &paths, &done, &ra));
         s.spawn(|| reader(&b, &paths, &done, &rb));
+        let _stop = Stop(&done);
         for round in 0..ROUNDS {
             for (i, src) in sources.iter().enumerate() {
                 variant_tree(src, (1 + round * 4 + i) as u32, FILES, 0);
@@ -496,4 +526,99 @@ fn seconds_apart(backend: &str, rig: &Rig) {
         "netfs {backend}: 3 writers x {ROUNDS} rounds on sources one second apart, {checks} checks; \
          every live generation equals the source its manifest names ({reused} files reused)"
     );
+}
+
+/// Writers on both clients, each SIGKILLed at a random instant inside a
+/// sync while a reader on each client reads: after each kill DEST is a
+/// whole generation equal to one of the sources through both clients, and
+/// the next run, from the other client, finishes and leaves nothing of the
+/// dead one (CephFS's locks are cluster-wide: the dead writer's are gone).
+fn kills(backend: &str, rig: &Rig) {
+    const TRIALS: usize = 24;
+    let f = Fixture::new();
+    let sources: Vec<PathBuf> = (0..3).map(|i| f.path(&format!("src{i}"))).collect();
+    for (i, s) in sources.iter().enumerate() {
+        variant_tree(s, 100 + i as u32, 60, 1);
+    }
+    let (a, b) = (
+        rig.mnt("A").join("kill/packs"),
+        rig.mnt("B").join("kill/packs"),
+    );
+    fs::create_dir_all(a.parent().unwrap()).unwrap();
+    let state = rig.mnt("A").join("kill/.packs.packsync");
+    let run = |src: &Path, dest: &Path| {
+        packsync()
+            .args(["sync", "-q", "--grace", "0", "--keep", "0"])
+            .arg(src)
+            .arg(dest)
+            .output()
+            .unwrap()
+    };
+    // How long a whole sync takes here: the kills land anywhere inside it.
+    let t0 = std::time::Instant::now();
+    ok(run(&sources[0], &a));
+    ok(run(&sources[1], &b));
+    let span = (t0.elapsed().as_micros() as u64 / 2).max(1000) * 3 / 2;
+    let paths = common_paths(60, 1);
+    let mut rng = super::Rng::new("netfs cephfs kills");
+    let done = AtomicBool::new(false);
+    let (ra, rb) = (Reads::default(), Reads::default());
+    let (mut killed, mut finished, mut leftovers) = (0, 0, 0);
+    thread::scope(|s| {
+        s.spawn(|| reader(&a, &paths, &done, &ra));
+        s.spawn(|| reader(&b, &paths, &done, &rb));
+        let _stop = Stop(&done);
+        for trial in 0..TRIALS {
+            let (victim, other) = if trial % 2 == 0 { (&a, &b) } else { (&b, &a) };
+            let src = &sources[rng.below(3) as usize];
+            let mut child = spawn(src, victim);
+            thread::sleep(Duration::from_micros(rng.below(span)));
+            let _ = child.kill();
+            if child.wait().unwrap().success() {
+                finished += 1;
+            } else {
+                killed += 1;
+            }
+            let was = one_of(&a, &sources, false);
+            assert_eq!(
+                one_of(&b, &sources, false),
+                was,
+                "{backend} trial {trial}: both clients show the same tree"
+            );
+            if !entries(&state, "stage").is_empty() {
+                leftovers += 1;
+            }
+            let next = (was + 1 + trial) % sources.len();
+            ok(run(&sources[next], other));
+            assert_eq!(one_of(&a, &sources, false), next, "{backend} trial {trial}");
+            server_hardlinks(rig, "kill/packs", &sources[next]);
+            super::assert_clean(&state);
+        }
+    });
+    let (wa, ta) = (
+        ra.whole.load(Ordering::Relaxed),
+        ra.torn.load(Ordering::Relaxed),
+    );
+    let (wb, tb) = (
+        rb.whole.load(Ordering::Relaxed),
+        rb.torn.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "netfs {backend}: {TRIALS} writers SIGKILLed at random instants within {span} us, half on \
+         each client: {killed} killed mid-run ({leftovers} left staging behind), {finished} finished \
+         first; every DEST whole and the same through both clients, every next run (from the other \
+         client) clean; reader A: {wa} whole-tree reads, {ta} torn; reader B: {wb} whole-tree \
+         reads, {tb} torn"
+    );
+    assert_eq!((ta, tb), (0, 0), "{backend}: torn reads");
+    assert!(killed > 0, "no kill landed mid-run");
+}
+
+/// Stops the readers when dropped, also when a check panics.
+struct Stop<'a>(&'a AtomicBool);
+
+impl Drop for Stop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
 }

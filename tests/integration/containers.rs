@@ -1,0 +1,748 @@
+//! The Kubernetes examples in real containers: `../shared/container-rig.sh`
+//! gives podman (`podman kube play`), buildah and a private image store.
+//! The test builds the images the manifest names (the packsync image as the
+//! Dockerfile's final stage: `FROM scratch` plus the static binary; a
+//! consumer image and pack images from the rig's busybox), plays the
+//! manifest's Deployments and Job as Pods, and checks what an operator
+//! would. StackStorm: the init containers published, a consumer started on
+//! an empty volume waits and then starts, the register-content step runs
+//! after the packs are live, an upgrade removes the action it dropped, and
+//! a replica of the old version is refused (exit 3) with the volume
+//! unchanged. OPA: three replicas started at once leave one generation,
+//! which every OPA (a stand-in that prints what it loads) reads. Two pack
+//! images: both slots are published and the consumer starts.
+//!
+//! The harness maps image names to the local ones, plays a Deployment's or
+//! Job's pod template as a Pod with `restartPolicy: Never` (podman 4.3
+//! restarts an init container that exits 0 under Always), and drops
+//! `ports:` (`--network none`) and readiness probes (ignored by podman);
+//! nothing else in the manifest changes, except the version an upgrade
+//! bumps (image tag and PACK_VERSION together).
+//!
+//! Needs root, the rig and the static release binary
+//! (target/x86_64-unknown-linux-gnu/release/packsync, which CI builds
+//! first; `PACKSYNC_STATIC_BIN` names another). Without them the test is
+//! skipped with one line, and fails under CI (`CI` set).
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use crate::examples::{copy_tree, listing};
+use crate::fixture::is_root;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn script() -> PathBuf {
+    std::env::var_os("CONTAINER_RIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared/container-rig.sh"))
+}
+
+fn static_bin() -> PathBuf {
+    std::env::var_os("PACKSYNC_STATIC_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("target/x86_64-unknown-linux-gnu/release/packsync"))
+}
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// Skip with one line, or fail under CI.
+fn unavailable(why: &str) {
+    assert!(!in_ci(), "container tests: {why}");
+    eprintln!("skipped: container tests: {why}");
+}
+
+/// One rig in a private directory, with a registry on a free port; `down` when dropped.
+struct Rig {
+    env: Vec<(String, String)>,
+}
+
+impl Rig {
+    fn up() -> Result<Rig, String> {
+        let dir = std::env::temp_dir().join(format!("packsync-containers-{}", std::process::id()));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .map_err(|e| format!("no free port: {e}"))?;
+        let mut rig = Rig {
+            env: vec![
+                ("CONTAINER_RIG_DIR".into(), dir.display().to_string()),
+                ("CONTAINER_RIG_REGISTRY_PORT".into(), port.to_string()),
+            ],
+        };
+        let up = rig.run("up")?;
+        if !up.status.success() {
+            return Err(format!(
+                "`container-rig.sh up` failed: {}",
+                String::from_utf8_lossy(&up.stderr)
+            ));
+        }
+        let env = rig.run("env")?;
+        for line in String::from_utf8_lossy(&env.stdout).lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                rig.env.push((k.to_string(), v.to_string()));
+            }
+        }
+        Ok(rig)
+    }
+
+    fn run(&self, cmd: &str) -> Result<Output, String> {
+        Command::new("bash")
+            .arg(script())
+            .arg(cmd)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", script().display()))
+    }
+
+    fn var(&self, k: &str) -> &str {
+        &self.env.iter().rev().find(|(n, _)| n == k).unwrap().1
+    }
+
+    fn tool(&self, name: &str) -> Command {
+        let mut c = Command::new(name);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
+        c
+    }
+
+    /// Run a tool; its stdout, or a panic with its stderr.
+    #[track_caller]
+    fn ok(&self, name: &str, args: &[&str]) -> String {
+        let out = self.tool(name).args(args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{name} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// Build `image` from `base` (`scratch` or an image), with `files`
+    /// (host path, path in the image) and buildah config arguments.
+    fn build(&self, image: &str, base: &str, files: &[(&Path, &str)], config: &[&str]) {
+        let c = self.ok("buildah", &["from", "-q", base]);
+        for (from, to) in files {
+            self.ok("buildah", &["copy", "-q", &c, from.to_str().unwrap(), to]);
+        }
+        if !config.is_empty() {
+            let mut args = vec!["config"];
+            args.extend_from_slice(config);
+            args.push(&c);
+            self.ok("buildah", &args);
+        }
+        self.ok("buildah", &["commit", "-q", &c, image]);
+        self.ok("buildah", &["rm", &c]);
+    }
+
+    /// `podman kube play` a Pod file: its exit code and stderr.
+    fn play(&self, file: &Path) -> (Option<i32>, String) {
+        let out = self.kube_play(file).wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn kube_play(&self, file: &Path) -> Child {
+        self.tool("podman")
+            .args(["kube", "play", "--network", "none"])
+            .arg(file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    }
+
+    fn down(&self, file: &Path) {
+        let _ = self
+            .tool("podman")
+            .args(["kube", "down"])
+            .arg(file)
+            .output();
+    }
+
+    /// A named volume's directory on this host.
+    fn volume(&self, name: &str) -> PathBuf {
+        PathBuf::from(self.ok(
+            "podman",
+            &["volume", "inspect", name, "--format", "{{.Mountpoint}}"],
+        ))
+    }
+
+    /// The exit code of container `name` (POD-CONTAINER), once it has ended.
+    fn exit_code(&self, name: &str) -> String {
+        self.ok("podman", &["wait", name])
+    }
+
+    fn running(&self, name: &str) -> bool {
+        self.tool("podman")
+            .args([
+                "container",
+                "inspect",
+                name,
+                "--format",
+                "{{.State.Running}}",
+            ])
+            .output()
+            .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "true")
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        match self.run("down") {
+            Ok(o) if o.status.success() => {}
+            other => eprintln!("container-rig.sh down failed: {other:?}"),
+        }
+    }
+}
+
+/// Serialise container rig users of this machine.
+fn rig_lock() -> fs::File {
+    let f = fs::File::create(std::env::temp_dir().join("packsync-container-rig.lock")).unwrap();
+    rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    f
+}
+
+fn indent(l: &str) -> usize {
+    l.len() - l.trim_start().len()
+}
+
+/// Drop each block whose key is one of `keys` (the line and every deeper one).
+fn drop_blocks(lines: Vec<String>, keys: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut skip_deeper: Option<usize> = None;
+    for l in lines {
+        if let Some(d) = skip_deeper {
+            if l.trim().is_empty() || indent(&l) > d {
+                continue;
+            }
+            skip_deeper = None;
+        }
+        let t = l.trim_start();
+        if keys.iter().any(|k| t == format!("{k}:")) {
+            skip_deeper = Some(indent(&l));
+            continue;
+        }
+        out.push(l);
+    }
+    out
+}
+
+/// The Pods a manifest's documents become: `(name, Pod YAML)` for each
+/// Deployment, Job or Pod, with images mapped by `images`.
+fn pods(manifest: &str, images: &HashMap<&str, String>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for doc in manifest.split("\n---\n") {
+        let lines: Vec<&str> = doc.lines().collect();
+        let kind = lines.iter().find_map(|l| l.strip_prefix("kind: "));
+        let Some(kind @ ("Deployment" | "Job" | "Pod")) = kind.map(str::trim) else {
+            continue;
+        };
+        let meta = lines.iter().position(|l| *l == "metadata:").unwrap();
+        let name = lines[meta + 1..]
+            .iter()
+            .find_map(|l| l.strip_prefix("  name: "))
+            .unwrap()
+            .trim()
+            .to_string();
+        // The pod spec: top-level `spec:` for a Pod, the template's otherwise.
+        let (at, depth) = if kind == "Pod" {
+            (lines.iter().position(|l| *l == "spec:").unwrap(), 0)
+        } else {
+            let t = lines.iter().position(|l| *l == "  template:").unwrap();
+            let s = t + lines[t..].iter().position(|l| *l == "    spec:").unwrap();
+            (s, 4)
+        };
+        let spec: Vec<String> = lines[at + 1..]
+            .iter()
+            .take_while(|l| l.trim().is_empty() || indent(l) > depth)
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l[depth..].to_string())
+            .filter(|l| !l.trim_start().starts_with("restartPolicy:"))
+            .map(|l| match l.trim_start().strip_prefix("image: ") {
+                Some(img) => {
+                    let local = images
+                        .get(img.trim())
+                        .unwrap_or_else(|| panic!("no local image for {img}"));
+                    format!("{}image: {local}", &l[..indent(&l)])
+                }
+                None => l,
+            })
+            .collect();
+        let spec = drop_blocks(spec, &["ports", "readinessProbe"]);
+        let pod = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  restartPolicy: Never\n{}\n",
+            spec.join("\n")
+        );
+        out.push((name, pod));
+    }
+    out
+}
+
+/// `expect` of examples.rs, in the volume's own directory on the host.
+#[track_caller]
+fn assert_published(vol: &Path, repo_dir: &str) {
+    for e in fs::read_dir(repo().join(repo_dir)).unwrap() {
+        let name = e.unwrap().file_name();
+        assert_eq!(
+            listing(&vol.join(&name)),
+            listing(&repo().join(repo_dir).join(&name)),
+            "{} in the volume",
+            name.to_string_lossy()
+        );
+    }
+}
+
+/// The rig, held under the lock, and the static binary; `None` (after one
+/// line, or a panic under CI) when either is missing. The rig goes down
+/// before the lock is released.
+struct Setup {
+    rig: Rig,
+    bin: PathBuf,
+    _lock: fs::File,
+}
+
+fn setup() -> Option<Setup> {
+    if !is_root() {
+        eprintln!("skipped: container tests need root");
+        return None;
+    }
+    if !script().exists() {
+        unavailable(&format!("{} is missing", script().display()));
+        return None;
+    }
+    let bin = static_bin();
+    if !bin.exists() {
+        unavailable(&format!(
+            "{} is missing (RUSTFLAGS='-C target-feature=+crt-static' cargo build --release \
+             --target x86_64-unknown-linux-gnu)",
+            bin.display()
+        ));
+        return None;
+    }
+    let lock = rig_lock();
+    match Rig::up() {
+        Ok(rig) => Some(Setup {
+            rig,
+            bin,
+            _lock: lock,
+        }),
+        Err(e) => {
+            unavailable(&format!(
+                "the rig did not come up (it installs podman, buildah, skopeo, runc, \
+                 docker-registry, busybox-static, catatonit): {e}"
+            ));
+            None
+        }
+    }
+}
+
+#[test]
+fn the_stackstorm_example_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+
+    // The images, with no registry from outside.
+    let busybox = rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
+    rig.build(
+        "localhost/packsync-image:test",
+        "scratch",
+        &[(bin, "/packsync")],
+        &["--entrypoint", r#"["/packsync"]"#],
+    );
+    let version = rig.ok(
+        "podman",
+        &[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "localhost/packsync-image:test",
+            "--version",
+        ],
+    );
+    assert!(version.starts_with("packsync "), "{version}");
+    // A stand-in for st2-register-content: it lists what it would register.
+    let register = work.join("st2-register-content");
+    fs::write(
+        &register,
+        "#!/bin/sh\necho \"registered: $(ls /opt/stackstorm/packs | tr '\\n' ' ')\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(
+        &register,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    rig.build(
+        "localhost/st2actionrunner-packsync:3.8",
+        &busybox,
+        &[
+            (bin, "/usr/local/bin/packsync"),
+            (&register, "/bin/st2-register-content"),
+        ],
+        &[],
+    );
+    for v in ["1.2.0", "1.3.0"] {
+        let tree = work.join(format!("pack-{v}"));
+        copy_tree(&repo().join("examples/packs"), &tree.join("packs"));
+        copy_tree(
+            &repo().join("examples/virtualenvs"),
+            &tree.join("virtualenvs"),
+        );
+        if v == "1.3.0" {
+            for f in ["load_average.py", "load_average.yaml"] {
+                fs::remove_file(tree.join("packs/examples_ops/actions").join(f)).unwrap();
+            }
+        }
+        rig.build(
+            &format!("localhost/st2packs-example:{v}"),
+            &busybox,
+            &[
+                (bin, "/usr/local/bin/packsync"),
+                (&tree.join("packs"), "/opt/packs-image/packs"),
+                (&tree.join("virtualenvs"), "/opt/packs-image/virtualenvs"),
+            ],
+            &[],
+        );
+    }
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/st2packs-example:1.2.0",
+            "localhost/st2packs-example:1.2.0",
+        ),
+        (
+            "registry.example.com/st2packs-example:1.3.0",
+            "localhost/st2packs-example:1.3.0",
+        ),
+        (
+            "registry.example.com/st2actionrunner-packsync:3.8",
+            "localhost/st2actionrunner-packsync:3.8",
+        ),
+        (
+            "stackstorm/st2api:3.8",
+            "localhost/st2actionrunner-packsync:3.8",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/stackstorm-packs.yaml")).unwrap();
+    let write_pods = |text: &str, tag: &str| -> BTreeMap<String, PathBuf> {
+        pods(text, &images)
+            .into_iter()
+            .map(|(name, yaml)| {
+                let p = work.join(format!("{name}-{tag}.yaml"));
+                fs::write(&p, yaml).unwrap();
+                (name, p)
+            })
+            .collect()
+    };
+    let v1 = write_pods(&manifest, "v1");
+    let names: Vec<&str> = v1.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        ["st2-register-content-1-2-0", "st2actionrunner", "st2api"],
+        "the manifest's workloads"
+    );
+
+    // A consumer on an empty volume waits in its init container.
+    let mut consumer = rig.kube_play(&v1["st2actionrunner"]);
+    let waiting = "st2actionrunner-wait-for-packs";
+    let mut seen = false;
+    for _ in 0..600 {
+        if rig.running(waiting) {
+            seen = true;
+            break;
+        }
+        assert!(
+            consumer.try_wait().unwrap().is_none(),
+            "the consumer's play ended early"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(seen, "{waiting} never ran");
+    assert!(
+        consumer.try_wait().unwrap().is_none(),
+        "the consumer did not wait"
+    );
+
+    // The publisher's init container publishes; the consumer then starts.
+    let (code, err) = rig.play(&v1["st2api"]);
+    // kube play exits 0 only when every init container did (they are removed once run).
+    assert_eq!(code, Some(0), "st2api: {err}");
+    let packs = rig.volume("st2-packs");
+    let venvs = rig.volume("st2-virtualenvs");
+    assert_published(&packs, "examples/packs");
+    assert_published(&venvs, "examples/virtualenvs");
+    let out = consumer.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "st2actionrunner: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(rig.exit_code("st2actionrunner-st2actionrunner"), "0");
+
+    // Registration runs once this version's packs are live.
+    let (code, err) = rig.play(&v1["st2-register-content-1-2-0"]);
+    assert_eq!(code, Some(0), "register-content: {err}");
+    let job = "st2-register-content-1-2-0-st2-register-content";
+    assert_eq!(rig.exit_code(job), "0");
+    let log = rig.ok("podman", &["logs", job]);
+    let lines: Vec<&str> = log.lines().collect();
+    assert_eq!(lines.len(), 3, "{job}: {log}");
+    assert!(
+        lines[0].starts_with("packsync: /opt/stackstorm/virtualenvs: generation ")
+            && lines[0].ends_with(" (label 1.2.0) is live")
+            && lines[1].starts_with("packsync: /opt/stackstorm/packs: generation ")
+            && lines[1].ends_with(" (label 1.2.0) is live"),
+        "{job}: {log}"
+    );
+    assert_eq!(lines[2], "registered: examples_ops hello_st2", "{job}");
+
+    // The upgrade: image tag and PACK_VERSION bumped; the dropped action is gone.
+    rig.down(&v1["st2api"]);
+    let v2 = write_pods(&manifest.replace("1.2.0", "1.3.0"), "v2");
+    let (code, err) = rig.play(&v2["st2api"]);
+    assert_eq!(code, Some(0), "st2api 1.3.0: {err}");
+    let actions = packs.join("examples_ops/actions");
+    assert!(actions.join("disk_usage.yaml").exists());
+    assert!(
+        !actions.join("load_average.yaml").exists(),
+        "the removed action is gone"
+    );
+
+    // An old replica restarting during the rollout is refused, and changes nothing.
+    rig.down(&v2["st2api"]);
+    let before = (listing(&packs), listing(&venvs));
+    let (code, err) = rig.play(&v1["st2api"]);
+    assert_ne!(code, Some(0), "the 1.2.0 replica was not refused: {err}");
+    let log = rig
+        .tool("podman")
+        .args(["logs", "st2api-publish-packs"])
+        .output()
+        .unwrap();
+    let log = format!(
+        "{err}{}",
+        String::from_utf8_lossy(&[log.stdout, log.stderr].concat())
+    );
+    eprintln!("containers: the refused replica: {log}");
+    assert!(
+        err.contains("exited with code 3"),
+        "the refusal is exit 3: {err}"
+    );
+    assert!(
+        log.contains("labelled 1.3.0 with older 1.2.0"),
+        "st2api-publish-packs: {log}"
+    );
+    assert_eq!(
+        (listing(&packs), listing(&venvs)),
+        before,
+        "the volumes are unchanged"
+    );
+    eprintln!(
+        "containers: StackStorm example played as pods: consumer waited on an empty volume, \
+         publisher published 1.2.0, registration saw both packs, 1.3.0 removed an action, \
+         a 1.2.0 replica was refused (exit 3) with the volumes unchanged"
+    );
+}
+
+/// Build the packsync image (the Dockerfile's final stage); the rig's
+/// busybox image, the base of the others.
+fn base_images(rig: &Rig, bin: &Path) -> String {
+    rig.build(
+        "localhost/packsync-image:test",
+        "scratch",
+        &[(bin, "/packsync")],
+        &["--entrypoint", r#"["/packsync"]"#],
+    );
+    rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string()
+}
+
+/// opa-bundles.yaml: three replicas start at once and sync one bundle into
+/// one volume (exactly one generation, the bundle's tree, what each OPA
+/// stand-in loads); two-images-slots.yaml: two pack images, one slot each,
+/// both packs published, consumers start.
+#[test]
+fn the_opa_and_two_image_examples_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    let busybox = base_images(rig, bin);
+
+    // OPA: the bundle image, and a stand-in for OPA that prints what it loads.
+    rig.build(
+        "localhost/opa-policies:1.4.0",
+        &busybox,
+        &[
+            (bin, "/usr/local/bin/packsync"),
+            (&repo().join("examples/opa-bundle"), "/bundles"),
+        ],
+        &[],
+    );
+    let opa = work.join("opa");
+    fs::write(
+        &opa,
+        "#!/bin/sh\nfor a; do dir=$a; done\ncd \"$dir\" && echo \"loaded: $(find . -type f | sort | tr '\\n' ' ')\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(&opa, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    rig.build(
+        "localhost/opa-standin:1",
+        &busybox,
+        &[(&opa, "/bin/opa")],
+        &["--entrypoint", r#"["/bin/opa"]"#],
+    );
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/opa-policies:1.4.0",
+            "localhost/opa-policies:1.4.0",
+        ),
+        ("openpolicyagent/opa:1.4.2", "localhost/opa-standin:1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest = fs::read_to_string(repo().join("examples/kubernetes/opa-bundles.yaml")).unwrap();
+    let pods_of = pods(&manifest, &images);
+    assert_eq!(pods_of.len(), 1, "one Deployment");
+    let (name, yaml) = &pods_of[0];
+    assert_eq!(name, "opa");
+    let replicas: Vec<PathBuf> = (0..3)
+        .map(|i| {
+            let p = work.join(format!("opa-{i}.yaml"));
+            fs::write(
+                &p,
+                yaml.replacen("  name: opa\n", &format!("  name: opa-{i}\n"), 1),
+            )
+            .unwrap();
+            p
+        })
+        .collect();
+    let plays: Vec<Child> = replicas.iter().map(|p| rig.kube_play(p)).collect();
+    for (i, c) in plays.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "opa-{i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let shared = rig.volume("opa-policies");
+    assert_eq!(
+        listing(&shared.join("policies")),
+        listing(&repo().join("examples/opa-bundle")),
+        "the live bundle"
+    );
+    let gens: Vec<_> = fs::read_dir(shared.join(".policies.packsync/gen"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(gens.len(), 1, "three replicas, one generation: {gens:?}");
+    for i in 0..3 {
+        let c = format!("opa-{i}-opa");
+        assert_eq!(rig.exit_code(&c), "0");
+        assert_eq!(
+            rig.ok("podman", &["logs", &c]),
+            "loaded: ./authz/policy.rego ./roles/data.json",
+            "{c}"
+        );
+    }
+
+    // Two pack images, one slot each.
+    for (image, pack) in [
+        ("st2packs-hello:1.2.0", "hello_st2"),
+        ("st2packs-ops:0.4.1", "examples_ops"),
+    ] {
+        let dir = image.split(':').next().unwrap();
+        rig.build(
+            &format!("localhost/{image}"),
+            &busybox,
+            &[
+                (bin, "/usr/local/bin/packsync"),
+                (
+                    &repo().join("examples/packs").join(pack),
+                    &format!("/opt/packs-image/{dir}/packs/{pack}"),
+                ),
+                (
+                    &repo().join("examples/virtualenvs").join(pack),
+                    &format!("/opt/packs-image/{dir}/virtualenvs/{pack}"),
+                ),
+            ],
+            &[],
+        );
+    }
+    rig.build(
+        "localhost/st2actionrunner-packsync:3.8",
+        &busybox,
+        &[(bin, "/usr/local/bin/packsync")],
+        &[],
+    );
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/st2packs-hello:1.2.0",
+            "localhost/st2packs-hello:1.2.0",
+        ),
+        (
+            "registry.example.com/st2packs-ops:0.4.1",
+            "localhost/st2packs-ops:0.4.1",
+        ),
+        (
+            "registry.example.com/st2actionrunner-packsync:3.8",
+            "localhost/st2actionrunner-packsync:3.8",
+        ),
+        (
+            "stackstorm/st2api:3.8",
+            "localhost/st2actionrunner-packsync:3.8",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/two-images-slots.yaml")).unwrap();
+    let files: BTreeMap<String, PathBuf> = pods(&manifest, &images)
+        .into_iter()
+        .map(|(name, yaml)| {
+            let p = work.join(format!("slots-{name}.yaml"));
+            fs::write(&p, yaml).unwrap();
+            (name, p)
+        })
+        .collect();
+    let names: Vec<&str> = files.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        ["st2actionrunner", "st2api"],
+        "the manifest's workloads"
+    );
+    for name in ["st2api", "st2actionrunner"] {
+        let (code, err) = rig.play(&files[name]);
+        assert_eq!(code, Some(0), "{name}: {err}");
+    }
+    assert_published(&rig.volume("st2-packs"), "examples/packs");
+    assert_published(&rig.volume("st2-virtualenvs"), "examples/virtualenvs");
+    assert_eq!(rig.exit_code("st2actionrunner-st2actionrunner"), "0");
+    eprintln!(
+        "containers: OPA example: 3 replicas at once, one generation, each OPA loaded the bundle; \
+         two-images example: both slots published, consumer started"
+    );
+}
