@@ -7,4 +7,5 @@ mod fixture;
 mod layouts;
 mod ops;
 mod property;
+mod sidecar;
 mod sync;
