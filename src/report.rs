@@ -351,7 +351,10 @@ pub fn round_failed(
         return;
     }
     let next = match retry_in {
-        Some(d) => format!("next try in {:.1}s", d.as_secs_f64()),
+        Some(d) => format!(
+            "next try in {}",
+            humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
+        ),
         None => "giving up".to_string(),
     };
     eprintln!("packsync: error: {msg} (failure {failures} in a row; {next})");
