@@ -1,10 +1,10 @@
 //! `--http-bind ADDR:PORT`: `/healthz`, `/readyz` and `/metrics`, and
-//! nothing else, on one thread of its own. A strict HTTP/1.x request parser
+//! nothing else, on threads of their own. A strict HTTP/1.x request parser
 //! (a request head of at most `MAX_HEAD` bytes, read within `TIMEOUT`, GET or
 //! HEAD, no body) answers anything else with a 4xx and closes the
-//! connection. One connection at a time, each bounded in time and size, so
-//! nothing a client sends can stall the sync loop or grow memory: the loop
-//! never waits on this thread.
+//! connection. A few threads, one connection at a time each, every one
+//! bounded in time and size, so nothing a client sends can stall the sync
+//! loop or grow memory: the loop never waits on them.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,15 +20,24 @@ const MAX_HEAD: usize = 8192;
 /// How long a client has to send its request head, and to take the answer.
 const TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Listen on `addr` (only there) and serve from a thread of its own, for
+/// Threads that accept and answer, each one connection at a time: a client
+/// that stalls holds one of them for at most `TIMEOUT`, and a probe still
+/// finds another.
+const WORKERS: usize = 4;
+
+/// Listen on `addr` (only there) and serve from threads of their own, for
 /// as long as the process runs.
 pub fn serve(addr: SocketAddr, health: Arc<Health>) -> Result<()> {
     let listener = TcpListener::bind(addr)
         .with_context(|| format!("cannot listen on {addr} (--http-bind)"))?;
-    std::thread::Builder::new()
-        .name("http".into())
-        .spawn(move || {
-            loop {
+    for i in 0..WORKERS {
+        let listener = listener
+            .try_clone()
+            .context("cannot share the listening socket")?;
+        let health = health.clone();
+        std::thread::Builder::new()
+            .name(format!("http-{i}"))
+            .spawn(move || loop {
                 match listener.accept() {
                     // A client that went away is its own problem, not the loop's.
                     Ok((stream, _)) => {
@@ -37,9 +46,9 @@ pub fn serve(addr: SocketAddr, health: Arc<Health>) -> Result<()> {
                     // Out of descriptors, say: do not spin on it.
                     Err(_) => std::thread::sleep(Duration::from_millis(100)),
                 }
-            }
-        })
-        .context("cannot start the HTTP thread")?;
+            })
+            .context("cannot start the HTTP threads")?;
+    }
     Ok(())
 }
 

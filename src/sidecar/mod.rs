@@ -50,10 +50,6 @@ pub fn run(cfg: &SyncConfig) -> Result<i32> {
             retry_hook: first,
         };
         let result = app::round(cfg, pass);
-        if let Some(sig) = sys::signals::pending() {
-            // Whatever the round made of it, the staging is gone by now.
-            return Err(Failure::Interrupted(sig).into());
-        }
         let seconds = began.elapsed().as_secs_f64();
         let failure = match result {
             Ok(round) => finish(round, first, seconds, output, &health).err(),
@@ -62,6 +58,11 @@ pub fn run(cfg: &SyncConfig) -> Result<i32> {
                 Some(e)
             }
         };
+        if let Some(sig) = sys::signals::pending() {
+            // Whatever the round made of it, its staging is gone by now; a
+            // round it cut short is not a failure to show.
+            return Err(Failure::Interrupted(sig).into());
+        }
         first = false;
         let wait = match failure {
             None => {

@@ -399,6 +399,14 @@ fn malformed_or_slow_http_requests_get_a_4xx_and_leave_the_loop_running() {
     l.until("a round while a client stalls", || {
         read(&fx.dest().join("b.txt")).is_some()
     });
+    // Nor does it hold back a probe: within the kubelet's default 1 s timeout.
+    let asked = Instant::now();
+    assert_eq!(l.status("/healthz"), 200);
+    assert!(
+        asked.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        asked.elapsed()
+    );
     let mut answer = String::new();
     idle.set_read_timeout(Some(DEADLINE)).unwrap();
     idle.read_to_string(&mut answer).unwrap();
