@@ -1,9 +1,10 @@
 //! The pipeline: the only file that knows the order of the stages, and the
 //! owner of the thread pool (rayon's global one).
 //!
-//! `sync` reads as the story of one sync: validate → scan (sources and the
-//! live tree) → plan → guards → stage → verify → commit → retire → report,
-//! each step a call through its module. The functions below it are the
+//! `round` reads as the story of one sync: validate → scan (sources and the
+//! live tree) → plan → guards → stage → verify → commit → retire, each step
+//! a call through its module; `sync` shows its report, or hands the whole
+//! to the loop of `--every` (`sidecar`), which runs it again and again. The functions below it are the
 //! joints between stages that belong to none of them: opening what the
 //! command line named, reading the live generation back, giving the tree
 //! its owners. Every other command is one call into `ops`.
@@ -141,9 +142,10 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let (vol, dest) = open_dest(cfg, &sources)?;
     let output = Output::of(cfg.json, cfg.quiet);
     let bar = cfg.progress.unwrap_or_else(sys::stderr_is_tty);
-    let console = match pass.defer_warnings {
-        true => Console::keeping(output, bar),
-        false => Console::new(output, bar),
+    let console = if pass.defer_warnings {
+        Console::keeping(output, bar)
+    } else {
+        Console::new(output, bar)
     };
 
     // Scan the sources and the live generation at the same time.
