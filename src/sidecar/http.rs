@@ -149,7 +149,7 @@ pub fn parse(head: &[u8]) -> Result<Request<'_>, Refusal> {
     let http11 = match version {
         "HTTP/1.1" => true,
         "HTTP/1.0" => false,
-        v if v.starts_with("HTTP/") => return Err(Refusal(505, "HTTP Version Not Supported")),
+        // HTTP/2 and the rest: a 4xx, as the SPEC has every bad request get.
         _ => return Err(BAD_REQUEST),
     };
     let mut host = false;
@@ -265,7 +265,7 @@ mod tests {
             ("GET  /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400), // two spaces
             ("GET healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400),   // not a path
             ("GET /healthz\r\nHost: x\r\n\r\n", 400),           // HTTP/0.9
-            ("GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+            ("GET /healthz HTTP/2.0\r\nHost: x\r\n\r\n", 400),
             ("GET /healthz FTP/1.1\r\nHost: x\r\n\r\n", 400),
             ("POST /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 405),
             ("G(T /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 400),

@@ -419,7 +419,7 @@ fn malformed_or_slow_http_requests_get_a_4xx_and_leave_the_loop_running() {
             b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 99\r\n\r\n".to_vec(),
             413,
         ),
-        (b"GET /metrics HTTP/3\r\nHost: x\r\n\r\n".to_vec(), 505),
+        (b"GET /metrics HTTP/3\r\nHost: x\r\n\r\n".to_vec(), 400),
         ([b"GET /".to_vec(), vec![b'a'; 20_000]].concat(), 431),
     ] {
         assert_eq!(
