@@ -325,7 +325,7 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__sync)
-            opts="-c -n -i -q -h --exclude --include --exclude-from --checksum --dry-run --itemize --json --quiet --progress --no-progress --keep --grace --max-delete --allow-empty --chown --chmod --exec-after --label --allow-downgrade --layout --slot --adopt --no-fsync --verify --mkpath --migrate --help"
+            opts="-c -n -i -q -h --exclude --include --exclude-from --checksum --dry-run --itemize --json --quiet --progress --no-progress --keep --grace --max-delete --allow-empty --chown --chmod --exec-after --label --allow-downgrade --layout --slot --adopt --no-fsync --verify --mkpath --migrate --every --max-failures --http-bind --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -376,6 +376,18 @@ _packsync() {
                     return 0
                     ;;
                 --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --every)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-failures)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --http-bind)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -49,6 +49,9 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layout -d 'Ho
 fanout\t''
 dir\t''"
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l slot -d 'With --layout fanout: publish as this slot (several images, one DEST)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l every -d 'Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-failures -d 'With --every: exit 1 after N failed rounds in a row (default: keep trying)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l http-bind -d 'With --every: serve /healthz, /readyz and /metrics on ADDR:PORT' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run -d 'Show what would change; write nothing'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'

@@ -1,9 +1,10 @@
 //! The pipeline: the only file that knows the order of the stages, and the
 //! owner of the thread pool (rayon's global one).
 //!
-//! `sync` reads as the story of one sync: validate → scan (sources and the
-//! live tree) → plan → guards → stage → verify → commit → retire → report,
-//! each step a call through its module. The functions below it are the
+//! `round` reads as the story of one sync: validate → scan (sources and the
+//! live tree) → plan → guards → stage → verify → commit → retire, each step
+//! a call through its module; `sync` shows its report, or hands the whole
+//! to the loop of `--every` (`sidecar`), which runs it again and again. The functions below it are the
 //! joints between stages that belong to none of them: opening what the
 //! command line named, reading the live generation back, giving the tree
 //! its owners. Every other command is one call into `ops`.
@@ -76,13 +77,76 @@ fn init_pool() {
         .build_global();
 }
 
+/// `sync`: one round, shown; with `--every`, the loop (`sidecar::run`).
 fn sync(cfg: &SyncConfig) -> Result<i32> {
+    if cfg.every.is_some() {
+        return crate::sidecar::run(cfg);
+    }
+    round(cfg, Pass::ONCE)?.report(Output::of(cfg.json, cfg.quiet))
+}
+
+/// How a round differs when it is one of `--every`'s.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pass {
+    /// Keep warnings for the round's line instead of showing them as they
+    /// come (an idle round of the loop shows nothing).
+    pub defer_warnings: bool,
+    /// An up-to-date round runs `--exec-after` again where it did not
+    /// succeed on the live generation (a one-shot sync, the loop's first
+    /// round); later rounds of the loop run it only on what they publish.
+    pub retry_hook: bool,
+}
+
+impl Pass {
+    pub const ONCE: Pass = Pass {
+        defer_warnings: false,
+        retry_hook: true,
+    };
+}
+
+/// A round that ran to its end: what it did, ready to be shown.
+pub(crate) struct Round {
+    pub summary: Summary,
+    console: Console,
+    start: Instant,
+    /// `--exec-after` failed: the error to exit with once the summary is out.
+    pub hook_failure: Option<anyhow::Error>,
+}
+
+impl Round {
+    /// Show the summary (line or JSON object, with the warnings kept); the
+    /// exit status, or the hook's failure.
+    pub fn report(self, output: Output) -> Result<i32> {
+        let code = report::finish(self.summary, &self.console, self.start, output)?;
+        match self.hook_failure {
+            Some(e) => Err(e),
+            None => Ok(code),
+        }
+    }
+
+    /// Show the warnings kept by a `Pass` that deferred them, then `report`.
+    pub fn report_deferred(self, output: Output) -> Result<i32> {
+        if output != Output::Json {
+            self.console.show_kept();
+        }
+        self.report(output)
+    }
+}
+
+/// One sync: validate → scan → plan → guards → stage → verify → commit →
+/// retire. Shown by the caller (`Round::report`).
+pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let start = Instant::now();
     // Validate: nothing is written before the guards have passed.
     let sources = Sources::open(cfg)?;
     let (vol, dest) = open_dest(cfg, &sources)?;
     let output = Output::of(cfg.json, cfg.quiet);
-    let console = Console::new(output, cfg.progress.unwrap_or_else(sys::stderr_is_tty));
+    let bar = cfg.progress.unwrap_or_else(sys::stderr_is_tty);
+    let console = if pass.defer_warnings {
+        Console::keeping(output, bar)
+    } else {
+        Console::new(output, bar)
+    };
 
     // Scan the sources and the live generation at the same time.
     let warnings = Collected::default();
@@ -119,10 +183,19 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     }
     if cfg.dry_run || up_to_date {
         return match &state {
-            Some(state) if !cfg.dry_run => {
-                settle(cfg, &vol, state, check, summary, &console, start)
-            }
-            _ => report::finish(summary, &console, start, output),
+            Some(state) if !cfg.dry_run => settle(cfg, &vol, state, check, summary, console, pass)
+                .map(|(summary, console, hook_failure)| Round {
+                    summary,
+                    console,
+                    start,
+                    hook_failure,
+                }),
+            _ => Ok(Round {
+                summary,
+                console,
+                start,
+                hook_failure: None,
+            }),
         };
     }
 
@@ -178,7 +251,13 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     summary.status = "synced";
     summary.generation = Some(gen.name.clone());
     summary.retired = collect(cfg, &vol, &state, &console);
-    finish_with_hook(cfg, &vol, &state, &gen.name, summary, &console, start)
+    let hook_failure = run_hook(cfg, &vol, &state, &gen.name, &mut summary);
+    Ok(Round {
+        summary,
+        console,
+        start,
+        hook_failure,
+    })
 }
 
 /// Nothing to stage: the live generation is the planned tree, under the
@@ -630,29 +709,31 @@ fn swap_for(dest: &Dest, cfg: &SyncConfig) -> Swap {
 }
 
 /// An up-to-date sync writes no generation, but repairs fanout links that
-/// do not match the live one, collects, and runs `--exec-after` again where
-/// it failed on (or never ran on) the live generation.
+/// do not match the live one, collects, and (`pass.retry_hook`) runs
+/// `--exec-after` again where it failed on (or never ran on) the live
+/// generation. The summary, the console and the hook's failure.
 fn settle(
     cfg: &SyncConfig,
     vol: &Volume,
     state: &State,
     check: layout::Check,
     mut summary: Summary,
-    console: &Console,
-    start: Instant,
-) -> Result<i32> {
+    console: Console,
+    pass: Pass,
+) -> Result<(Summary, Console, Option<anyhow::Error>)> {
     for w in layout::of(vol).repair(vol, state, &check)? {
         console.warn(&w);
     }
-    summary.retired = collect(cfg, vol, state, console);
+    summary.retired = collect(cfg, vol, state, &console);
     let gen = summary
         .generation
         .clone()
         .expect("up to date with a live generation");
-    if cfg.exec_after.is_none() || ops::exec::after_done(state, &gen) {
-        return report::finish(summary, console, start, Output::of(cfg.json, cfg.quiet));
+    if cfg.exec_after.is_none() || !pass.retry_hook || ops::exec::after_done(state, &gen) {
+        return Ok((summary, console, None));
     }
-    finish_with_hook(cfg, vol, state, &gen, summary, console, start)
+    let failure = run_hook(cfg, vol, state, &gen, &mut summary);
+    Ok((summary, console, failure))
 }
 
 /// Garbage collection after a sync: its failure is a warning, as the sync
@@ -672,25 +753,19 @@ fn collect(cfg: &SyncConfig, vol: &Volume, state: &State, console: &Console) -> 
     }
 }
 
-/// Run `--exec-after` (if given) on `gen`, then report. The hook's failure
-/// is in the summary, then the error (exit 1): the swap stays.
-fn finish_with_hook(
+/// Run `--exec-after` (if given) on `gen`. What it did goes into the
+/// summary; its failure is returned, to be the error (exit 1) once the
+/// summary is out: the swap stays.
+fn run_hook(
     cfg: &SyncConfig,
     vol: &Volume,
     state: &State,
     gen: &str,
-    mut summary: Summary,
-    console: &Console,
-    start: Instant,
-) -> Result<i32> {
-    let failure = cfg.exec_after.as_deref().and_then(|c| {
+    summary: &mut Summary,
+) -> Option<anyhow::Error> {
+    cfg.exec_after.as_deref().and_then(|c| {
         let (after, failure) = ops::exec::after(c, vol, state, gen, cfg.json);
         summary.exec_after = Some(after);
         failure
-    });
-    let code = report::finish(summary, console, start, Output::of(cfg.json, cfg.quiet))?;
-    match failure {
-        Some(e) => Err(e),
-        None => Ok(code),
-    }
+    })
 }

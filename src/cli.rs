@@ -181,6 +181,15 @@ pub struct SyncArgs {
     /// Take over a directory at DEST even where that leaves DEST missing for an instant
     #[arg(long)]
     pub migrate: bool,
+    /// Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed
+    #[arg(long, value_name = "DUR", value_parser = parse_every)]
+    pub every: Option<Duration>,
+    /// With --every: exit 1 after N failed rounds in a row (default: keep trying)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_failures: Option<u32>,
+    /// With --every: serve /healthz, /readyz and /metrics on ADDR:PORT
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub http_bind: Option<std::net::SocketAddr>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -325,6 +334,18 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
             }
         }
     }
+    if s.every.is_none() {
+        for (flag, set) in [
+            ("--max-failures", s.max_failures.is_some()),
+            ("--http-bind", s.http_bind.is_some()),
+        ] {
+            if set {
+                return Err(error::usage(format!("{flag} needs --every")));
+            }
+        }
+    } else if s.dry_run {
+        return Err(error::usage("--every cannot be combined with --dry-run"));
+    }
     let label = match s.label {
         Some(l) if s.allow_downgrade => Some(Label {
             version: None,
@@ -381,12 +402,24 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         verify: s.verify,
         mkpath: s.mkpath,
         migrate: s.migrate,
+        every: s.every,
+        max_failures: s.max_failures,
+        http_bind: s.http_bind,
     })
 }
 
 /// `--grace`: see `config::parse_duration`.
 fn parse_duration(s: &str) -> Result<Duration> {
     config::parse_duration(s)
+}
+
+/// `sync --every`: a duration of at least `config::MIN_EVERY`.
+fn parse_every(s: &str) -> Result<Duration> {
+    let d = config::parse_duration(s)?;
+    if d < config::MIN_EVERY {
+        anyhow::bail!("at least {}", humantime::format_duration(config::MIN_EVERY));
+    }
+    Ok(d)
 }
 
 /// `wait --timeout`.

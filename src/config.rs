@@ -18,6 +18,9 @@ pub const DEFAULT_KEEP: usize = 2;
 pub const DEFAULT_GRACE: &str = "15m";
 /// Staging of another host with no change for this long is a dead writer's.
 pub const STALE_STAGE: Duration = Duration::from_secs(3600);
+/// The shortest `--every`: a round of an unchanged small tree takes a few
+/// milliseconds, and the soak benchmark runs at this period.
+pub const MIN_EVERY: Duration = Duration::from_millis(10);
 /// The longest duration a flag takes: far beyond any use, and far below
 /// where adding it to a clock could overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86400);
@@ -139,6 +142,12 @@ pub struct SyncConfig {
     pub mkpath: bool,
     /// `--migrate`
     pub migrate: bool,
+    /// `--every DUR`: keep running, a round every DUR (None: sync once).
+    pub every: Option<Duration>,
+    /// `--max-failures N`: with `--every`, exit 1 after N failed rounds in a row.
+    pub max_failures: Option<u32>,
+    /// `--http-bind ADDR:PORT`: with `--every`, serve health and metrics there.
+    pub http_bind: Option<std::net::SocketAddr>,
 }
 
 impl SyncConfig {

@@ -5,7 +5,8 @@
 //! and marks what can be reused; `stage` builds the new tree in a private
 //! staging directory; `commit` makes it durable, names it by its digest and
 //! publishes it through the layout's driver (`layout`); `retire` removes what
-//! no reader may still need. `source` is where the entries come from,
+//! no reader may still need; `sidecar` runs that sync as a loop
+//! (`--every`) with health and metrics. `source` is where the entries come from,
 //! `volume` holds the destination's directory handles, and `sys` is the only
 //! place that makes raw syscalls (inside the volume, through `sys::DirFd`).
 //! docs/architecture.md draws the pipeline, says what each module may touch
@@ -33,6 +34,7 @@ pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod retire;
 pub(crate) mod scan;
+pub(crate) mod sidecar;
 pub(crate) mod source;
 pub(crate) mod stage;
 pub(crate) mod staging;

@@ -104,6 +104,8 @@ impl Output {
 pub struct Console {
     progress: Option<Progress>,
     warnings: Mutex<Vec<String>>,
+    /// Show each warning as it comes (else only keep it: `keeping`).
+    echo: bool,
 }
 
 impl Console {
@@ -112,6 +114,24 @@ impl Console {
         Console {
             progress: (output == Output::Line).then(|| Progress::new(bar)),
             warnings: Mutex::new(Vec::new()),
+            echo: true,
+        }
+    }
+
+    /// A console that keeps warnings without showing them, for a round of
+    /// `sync --every`: only a round that did something or failed is shown
+    /// (`show_kept`), never an idle one.
+    pub fn keeping(output: Output, bar: bool) -> Console {
+        Console {
+            echo: false,
+            ..Console::new(output, bar)
+        }
+    }
+
+    /// Show the warnings kept so far on stderr (they stay kept for `finish`).
+    pub fn show_kept(&self) {
+        for w in self.warnings.lock().unwrap().iter() {
+            eprintln!("packsync: warning: {w}");
         }
     }
 
@@ -142,6 +162,7 @@ impl Reporter for Console {
 
     fn warn(&self, msg: &str) {
         match &self.progress {
+            _ if !self.echo => {}
             Some(p) => p.warn(msg),
             None => eprintln!("packsync: warning: {msg}"),
         }
@@ -295,6 +316,48 @@ pub fn json_error(msg: &str, exit_code: i32) {
         error: msg,
         exit_code,
     });
+}
+
+/// A failed round of `sync --every`: one line on stderr, or with `--json`
+/// one JSON object on stdout (each round shown is one line).
+#[derive(serde::Serialize)]
+struct RoundFailed<'a> {
+    status: &'static str,
+    error: &'a str,
+    exit_code: i32,
+    /// Failed rounds in a row, this one included.
+    failures: u32,
+    /// When the next round starts; absent when the loop gives up.
+    retry_in_seconds: Option<f64>,
+}
+
+/// Show a failed round of `sync --every` (`retry_in`: the wait before the
+/// next, none when this was the last).
+pub fn round_failed(
+    err: &anyhow::Error,
+    failures: u32,
+    retry_in: Option<Duration>,
+    output: Output,
+) {
+    let msg = format!("{err:#}");
+    if output == Output::Json {
+        let _ = json(&RoundFailed {
+            status: "error",
+            error: &msg,
+            exit_code: crate::error::exit_code(err),
+            failures,
+            retry_in_seconds: retry_in.map(|d| d.as_secs_f64()),
+        });
+        return;
+    }
+    let next = match retry_in {
+        Some(d) => format!(
+            "next try in {}",
+            humantime::format_duration(Duration::from_millis(d.as_millis() as u64))
+        ),
+        None => "giving up".to_string(),
+    };
+    eprintln!("packsync: error: {msg} (failure {failures} in a row; {next})");
 }
 
 /// What a sync did, for the summary line and `--json`.

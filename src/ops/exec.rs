@@ -28,6 +28,9 @@ const REFRESH: Duration = Duration::from_secs(600);
 pub struct Lease {
     dir: DirFd,
     name: String,
+    /// Dropped with the lease: ends its refresher at once, with its handle
+    /// (a `sync --every` takes a lease per `--exec-after`).
+    _stop: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Lease {
@@ -41,16 +44,25 @@ impl Lease {
             .try_clone()
             .context("cannot duplicate a handle")?;
         let refresh = (dir.try_clone(), name.clone());
+        let mut stop = None;
         if let (Ok(fd), name) = refresh {
-            // Ends with the process, or once the lease is gone.
-            std::thread::spawn(move || loop {
-                std::thread::sleep(REFRESH);
-                if fd.touch(name.as_bytes()).is_err() {
-                    break;
+            let (tx, rx) = std::sync::mpsc::channel::<()>();
+            stop = Some(tx);
+            // Ends with the process, once the lease is dropped, or once it is gone.
+            std::thread::spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = rx.recv_timeout(REFRESH)
+                {
+                    if fd.touch(name.as_bytes()).is_err() {
+                        break;
+                    }
                 }
             });
         }
-        Ok(Lease { dir, name })
+        Ok(Lease {
+            dir,
+            name,
+            _stop: stop,
+        })
     }
 }
 

@@ -608,6 +608,76 @@ pub mod signals {
             Some(s) => Some(s as i32),
         }
     }
+
+    /// What ended a `pause`.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Wake {
+        /// The time was up.
+        Elapsed,
+        /// SIGHUP: do the next round now.
+        Hangup,
+        /// SIGINT or SIGTERM (its number): stop.
+        Stop(i32),
+    }
+
+    /// SIGHUP seen since the last `pause` returned `Hangup`.
+    static HANGUP: std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>> =
+        std::sync::OnceLock::new();
+    /// The read end of a socket pair that SIGINT, SIGTERM and SIGHUP write a
+    /// byte to, so that `pause` wakes at once instead of polling.
+    static WAKER: std::sync::OnceLock<std::os::unix::net::UnixStream> = std::sync::OnceLock::new();
+
+    /// For `sync --every`: SIGHUP no longer ends the process but wakes
+    /// `pause`, as SIGINT and SIGTERM do (after `install`). Only the loop
+    /// calls it: a one-shot sync keeps SIGHUP's default.
+    pub fn install_loop() -> std::io::Result<()> {
+        use std::os::unix::net::UnixStream;
+        let hup = HANGUP.get_or_init(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        signal_hook::flag::register(libc::SIGHUP, hup.clone())?;
+        if WAKER.get().is_some() {
+            return Ok(());
+        }
+        let (read, write) = UnixStream::pair()?;
+        write.set_nonblocking(true)?;
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            signal_hook::low_level::pipe::register(sig, write.try_clone()?)?;
+        }
+        let _ = WAKER.set(read);
+        Ok(())
+    }
+
+    /// Wait up to `limit`, or until SIGINT, SIGTERM or SIGHUP arrives (or
+    /// arrived during the last round). A stop signal wins over a hangup.
+    pub fn pause(limit: std::time::Duration) -> Wake {
+        use std::io::Read;
+        let deadline = std::time::Instant::now() + limit;
+        let mut buf = [0u8; 64];
+        loop {
+            if let Some(sig) = pending() {
+                return Wake::Stop(sig);
+            }
+            if HANGUP
+                .get()
+                .is_some_and(|h| h.swap(false, Ordering::SeqCst))
+            {
+                return Wake::Hangup;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Wake::Elapsed;
+            }
+            let Some(mut waker) = WAKER.get() else {
+                std::thread::sleep(left.min(std::time::Duration::from_millis(50)));
+                continue;
+            };
+            // A byte per signal: drained here, the flags above say which.
+            if waker.set_read_timeout(Some(left)).is_err() {
+                std::thread::sleep(left.min(std::time::Duration::from_millis(50)));
+                continue;
+            }
+            let _ = waker.read(&mut buf);
+        }
+    }
 }
 
 /// Named crash points for the fault suite: with the `fault-injection`
@@ -760,5 +830,17 @@ pub fn canonicalize_existing(path: &std::path::Path) -> io::Result<std::path::Pa
             }
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Give the memory the allocator holds free back to the kernel: after a
+/// round of `sync --every`, whose many threads leave freed chunks spread
+/// over their arenas, so the process's RSS stays at what it uses. glibc
+/// only (`malloc_trim`); elsewhere nothing.
+pub fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }

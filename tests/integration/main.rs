@@ -8,4 +8,5 @@ mod fixture;
 mod layouts;
 mod ops;
 mod property;
+mod sidecar;
 mod sync;

@@ -1,0 +1,234 @@
+//! What the loop of `sync --every` tells the world: the counts, times and
+//! live generation behind `/metrics`, and the two states behind `/healthz`
+//! and `/readyz`. The loop records each round here; the HTTP thread reads.
+//! Plain data behind one mutex, fixed in size: nothing grows with rounds.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+
+/// How a round ended, as `packsync_syncs_total{result}` counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Published,
+    UpToDate,
+    Error,
+}
+
+/// Upper bounds (seconds) of `packsync_sync_duration_seconds`' buckets:
+/// from an idle round of a small tree to a large first copy.
+const BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+/// The loop's state, shared with the HTTP thread.
+pub struct Health {
+    /// `--max-failures`: more failures in a row than this is unhealthy.
+    max_failures: Option<u32>,
+    stats: Mutex<Stats>,
+}
+
+#[derive(Default)]
+struct Stats {
+    published: u64,
+    up_to_date: u64,
+    errors: u64,
+    /// Per bucket of `BUCKETS` (not cumulative), then the sum and count.
+    buckets: [u64; BUCKETS.len()],
+    seconds: f64,
+    rounds: u64,
+    last_success: Option<f64>,
+    copied_bytes: u64,
+    failures_in_a_row: u32,
+    /// The live generation and its label, as last seen.
+    live: Option<(String, String)>,
+    /// A round of this process succeeded: its sources' tree is live.
+    ready: bool,
+}
+
+impl Health {
+    pub fn new(max_failures: Option<u32>) -> Health {
+        Health {
+            max_failures,
+            stats: Mutex::new(Stats::default()),
+        }
+    }
+
+    /// One round: how it ended, how long it took, what it copied, and the
+    /// live generation (name, label) it left, if known.
+    pub fn record(
+        &self,
+        outcome: Outcome,
+        seconds: f64,
+        copied_bytes: u64,
+        live: Option<(String, String)>,
+        now: f64,
+    ) {
+        let mut s = self.stats.lock().unwrap();
+        match outcome {
+            Outcome::Published => s.published += 1,
+            Outcome::UpToDate => s.up_to_date += 1,
+            Outcome::Error => s.errors += 1,
+        }
+        let bucket = BUCKETS.iter().position(|b| seconds <= *b);
+        if let Some(i) = bucket {
+            s.buckets[i] += 1;
+        }
+        s.seconds += seconds;
+        s.rounds += 1;
+        s.copied_bytes += copied_bytes;
+        if outcome == Outcome::Error {
+            s.failures_in_a_row = s.failures_in_a_row.saturating_add(1);
+        } else {
+            s.failures_in_a_row = 0;
+            s.last_success = Some(now);
+            s.ready = true;
+        }
+        if live.is_some() {
+            s.live = live;
+        }
+    }
+
+    /// The live generation (name, label) found on the volume, outside a round.
+    pub fn record_live(&self, gen: String, label: String) {
+        self.stats.lock().unwrap().live = Some((gen, label));
+    }
+
+    /// Whether a live generation is known (else the loop looks on the volume).
+    pub fn knows_live(&self) -> bool {
+        self.stats.lock().unwrap().live.is_some()
+    }
+
+    /// `/healthz`: DEST holds a live generation, and the rounds have not
+    /// failed more than `--max-failures` times in a row.
+    pub fn healthy(&self) -> bool {
+        let s = self.stats.lock().unwrap();
+        s.live.is_some() && self.max_failures.is_none_or(|m| s.failures_in_a_row <= m)
+    }
+
+    /// `/readyz`: a generation from this process's sources is live.
+    pub fn ready(&self) -> bool {
+        self.stats.lock().unwrap().ready
+    }
+
+    /// `/metrics`, in the Prometheus text exposition format (0.0.4).
+    pub fn render(&self) -> String {
+        let s = self.stats.lock().unwrap();
+        let mut out = String::with_capacity(2048);
+        out.push_str("# HELP packsync_syncs_total Rounds of the sync loop, by how they ended.\n");
+        out.push_str("# TYPE packsync_syncs_total counter\n");
+        for (result, n) in [
+            ("published", s.published),
+            ("up_to_date", s.up_to_date),
+            ("error", s.errors),
+        ] {
+            let _ = writeln!(out, "packsync_syncs_total{{result=\"{result}\"}} {n}");
+        }
+        out.push_str("# HELP packsync_sync_duration_seconds How long a round took.\n");
+        out.push_str("# TYPE packsync_sync_duration_seconds histogram\n");
+        let mut cumulative = 0;
+        for (bound, n) in BUCKETS.iter().zip(s.buckets) {
+            cumulative += n;
+            let _ = writeln!(
+                out,
+                "packsync_sync_duration_seconds_bucket{{le=\"{bound}\"}} {cumulative}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "packsync_sync_duration_seconds_bucket{{le=\"+Inf\"}} {}",
+            s.rounds
+        );
+        let _ = writeln!(out, "packsync_sync_duration_seconds_sum {}", s.seconds);
+        let _ = writeln!(out, "packsync_sync_duration_seconds_count {}", s.rounds);
+        out.push_str(
+            "# HELP packsync_last_success_timestamp_seconds When a round last ended published or up to date.\n",
+        );
+        out.push_str("# TYPE packsync_last_success_timestamp_seconds gauge\n");
+        let _ = writeln!(
+            out,
+            "packsync_last_success_timestamp_seconds {}",
+            s.last_success.unwrap_or(0.0)
+        );
+        out.push_str(
+            "# HELP packsync_live_generation_info The generation DEST publishes, and its label.\n",
+        );
+        out.push_str("# TYPE packsync_live_generation_info gauge\n");
+        if let Some((gen, label)) = &s.live {
+            let _ = writeln!(
+                out,
+                "packsync_live_generation_info{{generation=\"{}\",label=\"{}\"}} 1",
+                label_value(gen),
+                label_value(label)
+            );
+        }
+        out.push_str("# HELP packsync_copied_bytes_total Bytes copied into new generations.\n");
+        out.push_str("# TYPE packsync_copied_bytes_total counter\n");
+        let _ = writeln!(out, "packsync_copied_bytes_total {}", s.copied_bytes);
+        out
+    }
+}
+
+/// A label value as the text format escapes it: `\`, `"` and newlines.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_follows_the_rounds() {
+        let h = Health::new(Some(2));
+        assert!(!h.healthy() && !h.ready(), "nothing live yet");
+        h.record(Outcome::Error, 0.1, 0, None, 1.0);
+        assert!(!h.healthy() && !h.ready());
+        h.record(
+            Outcome::Published,
+            0.1,
+            10,
+            Some(("g1".into(), "".into())),
+            2.0,
+        );
+        assert!(h.healthy() && h.ready());
+        for _ in 0..2 {
+            h.record(Outcome::Error, 0.1, 0, None, 3.0);
+        }
+        assert!(h.healthy(), "two failures are within --max-failures 2");
+        h.record(Outcome::Error, 0.1, 0, None, 4.0);
+        assert!(!h.healthy() && h.ready(), "the tree stays live");
+        h.record(Outcome::UpToDate, 0.1, 0, None, 5.0);
+        assert!(h.healthy());
+    }
+
+    #[test]
+    fn the_histogram_is_cumulative_and_labels_are_escaped() {
+        let h = Health::new(None);
+        h.record(
+            Outcome::Published,
+            0.004,
+            5,
+            Some(("g".into(), "a\"b\\".into())),
+            7.5,
+        );
+        h.record(Outcome::UpToDate, 0.2, 0, None, 8.0);
+        h.record(Outcome::Error, 1000.0, 0, None, 9.0);
+        let text = h.render();
+        for line in [
+            "packsync_syncs_total{result=\"published\"} 1",
+            "packsync_syncs_total{result=\"error\"} 1",
+            "packsync_sync_duration_seconds_bucket{le=\"0.005\"} 1",
+            "packsync_sync_duration_seconds_bucket{le=\"0.25\"} 2",
+            "packsync_sync_duration_seconds_bucket{le=\"300\"} 2",
+            "packsync_sync_duration_seconds_bucket{le=\"+Inf\"} 3",
+            "packsync_sync_duration_seconds_count 3",
+            "packsync_last_success_timestamp_seconds 8",
+            "packsync_live_generation_info{generation=\"g\",label=\"a\\\"b\\\\\"} 1",
+            "packsync_copied_bytes_total 5",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
+    }
+}
