@@ -347,3 +347,17 @@ pub fn links(root: &Path) -> Vec<String> {
     groups.sort();
     groups
 }
+
+/// A writer started in the background: `packsync sync -q --grace 0 --keep 0
+/// EXTRA SRC DEST`, its stdout dropped, its stderr piped for a failure's message.
+pub fn spawn_sync(src: &Path, dest: &Path, extra: &[&str]) -> std::process::Child {
+    packsync()
+        .args(["sync", "-q", "--grace", "0", "--keep", "0"])
+        .args(extra)
+        .arg(src)
+        .arg(dest)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

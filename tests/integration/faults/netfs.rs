@@ -275,18 +275,7 @@ fn loops_and_readers(backend: &str, rig: &Rig, run: Duration) {
     let loops: Vec<Child> = sources
         .iter()
         .zip([&a, &a, &b])
-        .map(|(src, dest)| {
-            packsync()
-                .args([
-                    "sync", "-q", "--grace", "0", "--keep", "0", "--every", "200ms",
-                ])
-                .arg(src)
-                .arg(dest)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        })
+        .map(|(src, dest)| crate::fixture::spawn_sync(src, dest, &["--every", "200ms"]))
         .collect();
     let paths = common_paths(FILES, 0);
     let done = AtomicBool::new(false);
@@ -459,14 +448,7 @@ fn reader(dest: &Path, paths: &[String], done: &AtomicBool, r: &Reads) {
 }
 
 fn spawn(src: &Path, dest: &Path) -> Child {
-    packsync()
-        .args(["sync", "-q", "--grace", "0", "--keep", "0"])
-        .arg(src)
-        .arg(dest)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    crate::fixture::spawn_sync(src, dest, &[])
 }
 
 /// Two writers on each client, a reader on each, for a few rounds.

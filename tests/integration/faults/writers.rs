@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 
@@ -33,14 +33,7 @@ fn watch(dest: &Path, done: &AtomicBool, checks: &AtomicU64, dangling: &AtomicU6
 }
 
 fn spawn_sync(src: &Path, dest: &Path) -> Child {
-    packsync()
-        .args(["sync", "-q", "--grace", "0", "--keep", "0"])
-        .arg(src)
-        .arg(dest)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    crate::fixture::spawn_sync(src, dest, &[])
 }
 
 #[test]
