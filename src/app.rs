@@ -10,7 +10,6 @@
 //! its owners. Every other command is one call into `ops`.
 
 use std::collections::HashSet;
-use std::os::fd::AsFd;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
@@ -224,7 +223,7 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let mut manifest = manifest_of(cfg, &sources, owners, &caps, tree);
     if cfg.verify {
         let rules = verify::Rules::of(&manifest);
-        verify::staged(staged.tree.as_fd(), &manifest.tree, rules)?;
+        verify::staged(&staged.tree, &manifest.tree, rules)?;
     }
     note_staged(&mut summary, &staged, &console);
     drop(staged); // closes the staged tree before it moves into gen/
@@ -235,6 +234,7 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         state: &state,
         stage: &staging,
         was_live: live.gen.as_deref(),
+        flush: caps.flush,
         opts: commit::Options {
             fsync: cfg.fsync,
             swap,

@@ -10,7 +10,7 @@
 //! flushing). The probes create and remove names only inside the staging
 //! directory; the symlink probe is never run: on FUSE the answer is "no".
 
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 
 use anyhow::{Context, Result};
 
@@ -90,12 +90,6 @@ pub fn probe(dir: &DirFd, durable: bool) -> Result<Caps> {
         flush: flush(durable, kind),
         kind,
     })
-}
-
-/// Whether a durable sync fsyncs each file and directory on the volume
-/// holding `fd` (`Flush::EachFile`) rather than one `syncfs`.
-pub fn fsync_each(fd: BorrowedFd<'_>) -> bool {
-    flush_each(sys::fs_kind(fd).is_ok_and(|k| k == FsKind::Fuse))
 }
 
 /// FUSE's `syncfs` returns at once without flushing (measured on sshfs and

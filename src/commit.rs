@@ -38,6 +38,10 @@ pub struct Commit<'a> {
     pub stage: &'a Stage,
     /// The generation live when the sync began.
     pub was_live: Option<&'a str>,
+    /// How the staged tree is made durable, as `caps::probe` decided it for
+    /// staging (one `syncfs` here, or nothing more where stage fsynced each
+    /// file, or nothing at all with `--no-fsync`).
+    pub flush: crate::caps::Flush,
     pub opts: Options,
 }
 
@@ -45,21 +49,21 @@ pub struct Commit<'a> {
 /// generation, publish it, and return it.
 pub fn run(c: &Commit<'_>, manifest: &mut Manifest) -> Result<Generation> {
     let (vol, state) = (c.vol, c.state);
-    let stage = DirFd::dup_of(c.stage.fd()).context("cannot duplicate a handle")?;
-    if c.opts.fsync && !crate::caps::fsync_each(stage.as_fd()) {
+    let stage = c.stage.dir();
+    if c.flush == crate::caps::Flush::Syncfs {
         stage
             .syncfs()
             .context("cannot flush the staged tree to disk (nothing was published)")?;
     }
-    let name = write_manifest(c, &stage, manifest)?;
+    let name = write_manifest(c, stage, manifest)?;
     let mut claims = vec![Claim::take(state, &name)?];
-    store_manifest(state, &stage, &name)?;
+    store_manifest(state, stage, &name)?;
     sys::crash_point("after-manifest");
     let driver = layout::of(vol);
     let name = if driver.live_in_gen() {
-        let name = converge(c, &stage, name, manifest, &mut claims)?;
+        let name = converge(c, stage, name, manifest, &mut claims)?;
         sys::crash_point("after-rename");
-        ensure_present(state, &stage, &name)?;
+        ensure_present(state, stage, &name)?;
         if c.opts.fsync {
             state.gen.fsync().context("cannot flush gen/")?;
             state.meta.fsync().context("cannot flush meta/")?;
@@ -74,11 +78,11 @@ pub fn run(c: &Commit<'_>, manifest: &mut Manifest) -> Result<Generation> {
     if let Some(sig) = sys::signals::pending() {
         return Err(Failure::Interrupted(sig).into());
     }
-    let published = driver.publish(vol, state, &stage, &name, c.was_live, &c.opts)?;
+    let published = driver.publish(vol, state, stage, &name, c.was_live, &c.opts)?;
     sys::crash_point("after-publish");
     if driver.live_in_gen() && state.open_gen(&name).is_err() {
         // Moved aside by a collector that then died: put it back at once.
-        ensure_present(state, &stage, &name)?;
+        ensure_present(state, stage, &name)?;
     }
     for old in published.replaced.iter().filter(|o| **o != name) {
         // Best effort: without the stamp the grace period counts from the old manifest.
@@ -189,12 +193,9 @@ fn intact(state: &State, name: &str, manifest: &Manifest) -> bool {
 /// another host; then nothing is published. The touch is a heartbeat that
 /// such a collector, checking again after moving it aside, sees.
 fn still_staged(state: &State, stage: &Stage) -> Result<()> {
-    let _ = sys::touch_fd(stage.fd());
+    let _ = stage.dir().touch_self();
     let ours = clock::retry(&[0, 5, 20, 100, 500], |_| {
-        match (
-            sys::fstat(stage.fd()),
-            state.stage.stat(stage.name.as_bytes()),
-        ) {
+        match (stage.dir().fstat(), state.stage.stat(stage.name.as_bytes())) {
             (Ok(a), Ok(b)) if (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino) => Break(()),
             _ => Continue(()),
         }
@@ -309,11 +310,11 @@ pub fn publish(vol: &Volume, stage: &Stage, name: &str, opts: &Options) -> Resul
     let state = vol
         .state(false)?
         .with_context(|| format!("{}: the state directory is missing", vol.display))?;
-    let dir = DirFd::dup_of(stage.fd()).context("cannot duplicate a handle")?;
+    let dir = stage.dir();
     let claim = Claim::take(&state, name)?;
     let _ = state.stamp(name, "used");
-    ensure_present(&state, &dir, name)?;
-    layout::of(vol).publish(vol, &state, &dir, name, None, opts)?;
+    ensure_present(&state, dir, name)?;
+    layout::of(vol).publish(vol, &state, dir, name, None, opts)?;
     drop(claim);
     Ok(())
 }

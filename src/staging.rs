@@ -9,8 +9,6 @@
 //! `commit` moves it into `gen/`. It never touches anything outside its own
 //! directory, but for removing that directory from `stage/`.
 
-use std::os::fd::{AsFd, BorrowedFd};
-
 use anyhow::{Context, Result};
 
 use crate::sys::DirFd;
@@ -51,10 +49,6 @@ impl Stage {
             parent,
             removed: false,
         })
-    }
-
-    pub fn fd(&self) -> BorrowedFd<'_> {
-        self.dir.as_fd()
     }
 
     /// The staging directory's handle (`stage::run` makes `tree/` in it).

@@ -8,7 +8,6 @@
 //! writes.
 
 use std::collections::HashMap;
-use std::os::fd::BorrowedFd;
 
 use anyhow::{Context, Result};
 
@@ -99,10 +98,8 @@ pub fn run(root: &DirFd, label: &str, expected: &Tree, rules: Rules) -> Result<V
 
 /// `sync --verify`: the staged tree in `out` must be the planned `tree`.
 /// Fails (nothing published) with the first differences in the message.
-pub fn staged(out: BorrowedFd<'_>, tree: &Tree, rules: Rules) -> Result<()> {
-    let fd = DirFd::dup_of(out)
-        .and_then(|d| d.reopen())
-        .context("cannot reopen the staged tree")?;
+pub fn staged(out: &DirFd, tree: &Tree, rules: Rules) -> Result<()> {
+    let fd = out.reopen().context("cannot reopen the staged tree")?;
     let diffs = run(&fd, "staging", tree, rules)?;
     if diffs.is_empty() {
         return Ok(());

@@ -292,12 +292,6 @@ fn openat2_works() -> bool {
 
 /// For the volume and the operator commands.
 impl DirFd {
-    /// A handle of its own on a directory another owner holds (a staging
-    /// directory handed around as a borrowed descriptor).
-    pub fn dup_of(fd: BorrowedFd<'_>) -> io::Result<DirFd> {
-        Ok(DirFd(fd.try_clone_to_owned()?))
-    }
-
     /// The absolute path this handle's directory has now, as the kernel
     /// tracks it (`/proc/self/fd/N`): for telling a command where a held
     /// tree is. `None` where /proc is missing or the directory was removed.
