@@ -2,8 +2,8 @@
 # Soak benchmark of `sync --every` (BENCHMARKS.md, "The sync loop over many
 # rounds"): one loop at the fastest period (10ms) over a small tree, the
 # source changed every CHANGE_EVERY rounds so that some rounds stage and
-# publish, and the loop's RSS and open descriptors read from /proc at rounds
-# 100 and ROUNDS. Not a timed test: it prints what it measured.
+# publish, and the loop's RSS and open descriptors between rounds (its own
+# /metrics gauges) at rounds 100 and ROUNDS. Not a timed test: it prints what it measured.
 #
 #   bench/soak.sh [ROUNDS] [CHANGE_EVERY]      (defaults: 10000 500)
 #
@@ -28,19 +28,14 @@ count() {
     curl -sf "http://127.0.0.1:$port/metrics" 2>/dev/null |
         awk '/^packsync_syncs_total/ {n += $2} END {print n + 0}'
 }
-# RSS in KiB and open descriptors of the loop between rounds: the least of
-# 20 looks 7ms apart (a look in the middle of a round sees the directories
-# it has open).
+# RSS in KiB and open descriptors of the loop between rounds, as the loop
+# itself reads them after a round's memory is freed (the idle gauges of
+# /metrics): a look from outside could catch a round midway.
 sample() {
-    local rss fds best_rss=999999999 best_fds=999999 i
-    for i in $(seq 1 20); do
-        rss=$(awk '/^VmRSS/ {print $2}' "/proc/$pid/status")
-        fds=$(ls "/proc/$pid/fd" | wc -l)
-        [ "$rss" -lt "$best_rss" ] && best_rss=$rss
-        [ "$fds" -lt "$best_fds" ] && best_fds=$fds
-        sleep 0.007
-    done
-    echo "$best_rss $best_fds"
+    curl -sf "http://127.0.0.1:$port/metrics" | awk '
+        /^packsync_idle_resident_memory_bytes/ {rss = $2 / 1024}
+        /^packsync_idle_open_fds/ {fds = $2}
+        END {printf "%d %d\n", rss, fds}'
 }
 
 start=$(date +%s)

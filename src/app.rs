@@ -35,7 +35,7 @@ use crate::volume::{Dest, State, Volume};
 
 /// Run a command; the exit status on success.
 pub fn run(cfg: Config) -> Result<i32> {
-    init_pool();
+    init_pool(matches!(&cfg.command, Command::Sync(s) if s.every.is_some()));
     sys::signals::install();
     sys::raise_fd_limit();
     sys::set_umask(0o022);
@@ -62,17 +62,29 @@ pub fn run(cfg: Config) -> Result<i32> {
 }
 
 /// Size the thread pool. Scanning and copying mostly wait on the
-/// filesystem (metadata not yet cached, a network volume), so the pool has
-/// several threads per core: on 2 cores, 16 threads scan a cold tree of 10^5
-/// files about 1.4 times as fast as 2 (BENCHMARKS.md). `RAYON_NUM_THREADS`
-/// overrides it.
-fn init_pool() {
+/// filesystem (metadata not yet cached, a network volume), so a one-shot
+/// sync has several threads per core: on 2 cores, 16 threads scan a cold
+/// tree of 10^5 files about 1.4 times as fast as 2 (BENCHMARKS.md). The
+/// loop (`sync --every`) runs for days and mostly finds nothing to do: it
+/// has one thread per core and one allocator arena, since every long-lived
+/// thread keeps its own deepest stack and arena fragments, and RSS would
+/// grow with the rounds (BENCHMARKS.md). `RAYON_NUM_THREADS` overrides the
+/// number of threads.
+fn init_pool(long_running: bool) {
+    if long_running {
+        sys::share_one_arena();
+    }
     if std::env::var_os("RAYON_NUM_THREADS").is_some() {
         return; // rayon reads it
     }
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let threads = if long_running {
+        cores.max(2)
+    } else {
+        (cores * 8).clamp(16, 64)
+    };
     let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads((cores * 8).clamp(16, 64))
+        .num_threads(threads)
         .build_global();
 }
 

@@ -43,6 +43,8 @@ struct Stats {
     live: Option<(String, String)>,
     /// A round of this process succeeded: its sources' tree is live.
     ready: bool,
+    /// Resident bytes and open descriptors between rounds, as last read.
+    resources: Option<(u64, u64)>,
 }
 
 impl Health {
@@ -86,6 +88,13 @@ impl Health {
         if live.is_some() {
             s.live = live;
         }
+    }
+
+    /// The process's resident bytes and open descriptors, read between
+    /// rounds (after a round's memory is freed, before the next begins):
+    /// what `/metrics` shows of them never catches a round midway.
+    pub fn record_resources(&self, resident_bytes: u64, open_fds: u64) {
+        self.stats.lock().unwrap().resources = Some((resident_bytes, open_fds));
     }
 
     /// The live generation (name, label) found on the volume, outside a round.
@@ -164,6 +173,18 @@ impl Health {
         out.push_str("# HELP packsync_copied_bytes_total Bytes copied into new generations.\n");
         out.push_str("# TYPE packsync_copied_bytes_total counter\n");
         let _ = writeln!(out, "packsync_copied_bytes_total {}", s.copied_bytes);
+        if let Some((rss, fds)) = s.resources {
+            out.push_str(
+                "# HELP packsync_idle_resident_memory_bytes Resident memory between rounds, after the last one.\n",
+            );
+            out.push_str("# TYPE packsync_idle_resident_memory_bytes gauge\n");
+            let _ = writeln!(out, "packsync_idle_resident_memory_bytes {rss}");
+            out.push_str(
+                "# HELP packsync_idle_open_fds Open file descriptors between rounds, after the last one.\n",
+            );
+            out.push_str("# TYPE packsync_idle_open_fds gauge\n");
+            let _ = writeln!(out, "packsync_idle_open_fds {fds}");
+        }
         out
     }
 }

@@ -61,6 +61,9 @@ pub fn run(cfg: &SyncConfig) -> Result<i32> {
         // The round's memory is freed; without this its scattered free
         // chunks would keep the RSS creeping up over thousands of rounds.
         sys::release_free_memory();
+        if let Some((rss, fds)) = sys::own_resources() {
+            health.record_resources(rss, fds);
+        }
         if let Some(sig) = sys::signals::pending() {
             // Whatever the round made of it, its staging is gone by now; a
             // round it cut short is not a failure to show.

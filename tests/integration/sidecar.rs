@@ -464,6 +464,29 @@ fn metrics_are_valid_prometheus_text_with_the_names_of_the_spec() {
     ] {
         assert!(text.contains(name), "{name} not in\n{text}");
     }
+    // What the loop holds between rounds, as /proc shows it.
+    let gauge = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not in\n{text}"))
+    };
+    let pid = l.child.as_ref().unwrap().id();
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB")?.trim().parse().ok())
+        .unwrap();
+    let rss = gauge("packsync_idle_resident_memory_bytes");
+    assert!(
+        rss > kib * 1024 / 2 && rss < kib * 1024 * 2,
+        "{rss} bytes, /proc says {kib} KiB"
+    );
+    let fds = gauge("packsync_idle_open_fds");
+    let now = fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count() as u64;
+    // stdin, stdout, stderr, the listening socket: and no more than /proc
+    // counts now with this request's connection open.
+    assert!((4..=now).contains(&fds), "{fds} fds, /proc lists {now}");
     assert_eq!(l.stop().code, 143);
     promtool_accepts(&text);
 }
