@@ -141,6 +141,8 @@ pub fn run(
     out.stale_stages = remove_dead_stages(state, policy.stale, own_stage);
     if layout::of(vol).live_in_gen() {
         remove_orphan_meta(vol, state);
+    } else {
+        layout::dir::remove_stale_roots(vol, state, policy.stale);
     }
     remove_dead_leases(state);
     Ok(out)

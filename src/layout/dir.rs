@@ -4,7 +4,7 @@
 //! <parent>/<name>/                    the live generation (a real directory)
 //! <parent>/.<name>.packsync/layout    "dir": this DEST uses the dir layout
 //!                          gen/<GEN>  earlier generations, as retired
-//!                          meta/<GEN>.root   inode of the tree published as GEN
+//!                          meta/<GEN>.<INO>.root   the tree with inode INO was published as GEN
 //! ```
 //!
 //! Publishing exchanges the staged tree with DEST in one
@@ -12,9 +12,15 @@
 //! old tree or the new one, never a mix and never a missing DEST. The old tree
 //! comes back in the writer's staging directory and is filed under
 //! `gen/<OLD>`, where `OLD` is looked up by its inode: a directory keeps its
-//! inode across renames, and `meta/<GEN>.root` is written before the exchange,
-//! so racing writers each file whatever tree they got back under its right
-//! name. Filesystems without RENAME_EXCHANGE (NFS, FUSE, GlusterFS) cannot
+//! inode across renames, and `meta/<GEN>.<INO>.root` is written before the
+//! exchange, so racing writers each file whatever tree they got back under
+//! its right name. One record per tree, not per generation: writers that
+//! start together stage the same GEN, and the second to swap takes out the
+//! first one's tree, which readers may be in. That twin is filed as
+//! `gen/<GEN>-<random>` (a generation of the same digest, as commit names
+//! one that differs on the volume) and retired after the grace period like
+//! any replaced tree. A record over an hour old whose tree is gone is removed
+//! by the collector (`remove_stale_roots`). Filesystems without RENAME_EXCHANGE (NFS, FUSE, GlusterFS) cannot
 //! host this layout; `preflight` refuses them before anything is staged.
 //!
 //! Limits: no path pins the live generation (it moves when replaced), and
@@ -127,7 +133,23 @@ pub fn is_marked(state: &State) -> bool {
     state.fd.exists(MARKER).unwrap_or(false)
 }
 
-/// The generation whose tree has inode `ino`, from `meta/<GEN>.root`. A
+/// `meta/` names of root records: `<GEN>.<INO>.root`; before per-tree
+/// records, `<GEN>.root` holding the inode, which is still read.
+const ROOT_SUFFIX: &str = ".root";
+
+/// The generation and inode a root record's name gives (the inode `None`
+/// for a record of the older form, which holds it instead).
+fn parse_root_name(name: &str) -> Option<(&str, Option<u64>)> {
+    let stem = name.strip_suffix(ROOT_SUFFIX)?;
+    if let Some((gen, ino)) = stem.rsplit_once('.') {
+        if let Ok(ino) = ino.parse::<u64>() {
+            return crate::volume::valid_gen(gen.as_bytes()).then_some((gen, Some(ino)));
+        }
+    }
+    crate::volume::valid_gen(stem.as_bytes()).then_some((stem, None))
+}
+
+/// The generation whose tree has inode `ino`, from the root records. A
 /// record of a tree that was removed unpublished (a writer killed between
 /// recording and swapping) may name an inode the kernel has handed out again
 /// since: the newest record wins, as it was written after that reuse.
@@ -138,11 +160,18 @@ pub fn gen_of(state: &State, ino: u64) -> Option<String> {
     list.into_iter()
         .filter_map(|l| {
             let name = String::from_utf8(l.name).ok()?;
-            let gen = name.strip_suffix(".root")?;
+            let (gen, named) = parse_root_name(&name)?;
             let fd = state.meta.open_read(name.as_bytes()).ok()?;
             let fd = std::os::fd::AsFd::as_fd(&fd);
-            let text = crate::volume::read_to_string(fd).ok()?;
-            if text.trim().parse::<u64>().ok()? != ino {
+            let recorded = match named {
+                Some(i) => i,
+                None => crate::volume::read_to_string(fd)
+                    .ok()?
+                    .trim()
+                    .parse()
+                    .ok()?,
+            };
+            if recorded != ino {
                 return None;
             }
             let written = sys::mtime_of(&sys::fstat(fd).ok()?);
@@ -150,6 +179,64 @@ pub fn gen_of(state: &State, ino: u64) -> Option<String> {
         })
         .max()
         .map(|(_, gen)| gen)
+}
+
+/// Remove the root records older than `stale` (an hour: when a writer's
+/// staging counts as dead) whose tree is neither DEST,
+/// nor in `gen/`, nor being staged: one is written per publish, and a tree
+/// that was retired (or never swapped in by a writer that died) needs its
+/// record no more. A writer records its tree just before the exchange, so a
+/// record older than `stale` whose inode no tree has is no writer's.
+pub fn remove_stale_roots(vol: &Volume, state: &State, stale: std::time::Duration) {
+    let Ok(list) = state.meta.reopen().and_then(|m| m.list()) else {
+        return;
+    };
+    let now = crate::clock::now_f64();
+    let old: Vec<(Vec<u8>, u64)> = list
+        .into_iter()
+        .filter_map(|l| {
+            let name = std::str::from_utf8(&l.name).ok()?;
+            let (_, ino) = parse_root_name(name)?;
+            let st = state.meta.stat(&l.name).ok()?;
+            let (s, _) = sys::mtime_of(&st);
+            let ino = ino.or_else(|| {
+                let fd = state.meta.open_read(&l.name).ok()?;
+                let text = crate::volume::read_to_string(std::os::fd::AsFd::as_fd(&fd)).ok()?;
+                text.trim().parse().ok()
+            })?;
+            (now - s as f64 > stale.as_secs_f64()).then_some((l.name, ino))
+        })
+        .collect();
+    if old.is_empty() {
+        return;
+    }
+    // Every tree there is now, looked up after the records were listed.
+    let mut trees = std::collections::HashSet::new();
+    let mut note = |dir: &DirFd, name: &[u8]| {
+        if let Ok(st) = dir.stat(name) {
+            trees.insert(st.st_ino);
+        }
+    };
+    if let Ok(parent) = vol.parent() {
+        note(parent, &vol.name);
+    }
+    if let Ok(gens) = state.gen.reopen().and_then(|g| g.list()) {
+        for g in gens {
+            note(&state.gen, &g.name);
+        }
+    }
+    if let Ok(stages) = state.stage.reopen().and_then(|s| s.list()) {
+        for s in stages {
+            if let Ok(dir) = state.stage.open_dir(&s.name) {
+                note(&dir, b"tree");
+            }
+        }
+    }
+    for (name, ino) in old {
+        if !trees.contains(&ino) {
+            let _ = state.meta.unlink(&name);
+        }
+    }
 }
 
 /// Refuse, before anything is staged, a DEST this layout cannot swap: a mount
@@ -208,21 +295,32 @@ fn publish(
     let st = stage
         .stat(b"tree")
         .context("cannot find the replaced tree")?;
-    let Some(old) = gen_of(state, st.st_ino).filter(|g| g != name) else {
+    let Some(old) = gen_of(state, st.st_ino) else {
         // A directory packsync did not make (taken over): removed with the staging directory.
         return Ok(None);
     };
-    match stage.rename(b"tree", &state.gen, old.as_bytes()) {
-        Ok(()) => Ok(Some(old)),
-        // A copy of the same generation is retained already: this one goes with the staging.
-        Err(e) if sys::is_taken(&e) => Ok(Some(old)),
-        Err(e) => Err(e).with_context(|| {
+    // A twin of the generation just published (a writer that swapped the
+    // same GEN in first), or a copy of one retained already: readers may be
+    // in it, so it is filed under a name of its own, retired like any other.
+    let mut filed = old.clone();
+    if old == name || state.gen.exists(old.as_bytes()).unwrap_or(true) {
+        filed = twin_name(&old);
+    }
+    stage
+        .rename(b"tree", &state.gen, filed.as_bytes())
+        .with_context(|| {
             format!(
-                "cannot move the replaced tree to {}/gen/{old}",
+                "cannot move the replaced tree to {}/gen/{filed}",
                 state.path.display()
             )
-        }),
-    }
+        })?;
+    Ok(Some(filed))
+}
+
+/// `<GEN>-<random>`: where a second tree of generation GEN is kept.
+fn twin_name(gen: &str) -> String {
+    let base = &gen[..gen.len().min(crate::commit::GEN_LEN)];
+    format!("{base}-{:08x}", sys::random_u64() as u32)
 }
 
 /// Record the staged tree's inode, then put it at DEST. True when a tree was
@@ -241,13 +339,14 @@ fn swap(vol: &Volume, state: &State, stage: &DirFd, name: &str, fsync: bool) -> 
         sys::fsync(fd.as_fd()).context("cannot flush the root record")?;
     }
     drop(fd);
-    let rname = format!("{name}.root");
+    let rname = format!("{name}.{}{ROOT_SUFFIX}", st.st_ino);
     stage
         .rename(b"root", &state.meta, rname.as_bytes())
         .with_context(|| format!("cannot store {}/meta/{rname}", state.path.display()))?;
     if fsync {
         state.meta.fsync().context("cannot flush meta/")?;
     }
+    sys::pause_point("before-exchange");
     if let Some(sig) = sys::signals::pending() {
         return Err(crate::error::Failure::Interrupted(sig).into());
     }
@@ -271,4 +370,32 @@ fn swap(vol: &Volume, state: &State, stage: &DirFd, name: &str, fsync: bool) -> 
             .with_context(|| format!("cannot flush {}", vol.parent_path.display()))?;
     }
     Ok(exchanged)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_root_name;
+
+    #[test]
+    fn root_records_name_their_generation_and_inode() {
+        assert_eq!(
+            parse_root_name("0123abcd.4711.root"),
+            Some(("0123abcd", Some(4711)))
+        );
+        // The older form holds the inode inside.
+        assert_eq!(parse_root_name("0123abcd.root"), Some(("0123abcd", None)));
+        assert_eq!(
+            parse_root_name("0123abcd-1a2b3c4d.9.root"),
+            Some(("0123abcd-1a2b3c4d", Some(9)))
+        );
+        for bad in [
+            "0123abcd.manifest",
+            ".root",
+            "..root",
+            "a/b.1.root",
+            ".x.1.root",
+        ] {
+            assert_eq!(parse_root_name(bad), None, "{bad}");
+        }
+    }
 }

@@ -772,11 +772,6 @@ pub fn is_not_dir(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR))
 }
 
-/// A rename found its target taken (EEXIST, or ENOTEMPTY for a directory).
-pub fn is_taken(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::EEXIST | libc::ENOTEMPTY))
-}
-
 /// ELOOP: what a path-free open of a non-file says; for callers that refuse one.
 pub fn symlink_refused() -> io::Error {
     io::Error::from_raw_os_error(libc::ELOOP)

@@ -734,3 +734,59 @@ fn mkpath_makes_nothing_for_a_refused_sync() {
         Path::new("..data/pack")
     );
 }
+
+/// Replicas that start together stage the same generation; with `--layout
+/// dir` the second to swap takes the first one's tree out of DEST. Readers
+/// may be in it: it is kept as a generation of its own and retired after the
+/// grace period like any replaced tree, never removed on the spot.
+#[test]
+fn dir_layout_keeps_a_twin_of_the_same_generation_for_the_grace_period() {
+    use std::os::fd::AsRawFd;
+    let f = Fixture::new();
+    f.file("a", "v1");
+    let first = f.packsync(&["sync", "--layout", "dir", "src", "vol/packs"]);
+    if first.code == 3 && first.stderr.contains("RENAME_EXCHANGE") {
+        eprintln!("skipped: the temp directory's filesystem lacks RENAME_EXCHANGE");
+        return;
+    }
+    first.ok();
+    f.file("a", "v2");
+    // Writer 1 stops with its v2 tree staged and recorded, just before the exchange.
+    let resume = f.path("resume");
+    let mut cmd = f.command(&["sync", "--layout", "dir", "src", "vol/packs"]);
+    let writer1 = crate::faults::start_paused(&mut cmd, "before-exchange", &resume);
+    // Writer 2 publishes the same v2 meanwhile; a reader opens it.
+    f.packsync(&["sync", "--layout", "dir", "src", "vol/packs"])
+        .ok();
+    let held = fs::File::open(f.dest()).unwrap();
+    let reader = PathBuf::from(format!("/proc/self/fd/{}", held.as_raw_fd()));
+    assert_eq!(fs::read_to_string(reader.join("a")).unwrap(), "v2");
+    // Writer 1 swaps its own v2 in, and so takes writer 2's out.
+    fs::write(&resume, "").unwrap();
+    let out = writer1.wait_with_output().unwrap();
+    assert_eq!(
+        crate::fixture::code(&out),
+        0,
+        "{}",
+        crate::fixture::stderr(&out)
+    );
+    assert_eq!(fs::read_to_string(f.dest().join("a")).unwrap(), "v2");
+    // The reader's tree is whole, and retained beside the v1 generation.
+    assert_eq!(fs::read_to_string(reader.join("a")).unwrap(), "v2");
+    assert_eq!(fs::read_dir(&reader).unwrap().count(), 1);
+    let gens = names(&f.state().join("gen"));
+    assert_eq!(gens.len(), 2, "{gens:?}");
+    f.packsync(&["status", "vol/packs"]).ok();
+    // Once the grace period is over, gc takes both old trees.
+    f.packsync(&["gc", "--keep", "0", "--grace", "0", "vol/packs"])
+        .ok();
+    assert_eq!(names(&f.state().join("gen")), set([]));
+    assert_eq!(fs::read_to_string(f.dest().join("a")).unwrap(), "v2");
+    assert!(
+        fs::read_to_string(reader.join("a")).is_err(),
+        "retired by gc"
+    );
+    f.packsync(&["sync", "--layout", "dir", "src", "vol/packs"])
+        .ok();
+    assert_eq!(fs::read_to_string(f.dest().join("a")).unwrap(), "v2");
+}
