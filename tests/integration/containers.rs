@@ -4,7 +4,8 @@
 //! Dockerfile's final stage: `FROM scratch` plus the static binary; a
 //! consumer image and pack images from the rig's busybox), plays the
 //! manifest's Deployments and Job as Pods, and checks what an operator
-//! would. StackStorm: the init containers published, a consumer started on
+//! would. StackStorm: the init containers published the pack image's packs
+//! and the st2 image's own system packs (each in its slot), a consumer started on
 //! an empty volume waits and then starts, the register-content step runs
 //! after the packs are live, an upgrade removes the action it dropped, and
 //! a replica of the old version is refused (exit 3) with the volume
@@ -15,7 +16,9 @@
 //! The harness maps image names to the local ones, plays a Deployment's or
 //! Job's pod template as a Pod with `restartPolicy: Never` (podman 4.3
 //! restarts an init container that exits 0 under Always), and drops
-//! `ports:` (`--network none`) and readiness probes (ignored by podman);
+//! `ports:` (`--network none`) and readiness probes (ignored by podman),
+//! and makes the claims' volumes beforehand with `nocopy` (a podman named
+//! volume made on first use is filled from the image, a claim never is);
 //! nothing else in the manifest changes, except the version an upgrade
 //! bumps (image tag and PACK_VERSION together).
 //!
@@ -179,6 +182,21 @@ impl Rig {
     /// The exit code of container `name` (POD-CONTAINER), once it has ended.
     fn exit_code(&self, name: &str) -> String {
         self.ok("podman", &["wait", name])
+    }
+
+    /// What the containers `names` printed, for a failure's message.
+    fn logs(&self, names: &[&str]) -> String {
+        let mut out = String::new();
+        for n in names {
+            if let Ok(o) = self.tool("podman").args(["logs", n]).output() {
+                out += &format!(
+                    "\n{n}: {}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+        }
+        out
     }
 
     fn running(&self, name: &str) -> bool {
@@ -387,12 +405,17 @@ fn the_stackstorm_example_in_real_containers() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
+    // The st2 image ships its system packs where the volume is mounted.
     rig.build(
         "localhost/st2actionrunner-packsync:3.8",
         &busybox,
         &[
             (bin, "/usr/local/bin/packsync"),
             (&register, "/bin/st2-register-content"),
+            (
+                &repo().join("examples/system-packs"),
+                "/opt/stackstorm/packs",
+            ),
         ],
         &[],
     );
@@ -461,6 +484,14 @@ fn the_stackstorm_example_in_real_containers() {
         "the manifest's workloads"
     );
 
+    // A PersistentVolumeClaim starts empty. A podman named volume made on
+    // first use is filled from the image at its mount point (Docker's rule),
+    // which here would put the st2 image's system packs into the volume
+    // before any publisher ran: made beforehand without that copy.
+    for claim in ["st2-packs", "st2-virtualenvs"] {
+        rig.ok("podman", &["volume", "create", "-o", "nocopy", claim]);
+    }
+
     // A consumer on an empty volume waits in its init container.
     let mut consumer = rig.kube_play(&v1["st2actionrunner"]);
     let waiting = "st2actionrunner-wait-for-packs";
@@ -485,10 +516,16 @@ fn the_stackstorm_example_in_real_containers() {
     // The publisher's init container publishes; the consumer then starts.
     let (code, err) = rig.play(&v1["st2api"]);
     // kube play exits 0 only when every init container did (they are removed once run).
-    assert_eq!(code, Some(0), "st2api: {err}");
+    assert_eq!(
+        code,
+        Some(0),
+        "st2api: {err}{}",
+        rig.logs(&["st2api-publish-system-packs", "st2api-publish-packs"])
+    );
     let packs = rig.volume("st2-packs");
     let venvs = rig.volume("st2-virtualenvs");
     assert_published(&packs, "examples/packs");
+    assert_published(&packs, "examples/system-packs");
     assert_published(&venvs, "examples/virtualenvs");
     let out = consumer.wait_with_output().unwrap();
     assert!(
@@ -505,15 +542,21 @@ fn the_stackstorm_example_in_real_containers() {
     assert_eq!(rig.exit_code(job), "0");
     let log = rig.ok("podman", &["logs", job]);
     let lines: Vec<&str> = log.lines().collect();
-    assert_eq!(lines.len(), 3, "{job}: {log}");
+    assert_eq!(lines.len(), 4, "{job}: {log}");
     assert!(
         lines[0].starts_with("packsync: /opt/stackstorm/virtualenvs: generation ")
             && lines[0].ends_with(" (label 1.2.0) is live")
-            && lines[1].starts_with("packsync: /opt/stackstorm/packs: generation ")
-            && lines[1].ends_with(" (label 1.2.0) is live"),
+            && lines[1].starts_with("packsync: /opt/stackstorm/packs (slot system): generation ")
+            && lines[1].ends_with(" (label 3.8.0) is live")
+            && lines[2].starts_with("packsync: /opt/stackstorm/packs (slot packs): generation ")
+            && lines[2].ends_with(" (label 1.2.0) is live"),
         "{job}: {log}"
     );
-    assert_eq!(lines[2], "registered: examples_ops hello_st2", "{job}");
+    // The system packs of the st2 image beside the pack image's.
+    assert_eq!(
+        lines[3], "registered: core examples_ops hello_st2 linux packs",
+        "{job}"
+    );
 
     // The upgrade: image tag and PACK_VERSION bumped; the dropped action is gone.
     rig.down(&v1["st2api"]);
@@ -557,7 +600,8 @@ fn the_stackstorm_example_in_real_containers() {
     );
     eprintln!(
         "containers: StackStorm example played as pods: consumer waited on an empty volume, \
-         publisher published 1.2.0, registration saw both packs, 1.3.0 removed an action, \
+         publisher published 1.2.0 and the system packs, registration saw all five packs, \
+         1.3.0 removed an action, \
          a 1.2.0 replica was refused (exit 3) with the volumes unchanged"
     );
 }

@@ -21,8 +21,13 @@ struct Example {
     name: String,
     /// `source P D`: the image provides P, filled from repository directory D.
     sources: Vec<(String, String)>,
+    /// `image P D`: a publisher's own image has D at P, where the other
+    /// containers mount a volume: P as a SOURCE of `packsync sync` reads D.
+    images: Vec<(String, String)>,
     /// `volume P`: an empty volume is mounted at P.
     volumes: Vec<String>,
+    /// `same A B`: one container mounts at A the volume the others mount at B.
+    aliases: Vec<(String, String)>,
     /// `env N=V`
     env: Vec<(String, String)>,
     /// `expect P D`: after the lines ran, the tree through P equals D.
@@ -50,7 +55,9 @@ fn parse(name: &str, text: &str) -> Example {
             let words: Vec<&str> = d.split_whitespace().collect();
             match words.as_slice() {
                 ["source", p, d] => ex.sources.push((p.to_string(), d.to_string())),
+                ["image", p, d] => ex.images.push((p.to_string(), d.to_string())),
                 ["volume", p] => ex.volumes.push(p.to_string()),
+                ["same", a, b] => ex.aliases.push((a.to_string(), b.to_string())),
                 ["env", kv] => {
                     let (k, v) = kv
                         .split_once('=')
@@ -77,6 +84,40 @@ fn parse(name: &str, text: &str) -> Example {
         }
     }
     ex
+}
+
+/// Where an `image` directive's tree is kept under the root.
+const IMAGES: &str = "/.image";
+
+/// `line` as one shared root sees it: each `same` alias becomes the path
+/// the other containers use, and an `image` path read as a SOURCE of
+/// `packsync sync` (a path before the last one, DEST) becomes that image's
+/// own tree.
+fn localize(ex: &Example, line: &str) -> String {
+    let mut words: Vec<String> = line
+        .split(' ')
+        .map(|w| {
+            for (a, b) in &ex.aliases {
+                if w == a
+                    || w.strip_prefix(a.as_str())
+                        .is_some_and(|r| r.starts_with('/'))
+                {
+                    return format!("{b}{}", &w[a.len()..]);
+                }
+            }
+            w.to_string()
+        })
+        .collect();
+    if line.starts_with("packsync sync ") {
+        if let Some(dest) = words.iter().rposition(|w| w.starts_with('/')) {
+            for w in &mut words[..dest] {
+                if ex.images.iter().any(|(p, _)| p == w) {
+                    *w = format!("{IMAGES}{w}");
+                }
+            }
+        }
+    }
+    words.join(" ")
 }
 
 /// Every word that starts with `/` moves under `root`.
@@ -168,11 +209,21 @@ fn run(ex: &Example) -> Vec<String> {
         fs::create_dir_all(to.parent().unwrap()).unwrap();
         copy_tree(&repo().join(d), &to);
     }
+    for (p, d) in &ex.images {
+        let to = under(&format!("{IMAGES}{p}"));
+        fs::create_dir_all(to.parent().unwrap()).unwrap();
+        copy_tree(&repo().join(d), &to);
+    }
     for p in &ex.volumes {
         fs::create_dir_all(under(p)).unwrap();
     }
+    let commands: Vec<(usize, String)> = ex
+        .commands
+        .iter()
+        .map(|(n, line)| (*n, localize(ex, line)))
+        .collect();
     // A typo in a path would otherwise only fail in a real cluster.
-    for (n, line) in &ex.commands {
+    for (n, line) in &commands {
         for w in line.split(' ').filter(|w| w.starts_with('/')) {
             let p = under(w);
             if !p.exists() && !p.parent().is_some_and(Path::exists) {
@@ -196,7 +247,7 @@ fn run(ex: &Example) -> Vec<String> {
         None => bin_dir.into_os_string(),
     };
     for round in 1..=2 {
-        for (n, line) in &ex.commands {
+        for (n, line) in &commands {
             let cmd = rewrite(line, root);
             let mut sh = Command::new("sh");
             sh.arg("-c")
@@ -337,7 +388,9 @@ fn the_reader_of_the_examples_finds_commands_and_directives() {
     let ex = parse(
         "t.yaml",
         "# packsync-test: source /img examples/packs\n\
+         # packsync-test: image /vol examples/system-packs\n\
          # packsync-test: volume /vol\n\
+         # packsync-test: same /mnt/v /vol\n\
          # packsync-test: env V=1.0\n\
          # packsync-test: expect /vol/x examples/packs\n\
          #   packsync sync /not /a-command\n\
@@ -366,6 +419,16 @@ fn the_reader_of_the_examples_finds_commands_and_directives() {
     assert_eq!(
         rewrite(cmds[0], Path::new("/tmp/R")),
         "packsync sync /tmp/R/img /tmp/R/vol/x --label \"$V\""
+    );
+    // The image's own /vol as a SOURCE, the volume's /vol as DEST; /mnt/v is /vol.
+    assert_eq!(
+        localize(&ex, "packsync sync /vol /mnt/v/x --slot s"),
+        "packsync sync /.image/vol /vol/x --slot s"
+    );
+    assert_eq!(localize(&ex, "packsync wait /vol"), "packsync wait /vol");
+    assert_eq!(
+        localize(&ex, "packsync wait /mnt/vx"),
+        "packsync wait /mnt/vx"
     );
 }
 
@@ -475,7 +538,7 @@ fn the_stackstorm_rollback_path_works_with_a_rollout_undo() {
         let p = packs.join("hello_st2/actions/new.yaml");
         (listing(&packs), p.exists())
     };
-    let tree = || listing(&packs.join("..data"));
+    let tree = || listing(&packs.join("..data-packs"));
     assert_eq!(pod("1.1.0", None), (Some(0), String::new()));
     assert_eq!(pod("1.2.0", None).0, Some(0));
     let v2 = live();
