@@ -558,6 +558,21 @@ fn the_stackstorm_example_in_real_containers() {
         "{job}"
     );
 
+    // An execution that spans the upgrade, in a pod of its own: pinned by
+    // `packsync exec` to the generation live when it started.
+    let signal = work.join("signal");
+    fs::create_dir_all(&signal).unwrap();
+    let exec_pod = work.join("st2-execution.yaml");
+    fs::write(
+        &exec_pod,
+        EXECUTION_POD.replace("SIGNAL", &signal.display().to_string()),
+    )
+    .unwrap();
+    let (code, err) = rig.play(&exec_pod);
+    assert_eq!(code, Some(0), "st2-execution: {err}");
+    let execution = "st2-execution-run";
+    await_file(rig, &signal.join("started"), execution);
+
     // The upgrade: image tag and PACK_VERSION bumped; the dropped action is gone.
     rig.down(&v1["st2api"]);
     let v2 = write_pods(&manifest.replace("1.2.0", "1.3.0"), "v2");
@@ -569,6 +584,52 @@ fn the_stackstorm_example_in_real_containers() {
         !actions.join("load_average.yaml").exists(),
         "the removed action is gone"
     );
+
+    // The execution still reads 1.2.0, whole, and its lease keeps it from
+    // the collector, whatever the grace period: a gc from the host now
+    // removes nothing of the packs slot.
+    let slot_gens = packs.join("..packsync/slots/packs/gen");
+    let gens = || -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(&slot_gens)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(gens().len(), 2, "1.2.0 and 1.3.0: {:?}", gens());
+    let gc = || {
+        let out = Command::new(crate::fixture::bin())
+            .args(["gc", "--keep", "0", "--grace", "0"])
+            .arg(&packs)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gc: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    gc();
+    assert_eq!(
+        gens().len(),
+        2,
+        "the leased 1.2.0 was collected: {:?}",
+        gens()
+    );
+    fs::write(signal.join("go"), "").unwrap();
+    assert_eq!(rig.exit_code(execution), "0", "{}", rig.logs(&[execution]));
+    let before = fs::read_to_string(signal.join("before")).unwrap();
+    let after = fs::read_to_string(signal.join("after")).unwrap();
+    assert!(
+        before.contains("./examples_ops/actions/load_average.yaml"),
+        "{before}"
+    );
+    assert_eq!(before, after, "the execution's tree changed under it");
+    // Once it has ended, its generation goes with the next collection.
+    gc();
+    assert_eq!(gens().len(), 1, "1.3.0 alone: {:?}", gens());
+    rig.down(&exec_pod);
 
     // An old replica restarting during the rollout is refused, and changes nothing.
     rig.down(&v2["st2api"]);
@@ -601,9 +662,55 @@ fn the_stackstorm_example_in_real_containers() {
     eprintln!(
         "containers: StackStorm example played as pods: consumer waited on an empty volume, \
          publisher published 1.2.0 and the system packs, registration saw all five packs, \
-         1.3.0 removed an action, \
+         1.3.0 removed an action while an execution pinned to 1.2.0 read it whole and kept it \
+         from gc until it ended, \
          a 1.2.0 replica was refused (exit 3) with the volumes unchanged"
     );
+}
+
+/// A StackStorm execution stand-in: under `packsync exec` (which needs the
+/// volume writable, for its lease) it lists and checksums its tree, says
+/// so in SIGNAL/started, waits for SIGNAL/go, and does it again.
+const EXECUTION_POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: st2-execution
+spec:
+  restartPolicy: Never
+  containers:
+    - name: run
+      image: localhost/st2actionrunner-packsync:3.8
+      command: ["/bin/sh", "-ec"]
+      args:
+        - |
+          /usr/local/bin/packsync exec /opt/stackstorm/packs --slot packs -- /bin/sh -ec 'cd "$PACKSYNC_ROOT"; find . -type f | sort | xargs md5sum > /signal/before; touch /signal/started; while [ ! -e /signal/go ]; do sleep 0.1; done; find . -type f | sort | xargs md5sum > /signal/after'
+      volumeMounts:
+        - name: packs
+          mountPath: /opt/stackstorm/packs
+        - name: signal
+          mountPath: /signal
+  volumes:
+    - name: packs
+      persistentVolumeClaim:
+        claimName: st2-packs
+    - name: signal
+      hostPath:
+        path: SIGNAL
+        type: Directory
+"#;
+
+/// Wait until `file` exists, while container `name` runs (two minutes at most).
+fn await_file(rig: &Rig, file: &Path, name: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !file.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} never appeared{}",
+            file.display(),
+            rig.logs(&[name])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Build the packsync image (the Dockerfile's final stage); the rig's
