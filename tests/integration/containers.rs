@@ -725,25 +725,12 @@ fn base_images(rig: &Rig, bin: &Path) -> String {
     rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string()
 }
 
-/// opa-bundles.yaml: three replicas start at once and sync one bundle into
-/// one volume (exactly one generation, the bundle's tree, what each OPA
-/// stand-in loads); two-images-slots.yaml: two pack images, one slot each,
-/// both packs published, consumers start.
-#[test]
-fn the_opa_and_two_image_examples_in_real_containers() {
-    let Some(setup) = setup() else { return };
-    let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
-    let busybox = base_images(rig, bin);
-
-    // OPA: the bundle image, and a stand-in for OPA that prints what it loads.
+/// The OPA example's images (the bundle image, and a stand-in for OPA that
+/// prints what it loads), and its Deployment's pod.
+fn opa_pod(rig: &Rig, bin: &Path, busybox: &str, work: &Path) -> String {
     rig.build(
         "localhost/opa-policies:1.4.0",
-        &busybox,
+        busybox,
         &[
             (bin, "/usr/local/bin/packsync"),
             (&repo().join("examples/opa-bundle"), "/bundles"),
@@ -759,7 +746,7 @@ fn the_opa_and_two_image_examples_in_real_containers() {
     fs::set_permissions(&opa, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     rig.build(
         "localhost/opa-standin:1",
-        &busybox,
+        busybox,
         &[(&opa, "/bin/opa")],
         &["--entrypoint", r#"["/bin/opa"]"#],
     );
@@ -776,8 +763,144 @@ fn the_opa_and_two_image_examples_in_real_containers() {
     let manifest = fs::read_to_string(repo().join("examples/kubernetes/opa-bundles.yaml")).unwrap();
     let pods_of = pods(&manifest, &images);
     assert_eq!(pods_of.len(), 1, "one Deployment");
-    let (name, yaml) = &pods_of[0];
+    let (name, yaml) = pods_of.into_iter().next().unwrap();
     assert_eq!(name, "opa");
+    yaml
+}
+
+/// The claim `claim` of a pod bound to a directory of this host (a
+/// network filesystem's mount, as a node's kubelet would mount it).
+fn claim_on(yaml: &str, claim: &str, dir: &Path) -> String {
+    let lines: Vec<&str> = yaml.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let l = lines[i];
+        if l.trim() == "persistentVolumeClaim:"
+            && lines.get(i + 1).map(|n| n.trim()) == Some(&format!("claimName: {claim}"))
+        {
+            let pad = &l[..indent(l)];
+            let inner = &lines[i + 1][..indent(lines[i + 1])];
+            out.push(format!("{pad}hostPath:"));
+            out.push(format!("{inner}path: {}", dir.join(claim).display()));
+            out.push(format!("{inner}type: DirectoryOrCreate"));
+            i += 2;
+            continue;
+        }
+        out.push(l.to_string());
+        i += 1;
+    }
+    assert_ne!(out.join("\n"), yaml.trim_end(), "no claim {claim}");
+    out.join("\n") + "\n"
+}
+
+/// The OPA example on CephFS, the usual ReadWriteMany volume: two nodes,
+/// each with its own ceph-fuse mount of one file system (the netfs rig's
+/// cephfs backend), three replicas started at once, two on one node and
+/// one on the other, their claim bound to the node's mount. They leave one
+/// generation, seen whole from both mounts, and every OPA stand-in loads
+/// the bundle; a replica restarted on either node leaves that generation live.
+#[test]
+fn the_opa_example_on_two_cephfs_clients_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    if !crate::faults::netfs::script().exists() {
+        unavailable("the netfs rig script is missing");
+        return;
+    }
+    let _netfs_lock = crate::faults::netfs::rig_lock();
+    let ceph = match crate::faults::netfs::Rig::up("cephfs") {
+        Ok(r) => r,
+        Err(e) => {
+            unavailable(&format!("the CephFS rig did not come up: {e}"));
+            return;
+        }
+    };
+    let (a, b) = (ceph.mnt("A"), ceph.mnt("B"));
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    let busybox = base_images(rig, bin);
+    let yaml = opa_pod(rig, bin, &busybox, work);
+    let replica = |i: usize, node: &Path| {
+        let p = work.join(format!("opa-{i}.yaml"));
+        let pod = yaml.replacen("  name: opa\n", &format!("  name: opa-{i}\n"), 1);
+        fs::write(&p, claim_on(&pod, "opa-policies", node)).unwrap();
+        p
+    };
+    let replicas = [replica(0, &a), replica(1, &a), replica(2, &b)];
+    let plays: Vec<Child> = replicas.iter().map(|p| rig.kube_play(p)).collect();
+    for (i, c) in plays.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "opa-{i}: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            rig.logs(&[&format!("opa-{i}-publish-policies")])
+        );
+    }
+    for node in [&a, &b] {
+        let shared = node.join("opa-policies");
+        assert_eq!(
+            listing(&shared.join("policies")),
+            listing(&repo().join("examples/opa-bundle")),
+            "the live bundle through {}",
+            node.display()
+        );
+        let gens: Vec<_> = fs::read_dir(shared.join(".policies.packsync/gen"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(gens.len(), 1, "three replicas, one generation: {gens:?}");
+    }
+    for i in 0..3 {
+        let c = format!("opa-{i}-opa");
+        assert_eq!(rig.exit_code(&c), "0");
+        assert_eq!(
+            rig.ok("podman", &["logs", &c]),
+            "loaded: ./authz/policy.rego ./roles/data.json",
+            "{c}"
+        );
+    }
+    // A replica restarted on either node leaves the same generation live.
+    let live = fs::read_link(a.join("opa-policies/policies")).unwrap();
+    for (i, p) in replicas.iter().enumerate() {
+        rig.down(p);
+        if i == 1 {
+            continue;
+        }
+        let (code, err) = rig.play(p);
+        assert_eq!(code, Some(0), "opa-{i} again: {err}");
+        rig.down(p);
+    }
+    assert_eq!(
+        fs::read_link(b.join("opa-policies/policies")).unwrap(),
+        live
+    );
+    eprintln!(
+        "containers: OPA on two ceph-fuse clients: three replicas at once, one generation, \
+         seen whole from both mounts; restarts on either node keep it live"
+    );
+}
+
+/// opa-bundles.yaml: three replicas start at once and sync one bundle into
+/// one volume (exactly one generation, the bundle's tree, what each OPA
+/// stand-in loads); two-images-slots.yaml: two pack images, one slot each,
+/// both packs published, consumers start.
+#[test]
+fn the_opa_and_two_image_examples_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    let busybox = base_images(rig, bin);
+
+    let yaml = opa_pod(rig, bin, &busybox, work);
     let replicas: Vec<PathBuf> = (0..3)
         .map(|i| {
             let p = work.join(format!("opa-{i}.yaml"));

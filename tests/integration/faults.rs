@@ -11,7 +11,7 @@
 mod disk;
 mod hostile;
 mod kills;
-mod netfs;
+pub mod netfs;
 mod readers;
 mod writers;
 

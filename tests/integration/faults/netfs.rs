@@ -25,7 +25,7 @@ use crate::fixture::{links, set_mtime, Fixture};
 const FILES: usize = 20;
 const ROUNDS: usize = 8;
 
-fn script() -> PathBuf {
+pub fn script() -> PathBuf {
     std::env::var_os("NETFS_RIG")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/netfs-rig.sh"))
@@ -36,13 +36,13 @@ fn in_ci() -> bool {
 }
 
 /// One rig, in a private directory; `down` when dropped.
-struct Rig {
+pub struct Rig {
     env: Vec<(String, String)>,
     vars: HashMap<String, String>,
 }
 
 impl Rig {
-    fn up(backend: &str) -> Result<Rig, String> {
+    pub fn up(backend: &str) -> Result<Rig, String> {
         let dir =
             std::env::temp_dir().join(format!("packsync-rig-{}-{backend}", std::process::id()));
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -106,7 +106,7 @@ impl Rig {
             .map_err(|e| format!("cannot run {}: {e}", script().display()))
     }
 
-    fn mnt(&self, which: &str) -> PathBuf {
+    pub fn mnt(&self, which: &str) -> PathBuf {
         PathBuf::from(&self.vars[&format!("NETFS_MNT_{which}")])
     }
 }
@@ -172,7 +172,7 @@ fn server_hardlinks(rig: &Rig, dest: &str, src: &Path) {
 }
 
 /// Serialise rig users of this machine (one glusterd port).
-fn rig_lock() -> fs::File {
+pub fn rig_lock() -> fs::File {
     let f = fs::File::create(std::env::temp_dir().join("packsync-netfs-rig.lock")).unwrap();
     rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
     f
