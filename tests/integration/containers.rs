@@ -430,6 +430,11 @@ fn the_stackstorm_example_in_real_containers() {
             for f in ["load_average.py", "load_average.yaml"] {
                 fs::remove_file(tree.join("packs/examples_ops/actions").join(f)).unwrap();
             }
+            // The pack's version moves with the action it dropped: a reader
+            // that saw one without the other saw a mixed tree.
+            let meta = tree.join("packs/examples_ops/pack.yaml");
+            let text = fs::read_to_string(&meta).unwrap();
+            fs::write(&meta, text.replace("version: 0.4.1", "version: 0.5.0")).unwrap();
         }
         rig.build(
             &format!("localhost/st2packs-example:{v}"),
@@ -572,6 +577,17 @@ fn the_stackstorm_example_in_real_containers() {
     assert_eq!(code, Some(0), "st2-execution: {err}");
     let execution = "st2-execution-run";
     await_file(rig, &signal.join("started"), execution);
+    // A reader in another pod, reading through DEST over and over during the upgrade.
+    let reader_pod = work.join("st2-reader.yaml");
+    fs::write(
+        &reader_pod,
+        READER_POD.replace("SIGNAL", &signal.display().to_string()),
+    )
+    .unwrap();
+    let (code, err) = rig.play(&reader_pod);
+    assert_eq!(code, Some(0), "st2-reader: {err}");
+    let reader = "st2-reader-read";
+    await_file(rig, &signal.join("reading"), reader);
 
     // The upgrade: image tag and PACK_VERSION bumped; the dropped action is gone.
     rig.down(&v1["st2api"]);
@@ -584,6 +600,39 @@ fn the_stackstorm_example_in_real_containers() {
         !actions.join("load_average.yaml").exists(),
         "the removed action is gone"
     );
+
+    // The reader saw the old version, then the new one, and never a mix.
+    let seen = |v: &str| {
+        fs::read_to_string(signal.join("reads"))
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l == v)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !seen("0.5.0 new") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            rig.logs(&[reader])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    fs::write(signal.join("stop"), "").unwrap();
+    assert_eq!(rig.exit_code(reader), "0", "{}", rig.logs(&[reader]));
+    let reads = fs::read_to_string(signal.join("reads")).unwrap();
+    let mut kinds: Vec<&str> = reads.lines().collect();
+    kinds.dedup();
+    assert_eq!(
+        kinds,
+        ["0.4.1 old", "0.5.0 new"],
+        "{} reads",
+        reads.lines().count()
+    );
+    eprintln!(
+        "containers: the reader read the pack {} times across the upgrade, never a mix",
+        reads.lines().count()
+    );
+    rig.down(&reader_pod);
 
     // The execution still reads 1.2.0, whole, and its lease keeps it from
     // the collector, whatever the grace period: a gc from the host now
@@ -663,7 +712,7 @@ fn the_stackstorm_example_in_real_containers() {
         "containers: StackStorm example played as pods: consumer waited on an empty volume, \
          publisher published 1.2.0 and the system packs, registration saw all five packs, \
          1.3.0 removed an action while an execution pinned to 1.2.0 read it whole and kept it \
-         from gc until it ended, \
+         from gc until it ended and a reader in another pod never saw a mix, \
          a 1.2.0 replica was refused (exit 3) with the volumes unchanged"
     );
 }
@@ -687,6 +736,43 @@ spec:
       volumeMounts:
         - name: packs
           mountPath: /opt/stackstorm/packs
+        - name: signal
+          mountPath: /signal
+  volumes:
+    - name: packs
+      persistentVolumeClaim:
+        claimName: st2-packs
+    - name: signal
+      hostPath:
+        path: SIGNAL
+        type: Directory
+"#;
+
+/// A second pod reading the packs through DEST while they are upgraded:
+/// each read enters the pack once (`cd` resolves the links once) and notes
+/// which version its pack.yaml names and whether the action that 1.3.0
+/// dropped is there ("old", "new"; a mix would be "0.5.0 old" or
+/// "0.4.1 new"), until SIGNAL/stop.
+const READER_POD: &str = r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: st2-reader
+spec:
+  restartPolicy: Never
+  containers:
+    - name: read
+      image: localhost/st2actionrunner-packsync:3.8
+      command: ["/bin/sh", "-ec"]
+      args:
+        - |
+          touch /signal/reading
+          while [ ! -e /signal/stop ]; do
+            (cd /opt/stackstorm/packs/examples_ops && v=$(sed -n 's/^version: //p' pack.yaml) && if [ -e actions/load_average.yaml ]; then echo "$v old"; else echo "$v new"; fi) >> /signal/reads
+          done
+      volumeMounts:
+        - name: packs
+          mountPath: /opt/stackstorm/packs
+          readOnly: true
         - name: signal
           mountPath: /signal
   volumes:
