@@ -216,17 +216,15 @@ fn on_backends(what: &str, backends: &[&str]) {
         if backend == "cephfs" {
             kills(backend, &rig);
         }
-        // Measured on GlusterFS and sshfs (three loops, minutes): not yet on CephFS.
-        if backend != "cephfs" {
-            loops_and_readers(backend, &rig, Duration::from_secs(10));
-        }
+        loops_and_readers(backend, &rig, Duration::from_secs(10));
     }
 }
 
 /// `loops_and_readers` for minutes on each backend (BENCHMARKS.md, "Three
 /// sync loops on a network filesystem"): `cargo test --features
 /// fault-injection netfs_rig_three_loops_for_minutes -- --ignored`, with
-/// `PACKSYNC_LOOP_SECS` (default 180) per backend.
+/// `PACKSYNC_LOOP_SECS` (default 180) per backend and
+/// `PACKSYNC_LOOP_BACKENDS` (default `gluster,sshfs,cephfs`) to run some.
 #[test]
 #[ignore = "minutes long: run by hand, results in BENCHMARKS.md"]
 fn netfs_rig_three_loops_for_minutes() {
@@ -238,7 +236,14 @@ fn netfs_rig_three_loops_for_minutes() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(180);
     let _lock = rig_lock();
-    for backend in ["gluster", "sshfs"] {
+    let only = std::env::var("PACKSYNC_LOOP_BACKENDS").ok();
+    for backend in ["gluster", "sshfs", "cephfs"] {
+        if only
+            .as_ref()
+            .is_some_and(|o| !o.split(',').any(|b| b == backend))
+        {
+            continue;
+        }
         let rig = Rig::up(backend).unwrap_or_else(|e| panic!("{backend}: {e}"));
         loops_and_readers(backend, &rig, Duration::from_secs(secs));
     }
