@@ -844,3 +844,13 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Open a regular file the user named (an archive SOURCE) for reading,
+/// following symlinks: the user named it.
+pub fn open_file_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?)
+}
