@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::fixture::{snapshot, Fixture, Run};
+use crate::fixture::{links, snapshot, Fixture, Run};
 
 /// One entry of an archive the test builds.
 #[derive(Clone)]
@@ -129,6 +129,8 @@ fn bundle(revision: &str, data: &str) -> Vec<E> {
         dir("authz"),
         file("authz/x.rego", "package authz\ndefault allow := false\n"),
         file("authz/y.rego", "package authz\nallow if input.admin\n"),
+        link("authz/same.rego", 'h', "authz/y.rego"),
+        link("current", 'l', "authz"),
     ]
 }
 
@@ -202,6 +204,12 @@ fn an_opa_bundle_lands_from_tar_gz_and_tar_zst() {
     let want = snapshot(&f.src(), false);
     f.sync_from(&[&gz], &[]).ok();
     assert_eq!(snapshot(&f.dest(), false), want);
+    assert_eq!(
+        links(&f.dest()),
+        links(&f.src()),
+        "hardlinks stay hardlinks"
+    );
+    assert_eq!(links(&f.dest()).len(), 1);
     assert_eq!(
         fs::read_to_string(f.dest().join("data.json")).unwrap(),
         r#"{"users":["a"]}"#
@@ -292,7 +300,8 @@ fn a_subtree_is_taken_with_a_double_slash() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["x.rego", "y.rego"]);
+    assert_eq!(names, ["same.rego", "x.rego", "y.rego"]);
+    assert_eq!(ino(&f.dest().join("same.rego")), ino(&f.dest().join("y.rego")));
     // A PATH the archive lacks is only known once it is read: exit 1.
     f.unchanged_but_staging(|| {
         f.sync_from(&[&format!("{a}//nope")], &[])
