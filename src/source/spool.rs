@@ -175,7 +175,6 @@ impl Spool {
                     },
                     Err(e) => return Err(e.into()),
                 };
-                first = false;
                 self.entry(
                     &mut reader,
                     h,
@@ -185,6 +184,10 @@ impl Spool {
                     &mut stats,
                     reporter,
                 )?;
+                if first {
+                    sys::pause_point("spooling");
+                }
+                first = false;
             }
             // The rest of the stream: a compressed stream's checksum comes
             // at its end, and a digest check below needs every byte.

@@ -301,7 +301,10 @@ fn a_subtree_is_taken_with_a_double_slash() {
         .collect();
     names.sort();
     assert_eq!(names, ["same.rego", "x.rego", "y.rego"]);
-    assert_eq!(ino(&f.dest().join("same.rego")), ino(&f.dest().join("y.rego")));
+    assert_eq!(
+        ino(&f.dest().join("same.rego")),
+        ino(&f.dest().join("y.rego"))
+    );
     // A PATH the archive lacks is only known once it is read: exit 1.
     f.unchanged_but_staging(|| {
         f.sync_from(&[&format!("{a}//nope")], &[])
@@ -530,4 +533,39 @@ fn special_entries_are_skipped_with_a_warning() {
     );
     let names: Vec<_> = fs::read_dir(f.dest()).unwrap().collect();
     assert_eq!(names.len(), 1);
+}
+
+#[test]
+fn sigterm_while_spooling_leaves_no_spool_and_publishes_nothing() {
+    let f = Fixture::new();
+    let one = f.archive("one.tar", &tar(&bundle("1", "{}")));
+    f.sync_from(&[&one], &[]).ok();
+    let two = f.archive("two.tar.gz", &gzip(&tar(&bundle("2", "{}"))));
+    let resume = f.path("resume");
+    let before = f.volume();
+    let mut cmd = f.command(&["sync", "--grace", "0", &two, "vol/packs"]);
+    let child = crate::faults::start_paused(&mut cmd, "spooling", &resume);
+    // Paused with the first entry in the spool, inside this writer's staging.
+    let stage = f.state().join("stage");
+    let staged: Vec<_> = fs::read_dir(&stage)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(staged.len(), 1);
+    assert!(staged[0].join("spool/0/.manifest").exists(), "{staged:?}");
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let run = Run::wait(child);
+    assert_eq!(run.code, 143, "{}", run.stderr);
+    assert_eq!(
+        fs::read_dir(&stage).unwrap().count(),
+        0,
+        "the spool went with the staging"
+    );
+    let unstaged = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .filter(|l| !l.starts_with("\".packs.packsync/stage\" d"))
+            .collect()
+    };
+    assert_eq!(unstaged(f.volume()), unstaged(before));
 }
