@@ -121,7 +121,7 @@ pub fn open(arg: &Path) -> Result<Box<dyn Source>> {
         sys::StatKind::Dir => Ok(Box::new(Dir::open(arg, shown)?)),
         sys::StatKind::File => open_file(arg, shown, None),
         _ => Err(error::usage(format!(
-            "{shown}: not a directory or a recognisable archive"
+            "{shown}: source is not a directory or a recognisable archive"
         ))),
     }
 }

@@ -482,10 +482,11 @@ impl Spool {
         Ok(dir)
     }
 
+    /// Keep `dir` as the directory the next entry most likely goes into.
+    /// (An entry only ever removes what is below its own directory, so
+    /// `dir` is still there; `remove` forgets a cached handle that may not be.)
     fn put_back(&mut self, parents: &[&[u8]], dir: DirFd) {
-        if self.cached.is_none() {
-            self.cached = Some((join(parents), dir));
-        }
+        self.cached = Some((join(parents), dir));
     }
 
     /// The spool, filled, as what a scan reads: `subpath` (a `//PATH`)
