@@ -498,7 +498,7 @@ fn what_is_no_archive_is_a_usage_error() {
     f.refused(
         &["sync", &a, "vol/packs"],
         2,
-        "noise.tar.gz: not a directory or a recognisable archive",
+        "noise.tar.gz: source is not a directory or a recognisable archive",
     );
     // gzip of something that is not a tar.
     let g = f.archive("text.gz", &gzip(&[b'a'; 2000]));
