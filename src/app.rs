@@ -28,7 +28,7 @@ use crate::scan::{self, Filter};
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
-use crate::sys::{self};
+use crate::sys::{self, DirFd};
 use crate::tree::{Node, Tree};
 use crate::verify;
 use crate::volume::{Dest, State, Volume};
@@ -156,21 +156,31 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let state = vol.state(false)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed();
+    // A dry run writes nothing on the volume: it spools outside it.
+    let spool_here = streamed && !cfg.dry_run;
     let mut made = MadeState {
         vol: &vol,
-        armed: streamed && fresh_state,
+        armed: spool_here && fresh_state,
     };
-    let state = if streamed && fresh_state {
+    let state = if spool_here && fresh_state {
         vol.state(true)?
     } else {
         state
     };
-    let mut early = match (&state, streamed) {
+    let mut early = match (&state, spool_here) {
         (Some(state), true) => Some(Stage::new(state)?),
         _ => None,
     };
+    let scratch = match streamed && cfg.dry_run {
+        true => Some(source::Scratch::new()?),
+        false => None,
+    };
+    let spool_in = early
+        .as_ref()
+        .map(|s| s.dir())
+        .or(scratch.as_ref().map(|s| s.dir()));
     let (tree, live) = rayon::join(
-        || sources.scan(early.as_ref(), &cfg.filter, &warnings),
+        || sources.scan(spool_in, &cfg.filter, &warnings),
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
@@ -402,16 +412,17 @@ impl Sources {
         self.all.iter().any(|s| s.streamed())
     }
 
-    /// Spool the streamed sources into `staging`, then scan every source
+    /// Spool the streamed sources into `staging` (this writer's staging
+    /// directory, or a dry run's scratch directory), then scan every source
     /// (each in parallel inside) and overlay them in order.
     fn scan(
         &self,
-        staging: Option<&Stage>,
+        staging: Option<&DirFd>,
         filter: &Filter,
         reporter: &dyn Reporter,
     ) -> Result<Tree> {
-        if let Some(stage) = staging {
-            source::spool_all(&self.refs(), stage.dir(), reporter)?;
+        if let Some(staging) = staging {
+            source::spool_all(&self.refs(), staging, reporter)?;
         }
         scan::run(&self.refs(), filter, reporter)
     }

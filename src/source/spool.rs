@@ -79,6 +79,9 @@ pub struct Spool {
     /// Keep owners on symlinks (only root can give them away).
     owners: bool,
     buf: Vec<u8>,
+    /// The staging directory holding the spool, and when it was last touched.
+    staging: DirFd,
+    last_beat: std::time::Instant,
 }
 
 /// The parts of an entry name: a leading `/` stripped, empty and `.`
@@ -111,13 +114,17 @@ fn check_signal() -> Result<()> {
 }
 
 impl Spool {
-    /// Make the spool `name` (private, 0700) inside `parent`: a directory
-    /// of this writer's staging directory, on the volume's filesystem.
-    pub fn new(parent: &DirFd, name: &[u8]) -> Result<Spool> {
-        parent
-            .mkdir(name, 0o700)
+    /// Make the spool `spool/<name>` (private, 0700) inside `staging`:
+    /// this writer's staging directory, on the volume's filesystem, whose
+    /// mtime the spool refreshes every `stage::HEARTBEAT` while it reads
+    /// (a long download must not look like a dead writer's staging).
+    pub fn new(staging: &DirFd, name: &[u8]) -> Result<Spool> {
+        let at = staging
+            .ensure_dir(b"spool", 0o700)
+            .context("cannot create the spool in the staging directory")?;
+        at.mkdir(name, 0o700)
             .with_context(|| format!("cannot create the spool {}", escape(name)))?;
-        let root = parent
+        let root = at
             .open_dir(name)
             .with_context(|| format!("cannot open the spool {}", escape(name)))?;
         Ok(Spool {
@@ -128,7 +135,17 @@ impl Spool {
             cached: None,
             owners: sys::euid() == 0,
             buf: Vec::new(),
+            staging: staging.try_clone()?,
+            last_beat: std::time::Instant::now(),
         })
+    }
+
+    /// Touch the staging directory if `HEARTBEAT` has passed.
+    fn beat(&mut self) {
+        if self.last_beat.elapsed() >= crate::stage::HEARTBEAT {
+            let _ = self.staging.touch_self();
+            self.last_beat = std::time::Instant::now();
+        }
     }
 
     /// Apply one tar stream (gzip, zstd or plain: told by its first bytes)
@@ -166,6 +183,7 @@ impl Spool {
             let mut first = true;
             loop {
                 check_signal()?;
+                self.beat();
                 let h = match reader.next_entry() {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
@@ -393,6 +411,7 @@ impl Spool {
             n += got as u64;
             if n & ((8 << 20) - 1) < got as u64 {
                 check_signal()?;
+                self.beat();
             }
         }
         Ok((h.finalize().into(), n))
@@ -536,6 +555,47 @@ impl Spool {
         subpath: Option<&[u8]>,
     ) -> Result<Box<dyn Source>> {
         Ok(Box::new(self.finish(label, identity, subpath)?))
+    }
+}
+
+/// A private directory outside the volume to spool into when nothing may
+/// be written on the volume (`--dry-run`): below the system's temporary
+/// directory, removed when dropped.
+pub struct Scratch {
+    parent: DirFd,
+    name: Vec<u8>,
+    dir: DirFd,
+}
+
+impl Scratch {
+    pub fn new() -> Result<Scratch> {
+        let tmp = std::env::temp_dir();
+        let parent = DirFd::open_path(&tmp)
+            .with_context(|| format!("cannot open {} to read the archive into", tmp.display()))?;
+        let name = format!("packsync-{}", crate::volume::unique_name()).into_bytes();
+        parent
+            .mkdir(&name, 0o700)
+            .with_context(|| format!("cannot create a directory in {}", tmp.display()))?;
+        let dir = parent.open_dir(&name);
+        let dir = match dir {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = parent.remove_tree(&name);
+                return Err(e)
+                    .with_context(|| format!("cannot open a directory in {}", tmp.display()));
+            }
+        };
+        Ok(Scratch { parent, name, dir })
+    }
+
+    pub fn dir(&self) -> &DirFd {
+        &self.dir
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = self.parent.remove_tree(&self.name);
     }
 }
 
@@ -710,8 +770,8 @@ impl<S: Stream> Source for Streamed<S> {
         true
     }
 
-    fn spool(&self, at: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
-        let mut spool = Spool::new(at, name)?;
+    fn spool(&self, staging: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
+        let mut spool = Spool::new(staging, name)?;
         let identity = self.stream.fill(&mut spool, reporter)?;
         let label = self.stream.label().to_string();
         let done = spool.finish(label, identity, self.stream.subpath())?;
@@ -748,7 +808,7 @@ mod tests {
 
     fn spool() -> (tempfile::TempDir, Spool) {
         let t = tempfile::tempdir().unwrap();
-        let s = Spool::new(&DirFd::open_path(t.path()).unwrap(), b"s").unwrap();
+        let s = Spool::new(&DirFd::open_path(t.path()).unwrap(), b"0").unwrap();
         (t, s)
     }
 
