@@ -187,9 +187,10 @@ impl Spool {
                 let h = match reader.next_entry() {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
-                    Err(e) if first && e.kind() == io::ErrorKind::InvalidData => match format {
+                    // No valid first header: say what the stream is not.
+                    Err(e) if first && tar::is_bad_header(&e) => match format {
                         super::Format::Tar => bail!("not a tar archive ({e})"),
-                        _ => bail!("corrupt, or not a tar archive inside ({e})"),
+                        _ => bail!("corrupt, or no tar archive inside ({e})"),
                     },
                     Err(e) => return Err(e.into()),
                 };
@@ -242,7 +243,11 @@ impl Spool {
         };
         let path = join(&parts);
         if whiteouts && name.starts_with(b".wh.") {
-            let dir = self.parent(parents, mtime)?;
+            // Below a directory no layer made, a whiteout hides nothing.
+            let Some(dir) = self.existing(parents)? else {
+                stats.whiteouts += 1;
+                return Ok(());
+            };
             let res = if name == b".wh..wh..opq" {
                 self.opaque(&dir, &join(parents), layer)
             } else {
@@ -504,6 +509,23 @@ impl Spool {
     /// Keep `dir` as the directory the next entry most likely goes into.
     /// (An entry only ever removes what is below its own directory, so
     /// `dir` is still there; `remove` forgets a cached handle that may not be.)
+    /// The directory `parents` leads to if it exists (never through a
+    /// symlink or a file: those are refused as in `parent`).
+    fn existing(&mut self, parents: &[&[u8]]) -> Result<Option<DirFd>> {
+        let mut dir = self.root.try_clone()?;
+        for (i, c) in parents.iter().enumerate() {
+            dir = match dir.open_dir(c) {
+                Ok(sub) => sub,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(_) => bail!(
+                    "whiteout in {} is reached through something that is not a directory (refused)",
+                    escape(&join(&parents[..=i]))
+                ),
+            };
+        }
+        Ok(Some(dir))
+    }
+
     fn put_back(&mut self, parents: &[&[u8]], dir: DirFd) {
         self.cached = Some((join(parents), dir));
     }
@@ -927,6 +949,9 @@ mod tests {
         ]);
         let stats = apply(&mut s, &upper, true).unwrap();
         assert_eq!(stats.whiteouts, 3);
+        // A whiteout below a directory no layer made makes nothing.
+        let ghost = archive(&[(header(b"ghost/.wh.x", b'0', 0, b""), b"")]);
+        apply(&mut s, &ghost, true).unwrap();
         let got: Vec<String> = paths(s).into_iter().map(|p| p.0).collect();
         assert_eq!(got, vec!["a", "a/keep", "link", "o", "o/new"]);
         // Without whiteouts a `.wh.` file is a file.
