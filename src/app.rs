@@ -28,7 +28,7 @@ use crate::scan::{self, Filter};
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
-use crate::sys::{self};
+use crate::sys::{self, DirFd};
 use crate::tree::{Node, Tree};
 use crate::verify;
 use crate::volume::{Dest, State, Volume};
@@ -159,11 +159,40 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         Console::new(output, bar)
     };
 
-    // Scan the sources and the live generation at the same time.
+    // Scan the sources and the live generation at the same time. A
+    // streamed source (an archive) is first read into a spool inside this
+    // writer's staging directory, so that comes first then; a state
+    // directory made only for it goes again if the sync stops short of
+    // staging (`MadeState`).
     let warnings = Collected::default();
     let state = vol.state(false)?;
+    let fresh_state = state.is_none();
+    let streamed = sources.streamed();
+    // A dry run writes nothing on the volume: it spools outside it.
+    let spool_here = streamed && !cfg.dry_run;
+    let mut made = MadeState {
+        vol: &vol,
+        armed: spool_here && fresh_state,
+    };
+    let state = if spool_here && fresh_state {
+        vol.state(true)?
+    } else {
+        state
+    };
+    let mut early = match (&state, spool_here) {
+        (Some(state), true) => Some(Stage::new(state)?),
+        _ => None,
+    };
+    let scratch = match streamed && cfg.dry_run {
+        true => Some(source::Scratch::new()?),
+        false => None,
+    };
+    let spool_in = early
+        .as_ref()
+        .map(|s| s.dir())
+        .or(scratch.as_ref().map(|s| s.dir()));
     let (tree, live) = rayon::join(
-        || sources.scan(&cfg.filter, &warnings),
+        || sources.scan(spool_in, &cfg.filter, &warnings),
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
@@ -211,9 +240,15 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     }
 
     // Stage into this writer's own directory, removed whatever happens next.
-    let fresh_state = state.is_none();
-    let state = vol.state(true)?.expect("created");
-    let mut staging = Stage::new(&state)?;
+    let state = match state {
+        Some(state) if early.is_some() => state,
+        _ => vol.state(true)?.expect("created"),
+    };
+    let mut staging = match early.take() {
+        Some(stage) => stage,
+        None => Stage::new(&state)?,
+    };
+    made.armed = false; // from here on, as for any source (`layout::prepare`)
     let swap = swap_for(&dest, cfg);
     layout::prepare(&vol, &state, &mut staging, fresh_state, swap)?;
     let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
@@ -372,9 +407,57 @@ impl Sources {
         self.all.iter().map(|s| &**s).collect()
     }
 
-    /// Scan every source (each in parallel inside) and overlay them in order.
-    fn scan(&self, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+    /// A bit per source that hashed its files as they streamed: compared
+    /// by content (`plan::Compare::by_content`).
+    fn by_content(&self) -> u64 {
+        self.all
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.streamed())
+            .fold(0, |bits, (i, _)| {
+                bits | 1u64.checked_shl(i as u32).unwrap_or(0)
+            })
+    }
+
+    /// Whether any source must be spooled before it is scanned.
+    fn streamed(&self) -> bool {
+        self.all.iter().any(|s| s.streamed())
+    }
+
+    /// Spool the streamed sources into `staging` (this writer's staging
+    /// directory, or a dry run's scratch directory), then scan every source
+    /// (each in parallel inside) and overlay them in order.
+    fn scan(
+        &self,
+        staging: Option<&DirFd>,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Tree> {
+        if let Some(staging) = staging {
+            source::spool_all(&self.refs(), staging, reporter)?;
+        }
         scan::run(&self.refs(), filter, reporter)
+    }
+}
+
+/// A state directory made before the guards only to spool a streamed
+/// source in: removed again (with the staging inside it) when the sync
+/// ends before it stages: an error, a refusal, a dry run.
+struct MadeState<'a> {
+    vol: &'a Volume,
+    armed: bool,
+}
+
+impl Drop for MadeState<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let name = self.vol.state_name();
+        let top = name.split(|b| *b == b'/').next().unwrap_or_default();
+        if let Ok(parent) = self.vol.parent() {
+            let _ = parent.remove_tree(top);
+        }
     }
 }
 
@@ -551,6 +634,7 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
         checksum: false,
         granularity_ns: header.granularity_ns,
         link_meta: header.link_meta,
+        by_content: 0,
     };
     let mut next = entries.next_entry()?.filter(|(p, _)| p != b".");
     if next.is_none() {
@@ -604,6 +688,7 @@ fn plan(
         checksum: cfg.checksum,
         granularity_ns: live.manifest.as_ref().map_or(1, |m| m.granularity_ns),
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
+        by_content: sources.by_content(),
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {

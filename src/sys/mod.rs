@@ -869,3 +869,13 @@ pub fn own_resources() -> Option<(u64, u64)> {
     let fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
     Some((kib * 1024, fds.saturating_sub(1)))
 }
+
+/// Open a regular file the user named (an archive SOURCE) for reading,
+/// following symlinks: the user named it.
+pub fn open_file_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?)
+}
