@@ -11,6 +11,9 @@
 //! a spooled file); its `root` is `None`. A source never writes.
 
 mod dir;
+mod oci_fetch;
+mod oci_image;
+mod oci_ref;
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};

@@ -844,3 +844,28 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+// ---- For sources that are not directories (`net`, `source::oci`). ----
+
+/// At most `max` bytes of a file the user named (`--registry-auth`, a
+/// Docker config, `--ca-file`); `InvalidData` when it is longer.
+pub fn read_bounded(path: &std::path::Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
+/// A file a source opened (a blob of an OCI layout below its handle), as a
+/// reader: the descriptor is ours, only its bytes are read.
+pub fn reader(fd: OwnedFd) -> std::fs::File {
+    std::fs::File::from(fd)
+}
