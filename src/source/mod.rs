@@ -11,6 +11,7 @@
 //! a spooled file); its `root` is `None`. A source never writes.
 
 mod dir;
+mod http;
 mod oci_fetch;
 mod oci_image;
 mod oci_ref;
