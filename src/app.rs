@@ -147,11 +147,30 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         Console::new(output, bar)
     };
 
-    // Scan the sources and the live generation at the same time.
+    // Scan the sources and the live generation at the same time. A
+    // streamed source (an archive) is first read into a spool inside this
+    // writer's staging directory, so that comes first then; a state
+    // directory made only for it goes again if the sync stops short of
+    // staging (`MadeState`).
     let warnings = Collected::default();
     let state = vol.state(false)?;
+    let fresh_state = state.is_none();
+    let streamed = sources.streamed();
+    let mut made = MadeState {
+        vol: &vol,
+        armed: streamed && fresh_state,
+    };
+    let state = if streamed && fresh_state {
+        vol.state(true)?
+    } else {
+        state
+    };
+    let mut early = match (&state, streamed) {
+        (Some(state), true) => Some(Stage::new(state)?),
+        _ => None,
+    };
     let (tree, live) = rayon::join(
-        || sources.scan(&cfg.filter, &warnings),
+        || sources.scan(early.as_ref(), &cfg.filter, &warnings),
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
@@ -199,9 +218,15 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     }
 
     // Stage into this writer's own directory, removed whatever happens next.
-    let fresh_state = state.is_none();
-    let state = vol.state(true)?.expect("created");
-    let mut staging = Stage::new(&state)?;
+    let state = match state {
+        Some(state) if early.is_some() => state,
+        _ => vol.state(true)?.expect("created"),
+    };
+    let mut staging = match early.take() {
+        Some(stage) => stage,
+        None => Stage::new(&state)?,
+    };
+    made.armed = false; // from here on, as for any source (`layout::prepare`)
     let swap = swap_for(&dest, cfg);
     layout::prepare(&vol, &state, &mut staging, fresh_state, swap)?;
     let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
@@ -352,7 +377,7 @@ impl Sources {
     /// Each SOURCE must be something `source::open` can read (exit 2 otherwise).
     fn open(cfg: &SyncConfig) -> Result<Sources> {
         Ok(Sources {
-            all: source::open_all(&cfg.sources)?,
+            all: source::open_all(&cfg.sources, &cfg.remote)?,
         })
     }
 
@@ -360,9 +385,44 @@ impl Sources {
         self.all.iter().map(|s| &**s).collect()
     }
 
-    /// Scan every source (each in parallel inside) and overlay them in order.
-    fn scan(&self, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+    /// Whether any source must be spooled before it is scanned.
+    fn streamed(&self) -> bool {
+        self.all.iter().any(|s| s.streamed())
+    }
+
+    /// Spool the streamed sources into `staging`, then scan every source
+    /// (each in parallel inside) and overlay them in order.
+    fn scan(
+        &self,
+        staging: Option<&Stage>,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Tree> {
+        if let Some(stage) = staging {
+            source::spool_all(&self.refs(), stage.dir(), reporter)?;
+        }
         scan::run(&self.refs(), filter, reporter)
+    }
+}
+
+/// A state directory made before the guards only to spool a streamed
+/// source in: removed again (with the staging inside it) when the sync
+/// ends before it stages: an error, a refusal, a dry run.
+struct MadeState<'a> {
+    vol: &'a Volume,
+    armed: bool,
+}
+
+impl Drop for MadeState<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let name = self.vol.state_name();
+        let top = name.split(|b| *b == b'/').next().unwrap_or_default();
+        if let Ok(parent) = self.vol.parent() {
+            let _ = parent.remove_tree(top);
+        }
     }
 }
 

@@ -131,6 +131,17 @@ pub fn same_entry(src: &Entry, live: &Entry, c: &Compare) -> bool {
     }
 }
 
+/// A source file that carries its content hash (a streamed source hashes
+/// every file as it arrives) is the live one only if the live file's hash
+/// is known and equal: never by size and mtime alone, as reproducible
+/// builds give every file one mtime and a same-size edit would go stale.
+fn same_content(src: &Entry, live: &Entry) -> bool {
+    match (&src.node, &live.node) {
+        (Node::File(a), Node::File(b)) => a.hash.is_none() || a.hash == b.hash,
+        _ => true,
+    }
+}
+
 /// Compare `src` with `live` (absent on a first sync), marking reusable files
 /// in `src`, and list the changes (`--itemize`).
 pub fn build(src: &mut Tree, live: Option<&Tree>, c: &Compare) -> Plan {
@@ -230,7 +241,7 @@ fn diff(
                 }
             }
             Some(l) => {
-                let same = same_entry(s, l, c);
+                let same = same_entry(s, l, c) && same_content(s, l);
                 if !same {
                     plan.changed += 1;
                     plan.note(Op::Change, s.kind(), prefix);

@@ -16,7 +16,9 @@
 //! `syncfs` does not flush (FUSE), every file and directory is fsynced here
 //! through the handle that wrote it (`caps::Flush`; nothing at all under
 //! `--no-fsync`). Sources are read through their directory handles where
-//! they have them (`source::Source::root`), each file by one name. A long copy refreshes the staging
+//! they have them (`source::Source::root`), each file by one name; a
+//! source that owns its files (a spool: `Source::owns_root`) has them
+//! moved into the staged tree instead of copied. A long copy refreshes the staging
 //! directory's mtime every `HEARTBEAT` so that writers on other hosts do not
 //! take it for a dead writer's (see `retire`).
 
@@ -337,7 +339,10 @@ fn stage_file(
         return Ok(Some(0));
     }
     let i = f.src as usize;
-    let hash = copy_file(ctx, i, srcs[i], out, e, path)?;
+    let hash = match (ctx.job.sources[i].owns_root(), srcs[i], f.hash) {
+        (true, Some(dir), Some(hash)) => move_file(ctx, i, dir, out, e, path).map(|()| hash)?,
+        _ => copy_file(ctx, i, srcs[i], out, e, path)?,
+    };
     if let Node::File(f) = &mut e.node {
         f.hash = Some(hash);
         f.reuse = false;
@@ -459,6 +464,35 @@ fn copy_file(
         .with_context(|| format!("cannot flush {shown} in staging"))?;
     sys::crash_point("copied-file");
     Ok(hash)
+}
+
+/// A file of a source whose files are private to this sync (a spool):
+/// moved into the staged tree by one rename, no byte copied, then given
+/// its owner, mode and times through a descriptor, as a copy is. The
+/// content hash is the one the source computed as the file streamed in.
+fn move_file(
+    ctx: &Ctx<'_>,
+    i: usize,
+    dir: &DirFd,
+    out: &DirFd,
+    e: &Entry,
+    path: &[u8],
+) -> Result<()> {
+    let shown = display(ctx.job.sources[i].label(), path);
+    dir.rename(&e.name, out, &e.name)
+        .with_context(|| format!("cannot move {shown} into staging"))?;
+    let fd = out
+        .open_read(&e.name)
+        .with_context(|| format!("cannot open {shown} in staging"))?;
+    let meta = &e.meta;
+    let owner = (ctx.job.owners && (meta.uid, meta.gid) != (sys::euid(), sys::egid()))
+        .then_some((meta.uid, meta.gid));
+    set_meta(ctx, fd.as_fd(), owner, Some(meta.mode), meta)
+        .with_context(|| format!("cannot set metadata of {shown} in staging"))?;
+    ctx.flush(fd.as_fd())
+        .with_context(|| format!("cannot flush {shown} in staging"))?;
+    sys::crash_point("copied-file");
+    Ok(())
 }
 
 fn copy_small(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<([u8; 32], u64)> {

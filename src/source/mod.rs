@@ -2,19 +2,25 @@
 //! entries (`scan`) and opens the bytes of each file; plan, stage and commit
 //! see only the `Tree` and these calls, never what kind of source it is.
 //!
-//! `open` is the one place that decides the kind of a SOURCE argument. Only
-//! the directory kind exists (`dir.rs`). A kind that is not a directory (an
-//! archive, an image: issue 12) is one more file here implementing `Source`
-//! and one more arm in `open`: its `scan` tags each file with the source's
-//! index, skips special entries through `Reporter::skipped` as a directory
-//! does, and its `open_file` hands out a descriptor the stage reads (a pipe,
-//! a spooled file); its `root` is `None`. A source never writes.
+//! `open` is the one place that decides the kind of a SOURCE argument: a
+//! directory (`dir.rs`), or a FILE holding an archive (`archive.rs`, told by
+//! its content; `tar.rs` reads it). A kind whose content arrives as a stream
+//! (an archive, an image's layers) implements `spool::Stream`: before the
+//! scan, `spool_all` materialises it into a private spool inside this
+//! writer's staging directory (`spool.rs`), which is then scanned like a
+//! directory, with the content hashes the stream gave, and whose files the
+//! stage moves into the staged tree rather than copies (`owns_root`). A
+//! source never writes, but for a stream into its spool.
 
+mod archive;
 mod dir;
 mod http;
+mod oci;
 mod oci_fetch;
 mod oci_image;
 mod oci_ref;
+pub mod spool;
+pub mod tar;
 
 use std::io;
 use std::os::fd::{BorrowedFd, OwnedFd};
@@ -22,13 +28,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::config::Remote;
 use crate::error;
 use crate::report::Reporter;
 use crate::scan::Filter;
 use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Tree};
 
+pub use archive::{Archive, Format};
 pub use dir::Dir;
+pub use spool::{LayerStats, Spool, Spooled, Stream, Streamed};
 
 /// One SOURCE: a tree of entries and the bytes of its files.
 pub trait Source: Send + Sync {
@@ -68,29 +77,132 @@ pub trait Source: Send + Sync {
         let _ = (fd, seen);
         Ok(true)
     }
+
+    /// Whether the content arrives as a stream that must be spooled
+    /// (`spool`) before `scan`: the sync then makes its staging directory
+    /// first (`spool_all`).
+    fn streamed(&self) -> bool {
+        false
+    }
+
+    /// Read the stream into a new private directory `name` inside `at`
+    /// (this writer's staging directory's `spool/`), once, before `scan`.
+    fn spool(&self, at: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
+        let _ = (at, name, reporter);
+        Ok(())
+    }
+
+    /// Files under `root()` are private to this sync (a spool) and may be
+    /// moved into the staged tree, not copied.
+    fn owns_root(&self) -> bool {
+        false
+    }
+
+    /// Whether the source still holds what `recorded` (the live
+    /// generation's identity for it) names, found out without fetching it:
+    /// a tag that resolves to the same image digest, a URL answering 304.
+    /// Then the sync is up to date after that one request (unless the live
+    /// tree drifted). A kind that cannot tell says no.
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        let _ = recorded;
+        Ok(false)
+    }
 }
 
 /// The source a SOURCE argument names: the one place where its kind is
 /// decided. Anything it cannot read is a usage error (exit 2), before
 /// anything is written.
-pub fn open(arg: &Path) -> Result<Box<dyn Source>> {
+pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
     let shown = arg.display().to_string();
-    let st = sys::stat_path(arg).map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            error::usage(format!("{shown}: source does not exist"))
-        } else {
-            error::usage(format!("{shown}: cannot read source: {e}"))
+    // Kinds named by a prefix get their arms here, before anything is
+    // looked up as a path (nothing is fetched yet: that is `spool`).
+    if let Some(text) = arg.to_str() {
+        if text.starts_with("oci://") {
+            return Ok(Box::new(oci::Fetched::new(oci::open_registry(
+                text, remote,
+            )?)));
         }
-    })?;
+        if text.starts_with("oci-layout:") {
+            return Ok(Box::new(oci::Fetched::new(oci::open_layout(text, remote)?)));
+        }
+        if text.starts_with("https://") || text.starts_with("http://") {
+            return Ok(Box::new(oci::Fetched::new(http::open(text, remote)?)));
+        }
+    }
+    let st = match sys::stat_path(arg) {
+        Ok(st) => st,
+        Err(e) => {
+            // `FILE//PATH`: one subtree of an archive.
+            if let Some((file, sub)) = split_subpath(arg) {
+                return open_file(&file, shown, Some(sub));
+            }
+            return Err(if e.kind() == io::ErrorKind::NotFound {
+                error::usage(format!("{shown}: source does not exist"))
+            } else {
+                error::usage(format!("{shown}: cannot read source: {e}"))
+            });
+        }
+    };
     match sys::kind_of(&st) {
         sys::StatKind::Dir => Ok(Box::new(Dir::open(arg, shown)?)),
-        _ => Err(error::usage(format!("{shown}: source is not a directory"))),
+        sys::StatKind::File => open_file(arg, shown, None),
+        _ => Err(error::usage(format!(
+            "{shown}: not a directory or a recognisable archive"
+        ))),
     }
 }
 
+/// A regular FILE: an archive, or exit 2.
+fn open_file(file: &Path, shown: String, sub: Option<Vec<u8>>) -> Result<Box<dyn Source>> {
+    Ok(Box::new(Streamed::new(Archive::open(file, shown, sub)?)))
+}
+
+/// `FILE//PATH` split at the first `//` whose left side is a regular file;
+/// PATH without leading or trailing `/` (`None` if it has a `..`: the
+/// caller then reports the SOURCE as missing).
+fn split_subpath(arg: &Path) -> Option<(std::path::PathBuf, Vec<u8>)> {
+    use std::os::unix::ffi::OsStrExt;
+    let bytes = arg.as_os_str().as_bytes();
+    let mut from = 0;
+    while let Some(i) = bytes[from..].windows(2).position(|w| w == b"//") {
+        let at = from + i;
+        let file = Path::new(std::ffi::OsStr::from_bytes(&bytes[..at]));
+        if at > 0 && sys::stat_path(file).is_ok_and(|st| sys::kind_of(&st) == sys::StatKind::File) {
+            let sub: Vec<&[u8]> = bytes[at + 2..]
+                .split(|&b| b == b'/')
+                .filter(|c| !c.is_empty() && *c != b".")
+                .collect();
+            if sub.contains(&&b".."[..]) {
+                return None;
+            }
+            return Some((file.to_path_buf(), sub.join(&b'/')));
+        }
+        from = at + 1;
+    }
+    None
+}
+
 /// `open` for every SOURCE, in order.
-pub fn open_all(args: &[PathBuf]) -> Result<Vec<Box<dyn Source>>> {
-    args.iter().map(|a| open(a)).collect()
+pub fn open_all(args: &[PathBuf], remote: &Remote) -> Result<Vec<Box<dyn Source>>> {
+    args.iter().map(|a| open(a, remote)).collect()
+}
+
+/// Spool every streamed source, in parallel, each into `spool/<i>` inside
+/// `staging` (this writer's staging directory, which removes them with
+/// itself).
+pub fn spool_all(sources: &[&dyn Source], staging: &DirFd, reporter: &dyn Reporter) -> Result<()> {
+    use rayon::prelude::*;
+    if !sources.iter().any(|s| s.streamed()) {
+        return Ok(());
+    }
+    let at = staging
+        .ensure_dir(b"spool", 0o700)
+        .context("cannot create the spool in the staging directory")?;
+    sources
+        .par_iter()
+        .enumerate()
+        .filter(|(_, s)| s.streamed())
+        .try_for_each(|(i, s)| s.spool(&at, i.to_string().as_bytes(), reporter))
 }
 
 /// Each source's handle on the directory `name` (at `path` from the root)

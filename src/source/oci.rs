@@ -7,20 +7,110 @@
 //! (`oci://HOST/REPO@sha256:…`): a tag that still resolves to it is "up to
 //! date" after one request, with no blob fetched (`unchanged_since`).
 
-use std::io::Read;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use anyhow::Result;
 
 use super::oci_fetch::{self, Layout, Registry, Resolved, Sink, Store};
 use super::oci_image;
 use super::oci_ref;
-use super::spool::{Spool, Stream};
+use super::spool::{Spool, Stream, Streamed};
+use super::Source;
 use crate::config::{Platform, Remote};
 use crate::error;
 use crate::manifest::escape;
 use crate::report::Reporter;
+use crate::scan::Filter;
+use crate::sys::DirFd;
+use crate::tree::Tree;
+
+/// A stream that names its content (an image digest, a URL's validators)
+/// and can tell, with one request, whether it still holds what a recorded
+/// identity names.
+pub trait Named: Stream {
+    fn unchanged_since(&self, recorded: &str) -> Result<bool>;
+}
+
+impl Named for Image {
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        Image::unchanged_since(self, recorded)
+    }
+}
+
+impl Named for super::http::Bundle {
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        super::http::Bundle::unchanged_since(self, recorded)
+    }
+}
+
+/// A remote kind as a `Source`: spooled as `Streamed` does, and able to say
+/// it is unchanged (`Source::unchanged_since`); the identity is then the
+/// one recorded.
+pub struct Fetched<S> {
+    inner: Streamed<S>,
+    unchanged: OnceLock<String>,
+}
+
+impl<S: Named> Fetched<S> {
+    pub fn new(stream: S) -> Fetched<S> {
+        Fetched {
+            inner: Streamed::new(stream),
+            unchanged: OnceLock::new(),
+        }
+    }
+}
+
+impl<S: Named> Source for Fetched<S> {
+    fn label(&self) -> &str {
+        self.inner.label()
+    }
+
+    fn path(&self) -> Option<&Path> {
+        self.inner.path()
+    }
+
+    fn identity(&self) -> String {
+        match self.unchanged.get() {
+            Some(id) => id.clone(),
+            None => self.inner.identity(),
+        }
+    }
+
+    fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+        self.inner.scan(src, filter, reporter)
+    }
+
+    fn root(&self) -> Option<&DirFd> {
+        self.inner.root()
+    }
+
+    fn open_file(&self, path: &[u8]) -> io::Result<OwnedFd> {
+        self.inner.open_file(path)
+    }
+
+    fn streamed(&self) -> bool {
+        true
+    }
+
+    fn spool(&self, at: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
+        self.inner.spool(at, name, reporter)
+    }
+
+    fn owns_root(&self) -> bool {
+        self.inner.owns_root()
+    }
+
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        let same = self.inner.stream().unchanged_since(recorded)?;
+        if same {
+            let _ = self.unchanged.set(recorded.to_string());
+        }
+        Ok(same)
+    }
+}
 
 /// An image in a registry or a layout, resolved at most once per sync.
 pub struct Image {

@@ -869,3 +869,13 @@ pub fn read_bounded(path: &std::path::Path, max: u64) -> io::Result<Vec<u8>> {
 pub fn reader(fd: OwnedFd) -> std::fs::File {
     std::fs::File::from(fd)
 }
+
+/// Open a regular file the user named (an archive SOURCE) for reading,
+/// following symlinks: the user named it.
+pub fn open_file_path(path: &std::path::Path) -> io::Result<OwnedFd> {
+    Ok(rfs::open(
+        path,
+        OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
+        Mode::empty(),
+    )?)
+}

@@ -1,0 +1,739 @@
+//! The spool: a stream (an archive, an image's layers) materialised into a
+//! private directory inside this writer's staging directory
+//! (`stage/<me>/spool/<i>`), so that it is read once, in its own order,
+//! and then scanned, planned and staged like a directory. The staging
+//! guard (`staging::Stage`) removes it with everything else, on success,
+//! error or signal; a killed writer's is collected with its staging.
+//!
+//! Every entry is made with `DirFd` one-component calls: no path is
+//! resolved and no symlink followed. A name with a `..` component, a name
+//! reached through a symlink (or through a file), a hardlink whose target
+//! is not an earlier regular file of the tree: refused, and nothing is
+//! published. A leading `/` is stripped. Devices, FIFOs and sockets are
+//! skipped through `Reporter::skipped`, as a directory's are.
+//!
+//! The spool holds content only. Files are made 0600 and stay so; their
+//! mode, owner, mtime and SHA-256 (computed as they stream, no second read)
+//! are kept here by inode, directories' metadata by path, and the scan of
+//! the spool (`Spooled`) puts them on its tree. So a file of mode 0 or a
+//! directory of mode 0500 can still be written, read and moved, and a
+//! directory's mtime is the archive's, not the time it was filled.
+//!
+//! `Stream` is what a kind that is read as a stream implements (`archive.rs`
+//! here; remote kinds too): `Streamed` turns it into a `Source`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
+use std::sync::OnceLock;
+
+use anyhow::{anyhow, bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::error::Failure;
+use crate::report::{escape, Reporter};
+use crate::scan::Filter;
+use crate::sys::{self, DirFd, StatKind};
+use crate::tree::{Meta, Node, Time, Tree};
+
+use super::tar::{self, Kind};
+use super::{Dir, Source};
+
+/// What one `apply` read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayerStats {
+    /// Entries applied (files, directories, links), whiteouts not counted.
+    pub entries: u64,
+    pub files: u64,
+    /// Bytes of file content written.
+    pub bytes: u64,
+    /// Devices, FIFOs, sockets and unknown entry types left out.
+    pub skipped: u64,
+    /// Whiteouts and opaque markers applied.
+    pub whiteouts: u64,
+}
+
+/// A file's metadata and content hash, as its entry gave them.
+#[derive(Clone, Copy, Debug)]
+struct FileMeta {
+    hash: [u8; 32],
+    mode: u32,
+    uid: u32,
+    gid: u32,
+    mtime: Time,
+}
+
+/// A private directory being filled from one or more tar streams.
+pub struct Spool {
+    root: DirFd,
+    /// By inode: every link of a hardlinked file shares it.
+    files: HashMap<u64, FileMeta>,
+    /// By path from the spool's root (`""`: the root itself).
+    dirs: BTreeMap<Vec<u8>, Meta>,
+    /// The newest mtime seen: the root's, where no entry gives one.
+    newest: Time,
+    /// The directory the last entry went into (path, handle): entries of
+    /// one directory come together, so most entries open nothing.
+    cached: Option<(Vec<u8>, DirFd)>,
+    /// Keep owners on symlinks (only root can give them away).
+    owners: bool,
+    buf: Vec<u8>,
+}
+
+/// The parts of an entry name: a leading `/` stripped, empty and `.`
+/// components dropped; a `..` component (or a NUL) refused.
+fn components(path: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    for c in path.split(|&b| b == b'/') {
+        match c {
+            b"" | b"." => {}
+            b".." => bail!(
+                "entry {} has a \"..\" component (refused: it would leave the tree)",
+                escape(path)
+            ),
+            c if c.contains(&0) => bail!("entry {} has a NUL in its name", escape(path)),
+            c => out.push(c),
+        }
+    }
+    Ok(out)
+}
+
+fn join(parts: &[&[u8]]) -> Vec<u8> {
+    parts.join(&b'/')
+}
+
+fn check_signal() -> Result<()> {
+    match sys::signals::pending() {
+        Some(sig) => Err(Failure::Interrupted(sig).into()),
+        None => Ok(()),
+    }
+}
+
+impl Spool {
+    /// Make the spool `name` (private, 0700) inside `parent`: a directory
+    /// of this writer's staging directory, on the volume's filesystem.
+    pub fn new(parent: &DirFd, name: &[u8]) -> Result<Spool> {
+        parent
+            .mkdir(name, 0o700)
+            .with_context(|| format!("cannot create the spool {}", escape(name)))?;
+        let root = parent
+            .open_dir(name)
+            .with_context(|| format!("cannot open the spool {}", escape(name)))?;
+        Ok(Spool {
+            root,
+            files: HashMap::new(),
+            dirs: BTreeMap::new(),
+            newest: Time::default(),
+            cached: None,
+            owners: sys::euid() == 0,
+            buf: Vec::new(),
+        })
+    }
+
+    /// Apply one tar stream (gzip, zstd or plain: told by its first bytes)
+    /// onto the spool, in order: a later entry replaces an earlier one of
+    /// the same name. `whiteouts`: OCI semantics (`.wh.NAME` removes NAME
+    /// of earlier layers, `.wh..wh..opq` empties the directory of earlier
+    /// layers' entries); false for archives, where a `.wh.` file is an
+    /// ordinary file. `what` names the stream in errors. The stream is read
+    /// to its end (a digest-checking reader below sees every byte), and
+    /// any error leaves the spool unfit for use: drop it.
+    pub fn apply(
+        &mut self,
+        r: &mut dyn Read,
+        whiteouts: bool,
+        what: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<LayerStats> {
+        let res = self.apply_stream(r, whiteouts, what, reporter);
+        self.cached = None;
+        res.with_context(|| what.to_string())
+    }
+
+    fn apply_stream(
+        &mut self,
+        r: &mut dyn Read,
+        whiteouts: bool,
+        what: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<LayerStats> {
+        let mut stats = LayerStats::default();
+        {
+            let (_, decoded) = super::archive::decoded(&mut *r)?;
+            let mut reader = tar::Reader::new(decoded);
+            let mut layer: HashSet<Vec<u8>> = HashSet::new();
+            let mut first = true;
+            loop {
+                check_signal()?;
+                let h = match reader.next_entry() {
+                    Ok(Some(h)) => h,
+                    Ok(None) => break,
+                    Err(e) if first && e.kind() == io::ErrorKind::InvalidData => {
+                        bail!("not a tar archive ({e})")
+                    }
+                    Err(e) => return Err(e.into()),
+                };
+                first = false;
+                self.entry(
+                    &mut reader,
+                    h,
+                    whiteouts,
+                    what,
+                    &mut layer,
+                    &mut stats,
+                    reporter,
+                )?;
+            }
+            // The rest of the stream: a compressed stream's checksum comes
+            // at its end, and a digest check below needs every byte.
+            io::copy(&mut reader.into_inner(), &mut io::sink())?;
+        }
+        io::copy(r, &mut io::sink())?;
+        Ok(stats)
+    }
+
+    /// Apply one entry.
+    #[allow(clippy::too_many_arguments)]
+    fn entry<R: Read>(
+        &mut self,
+        reader: &mut tar::Reader<R>,
+        h: tar::Header,
+        whiteouts: bool,
+        what: &str,
+        layer: &mut HashSet<Vec<u8>>,
+        stats: &mut LayerStats,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        let parts = components(&h.path)?;
+        let mtime = Time::from(h.mtime);
+        if (mtime.s, mtime.ns) > (self.newest.s, self.newest.ns) {
+            self.newest = mtime;
+        }
+        let Some((&name, parents)) = parts.split_last() else {
+            // `./` or `/`: the root's own metadata.
+            if h.kind == Kind::Dir {
+                self.dirs.insert(Vec::new(), meta_of(&h));
+                return Ok(());
+            }
+            bail!("entry {} has no name", escape(&h.path));
+        };
+        let path = join(&parts);
+        if whiteouts && name.starts_with(b".wh.") {
+            let dir = self.parent(parents, mtime)?;
+            let res = if name == b".wh..wh..opq" {
+                self.opaque(&dir, &join(parents), layer)
+            } else {
+                let gone = &name[4..];
+                let mut target = join(parents);
+                if !target.is_empty() {
+                    target.push(b'/');
+                }
+                target.extend_from_slice(gone);
+                if layer.contains(&target) {
+                    Ok(())
+                } else {
+                    self.remove(&dir, gone, &target)
+                }
+            };
+            self.put_back(parents, dir);
+            stats.whiteouts += 1;
+            return res;
+        }
+        if let Kind::Other(kind) = h.kind {
+            reporter.skipped(what, &path, kind);
+            stats.skipped += 1;
+            return Ok(());
+        }
+        let dir = self.parent(parents, mtime)?;
+        let res = self.make(&dir, name, &path, &h, reader, stats);
+        self.put_back(parents, dir);
+        res?;
+        layer.insert(path);
+        stats.entries += 1;
+        Ok(())
+    }
+
+    /// Make `name` in `dir` as the header says, replacing what was there.
+    fn make<R: Read>(
+        &mut self,
+        dir: &DirFd,
+        name: &[u8],
+        path: &[u8],
+        h: &tar::Header,
+        reader: &mut tar::Reader<R>,
+        stats: &mut LayerStats,
+    ) -> Result<()> {
+        let shown = || escape(path);
+        match &h.kind {
+            Kind::File => {
+                let fd = match dir.create_excl(name) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        self.remove(dir, name, path)?;
+                        dir.create_excl(name)
+                    }
+                    other => other,
+                }
+                .with_context(|| format!("cannot create {} in the spool", shown()))?;
+                let (hash, n) = self.write_data(reader, fd.as_fd())?;
+                let ino = sys::fstat(fd.as_fd())
+                    .with_context(|| format!("cannot stat {} in the spool", shown()))?
+                    .st_ino;
+                self.files.insert(
+                    ino,
+                    FileMeta {
+                        hash,
+                        mode: h.mode,
+                        uid: h.uid,
+                        gid: h.gid,
+                        mtime: h.mtime.into(),
+                    },
+                );
+                stats.files += 1;
+                stats.bytes += n;
+            }
+            Kind::Dir => {
+                match dir.mkdir(name, 0o700) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        let st = dir.stat(name)?;
+                        if sys::kind_of(&st) != StatKind::Dir {
+                            self.remove(dir, name, path)?;
+                            dir.mkdir(name, 0o700)
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    other => other,
+                }
+                .with_context(|| format!("cannot create directory {} in the spool", shown()))?;
+                self.dirs.insert(path.to_vec(), meta_of(h));
+            }
+            Kind::Symlink(target) => {
+                if target.is_empty() || target.contains(&0) {
+                    bail!("symlink {} has an empty or invalid target", shown());
+                }
+                match dir.symlink(target, name) {
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                        self.remove(dir, name, path)?;
+                        dir.symlink(target, name)
+                    }
+                    other => other,
+                }
+                .with_context(|| format!("cannot create symlink {} in the spool", shown()))?;
+                let owner = self.owners.then_some((h.uid, h.gid));
+                dir.set_symlink_meta(name, owner, h.mtime)
+                    .with_context(|| format!("cannot set the times of symlink {}", shown()))?;
+            }
+            Kind::Hardlink(target) => self.hardlink(dir, name, path, target)?,
+            Kind::Other(_) => unreachable!("skipped by the caller"),
+        }
+        Ok(())
+    }
+
+    /// A hard link to an earlier regular file of the tree, never through a
+    /// symlink and never out of it.
+    fn hardlink(&mut self, dir: &DirFd, name: &[u8], path: &[u8], target: &[u8]) -> Result<()> {
+        let refused = |why: &str| {
+            anyhow!(
+                "hardlink {} to {} refused: {why}",
+                escape(path),
+                escape(target)
+            )
+        };
+        let tparts = components(target).map_err(|_| refused("its target leaves the tree"))?;
+        let Some((&tname, tdirs)) = tparts.split_last() else {
+            return Err(refused("its target is not a file"));
+        };
+        if join(&tparts) == path {
+            return Ok(()); // a link to itself: the file is already there
+        }
+        let mut tdir = self.root.try_clone()?;
+        for c in tdirs {
+            tdir = tdir
+                .open_dir(c)
+                .map_err(|_| refused("its target is not an earlier file of the archive"))?;
+        }
+        match tdir.stat(tname) {
+            Ok(st) if sys::kind_of(&st) == StatKind::File => {}
+            _ => return Err(refused("its target is not an earlier file of the archive")),
+        }
+        match tdir.link(tname, dir, name) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                self.remove(dir, name, path)?;
+                tdir.link(tname, dir, name)
+            }
+            other => other,
+        }
+        .with_context(|| format!("cannot link {} in the spool", escape(path)))?;
+        Ok(())
+    }
+
+    /// Stream the current entry's data into `fd`, hashing it.
+    fn write_data<R: Read>(
+        &mut self,
+        reader: &mut tar::Reader<R>,
+        fd: BorrowedFd<'_>,
+    ) -> Result<([u8; 32], u64)> {
+        if self.buf.len() < 64 << 10 {
+            self.buf.resize(64 << 10, 0);
+        }
+        let mut h = Sha256::new();
+        let mut n = 0u64;
+        loop {
+            let got = reader.read_data(&mut self.buf)?;
+            if got == 0 {
+                break;
+            }
+            h.update(&self.buf[..got]);
+            sys::write_all(fd, &self.buf[..got]).context("cannot write into the spool")?;
+            n += got as u64;
+            if n & ((8 << 20) - 1) < got as u64 {
+                check_signal()?;
+            }
+        }
+        Ok((h.finalize().into(), n))
+    }
+
+    /// Remove `name` (at `path`) from `dir`, whatever it is, and forget
+    /// the metadata of what was below it.
+    fn remove(&mut self, dir: &DirFd, name: &[u8], path: &[u8]) -> Result<()> {
+        self.cached = None;
+        dir.remove_tree(name)
+            .with_context(|| format!("cannot remove {} from the spool", escape(path)))?;
+        self.dirs.remove(path);
+        let mut under = path.to_vec();
+        under.push(b'/');
+        let gone: Vec<Vec<u8>> = self
+            .dirs
+            .range(under.clone()..)
+            .take_while(|(k, _)| k.starts_with(&under))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.dirs.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// `.wh..wh..opq` in `dir` (at `path`): remove what earlier layers put there.
+    fn opaque(&mut self, dir: &DirFd, path: &[u8], layer: &HashSet<Vec<u8>>) -> Result<()> {
+        let listed = dir
+            .list()
+            .with_context(|| format!("cannot list {} in the spool", escape(path)))?;
+        for l in listed {
+            let mut p = path.to_vec();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(&l.name);
+            if !layer.contains(&p) {
+                self.remove(dir, &l.name, &p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory `parents` leads to, made where missing (with the
+    /// metadata a directory the archive does not list gets: 0755, the
+    /// entry's mtime). Never through a symlink or a file.
+    fn parent(&mut self, parents: &[&[u8]], mtime: Time) -> Result<DirFd> {
+        let path = join(parents);
+        if let Some((p, _)) = &self.cached {
+            if *p == path {
+                return Ok(self.cached.take().expect("checked").1);
+            }
+        }
+        let mut dir = self.root.try_clone()?;
+        for (i, c) in parents.iter().enumerate() {
+            dir = match dir.open_dir(c) {
+                Ok(sub) => sub,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    dir.mkdir(c, 0o700)?;
+                    let here = join(&parents[..=i]);
+                    self.dirs.entry(here).or_insert(Meta {
+                        mode: 0o755,
+                        mtime,
+                        ..Meta::default()
+                    });
+                    dir.open_dir(c)?
+                }
+                Err(e) if sys::is_not_dir(&e) => {
+                    let what = match dir.stat(c).map(|st| sys::kind_of(&st)) {
+                        Ok(StatKind::Symlink) => "the symlink",
+                        _ => "the non-directory",
+                    };
+                    bail!(
+                        "entry {}/… is reached through {what} {} (refused)",
+                        escape(&path),
+                        escape(&join(&parents[..=i]))
+                    );
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!("cannot open {} in the spool", escape(&join(&parents[..=i])))
+                    })
+                }
+            };
+        }
+        Ok(dir)
+    }
+
+    fn put_back(&mut self, parents: &[&[u8]], dir: DirFd) {
+        if self.cached.is_none() {
+            self.cached = Some((join(parents), dir));
+        }
+    }
+
+    /// The spool, filled, as what a scan reads: `subpath` (a `//PATH`)
+    /// takes one directory of it as the root; absent, it is an error.
+    pub fn finish(
+        self,
+        label: String,
+        identity: String,
+        subpath: Option<&[u8]>,
+    ) -> Result<Spooled> {
+        let (root, prefix) = match subpath {
+            None => (self.root, Vec::new()),
+            Some(p) => {
+                let parts = components(p)?;
+                let prefix = join(&parts);
+                let dir = self.root.open_beneath(&prefix).map_err(|e| {
+                    if e.kind() == io::ErrorKind::NotFound {
+                        anyhow!("{label}: //{} is not in the archive", escape(&prefix))
+                    } else {
+                        anyhow!(
+                            "{label}: //{} is not a directory in the archive",
+                            escape(&prefix)
+                        )
+                    }
+                })?;
+                (dir, prefix)
+            }
+        };
+        Ok(Spooled {
+            root,
+            prefix,
+            files: self.files,
+            dirs: self.dirs,
+            newest: self.newest,
+            label,
+            identity,
+        })
+    }
+
+    /// `finish`, as a `Source` of its own.
+    pub fn into_source(
+        self,
+        label: String,
+        identity: String,
+        subpath: Option<&[u8]>,
+    ) -> Result<Box<dyn Source>> {
+        Ok(Box::new(self.finish(label, identity, subpath)?))
+    }
+}
+
+fn meta_of(h: &tar::Header) -> Meta {
+    Meta {
+        mode: h.mode,
+        uid: h.uid,
+        gid: h.gid,
+        size: 0,
+        mtime: h.mtime.into(),
+    }
+}
+
+/// A filled spool: a directory whose files are private to this sync (the
+/// stage moves them into the staged tree instead of copying), scanned with
+/// the metadata and hashes its entries gave.
+pub struct Spooled {
+    root: DirFd,
+    /// The `//PATH` taken, as a path from the spool's root.
+    prefix: Vec<u8>,
+    files: HashMap<u64, FileMeta>,
+    dirs: BTreeMap<Vec<u8>, Meta>,
+    newest: Time,
+    label: String,
+    identity: String,
+}
+
+impl Source for Spooled {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn path(&self) -> Option<&Path> {
+        None
+    }
+
+    fn identity(&self) -> String {
+        self.identity.clone()
+    }
+
+    fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+        let dir = Dir::new(self.root.try_clone()?, self.label.clone());
+        let mut tree = dir.scan(src, filter, reporter)?;
+        let full = |p: &[u8]| -> Vec<u8> {
+            if self.prefix.is_empty() {
+                return p.to_vec();
+            }
+            let mut f = self.prefix.clone();
+            if !p.is_empty() {
+                f.push(b'/');
+                f.extend_from_slice(p);
+            }
+            f
+        };
+        tree.root = self.dirs.get(&full(b"")).copied().unwrap_or(Meta {
+            mode: 0o755,
+            mtime: self.newest,
+            ..Meta::default()
+        });
+        let mut missing = None;
+        tree.for_each_mut(&mut |p, e| match &mut e.node {
+            Node::Dir(_) => {
+                if let Some(m) = self.dirs.get(&full(p)) {
+                    e.meta = *m;
+                }
+            }
+            Node::File(f) => match self.files.get(&f.ino) {
+                Some(m) => {
+                    e.meta = Meta {
+                        mode: m.mode,
+                        uid: m.uid,
+                        gid: m.gid,
+                        mtime: m.mtime,
+                        size: e.meta.size,
+                    };
+                    f.hash = Some(m.hash);
+                }
+                None => missing = Some(p.to_vec()),
+            },
+            Node::Symlink(_) => {}
+        });
+        if let Some(p) = missing {
+            bail!(
+                "{}: {} was not written by the spool",
+                self.label,
+                escape(&p)
+            );
+        }
+        Ok(tree)
+    }
+
+    fn root(&self) -> Option<&DirFd> {
+        Some(&self.root)
+    }
+
+    fn owns_root(&self) -> bool {
+        true
+    }
+
+    fn open_file(&self, path: &[u8]) -> io::Result<OwnedFd> {
+        let parts = components(path)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let Some((name, dirs)) = parts.split_last() else {
+            return Err(io::ErrorKind::InvalidInput.into());
+        };
+        if dirs.is_empty() {
+            return self.root.open_read(name);
+        }
+        self.root.open_beneath(&join(dirs))?.open_read(name)
+    }
+}
+
+/// A kind whose content arrives as one or more tar streams: it fills a
+/// spool (`fill`: one `Spool::apply` per stream, in order) and says what
+/// the generation records as its identity. `Streamed` makes it a `Source`.
+pub trait Stream: Send + Sync {
+    /// The SOURCE as the user wrote it.
+    fn label(&self) -> &str;
+
+    /// Where it lives on this host, if it is a path (DEST must not overlap it).
+    fn path(&self) -> Option<&Path> {
+        None
+    }
+
+    /// The `//PATH` to take, if any.
+    fn subpath(&self) -> Option<&[u8]>;
+
+    /// Read the content into `spool`; the identity (a digest, a URL with
+    /// its ETag) the manifest records.
+    fn fill(&self, spool: &mut Spool, reporter: &dyn Reporter) -> Result<String>;
+}
+
+/// A `Stream` as a `Source`: spooled once (`Source::spool`, after the
+/// writer's staging directory exists), then scanned like a directory.
+pub struct Streamed<S> {
+    stream: S,
+    spooled: OnceLock<Spooled>,
+}
+
+impl<S: Stream> Streamed<S> {
+    pub fn new(stream: S) -> Streamed<S> {
+        Streamed {
+            stream,
+            spooled: OnceLock::new(),
+        }
+    }
+
+    /// The stream itself (a remote kind asks it things before it is spooled).
+    pub fn stream(&self) -> &S {
+        &self.stream
+    }
+
+    fn spooled(&self) -> Result<&Spooled> {
+        self.spooled
+            .get()
+            .with_context(|| format!("{}: read before it was spooled", self.stream.label()))
+    }
+}
+
+impl<S: Stream> Source for Streamed<S> {
+    fn label(&self) -> &str {
+        self.stream.label()
+    }
+
+    fn path(&self) -> Option<&Path> {
+        self.stream.path()
+    }
+
+    fn identity(&self) -> String {
+        match self.spooled.get() {
+            Some(s) => s.identity.clone(),
+            None => self.stream.label().to_string(),
+        }
+    }
+
+    fn streamed(&self) -> bool {
+        true
+    }
+
+    fn spool(&self, at: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
+        let mut spool = Spool::new(at, name)?;
+        let identity = self.stream.fill(&mut spool, reporter)?;
+        let label = self.stream.label().to_string();
+        let done = spool.finish(label, identity, self.stream.subpath())?;
+        self.spooled
+            .set(done)
+            .map_err(|_| anyhow!("{}: spooled twice", self.stream.label()))
+    }
+
+    fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+        self.spooled()?.scan(src, filter, reporter)
+    }
+
+    fn root(&self) -> Option<&DirFd> {
+        self.spooled.get().map(|s| &s.root)
+    }
+
+    fn owns_root(&self) -> bool {
+        true
+    }
+
+    fn open_file(&self, path: &[u8]) -> io::Result<OwnedFd> {
+        match self.spooled.get() {
+            Some(s) => s.open_file(path),
+            None => Err(io::ErrorKind::NotFound.into()),
+        }
+    }
+}
