@@ -135,6 +135,15 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
+    round_with(cfg, pass, true)
+}
+
+/// `round`; `shortcut`: sources that can tell they are unchanged since the
+/// live generation (an image tag on the same digest, a URL answering 304)
+/// are not fetched, the live manifest's entries standing in for them. If
+/// the live tree drifted from them after all, the round starts again
+/// without the shortcut.
+fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let start = Instant::now();
     // Validate: nothing is written before the guards have passed.
     let sources = Sources::open(cfg)?;
@@ -154,8 +163,10 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     // staging (`MadeState`).
     let warnings = Collected::default();
     let state = vol.state(false)?;
+    let recorded = recorded_tree(cfg, &sources, state.as_ref(), &dest, shortcut)?;
+    let noop = recorded.is_some();
     let fresh_state = state.is_none();
-    let streamed = sources.streamed();
+    let streamed = sources.streamed() && !noop;
     let mut made = MadeState {
         vol: &vol,
         armed: streamed && fresh_state,
@@ -170,7 +181,10 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         _ => None,
     };
     let (tree, live) = rayon::join(
-        || sources.scan(early.as_ref(), &cfg.filter, &warnings),
+        || match recorded {
+            Some(tree) => Ok(tree),
+            None => sources.scan(early.as_ref(), &cfg.filter, &warnings),
+        },
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
@@ -180,6 +194,11 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     }
 
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners)?;
+    if noop && !up_to_date(cfg, &plan, &live) {
+        // Drift (or a new label): fetch after all.
+        drop((live, made));
+        return round_with(cfg, pass, false);
+    }
     let check = guards(cfg, &vol, &tree, &plan, &live)?;
     let up_to_date = up_to_date(cfg, &plan, &live);
     let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
@@ -283,6 +302,58 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         start,
         hook_failure,
     })
+}
+
+/// Ask every SOURCE whether it still holds what the live generation's
+/// manifest names for it (`Source::unchanged_since`): a remote kind
+/// answers with one request (resolving a tag, a conditional GET), before
+/// anything is written, so a 401, a 404 or a server that is down fails
+/// here with the volume untouched. When every one says yes, the live
+/// generation's tree as its manifest records it: nothing is fetched, and
+/// plan compares the live tree with it by size, mtime and mode (file
+/// hashes left out), the drift check. `None` otherwise (no live
+/// generation, another number of sources, `--checksum`, a directory or
+/// archive source, `shortcut` off).
+fn recorded_tree(
+    cfg: &SyncConfig,
+    sources: &Sources,
+    state: Option<&State>,
+    dest: &Dest,
+    shortcut: bool,
+) -> Result<Option<Tree>> {
+    let header = match (dest, state) {
+        (Dest::Live(gen), Some(state)) if shortcut && !cfg.checksum => state
+            .manifest_reader(gen)
+            .ok()
+            .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+            .map(|h| (gen, h)),
+        _ => None,
+    };
+    let recorded = header
+        .as_ref()
+        .map(|(_, h)| h.sources.as_slice())
+        .filter(|r| r.len() == sources.all.len());
+    let mut all = recorded.is_some();
+    for (i, s) in sources.all.iter().enumerate() {
+        let r = recorded.map_or("", |r| r[i].as_str());
+        // Every source is asked (each remote one resolves now), even after a no.
+        all &= s.unchanged_since(r)? && recorded.is_some();
+    }
+    let (Some((gen, _)), Some(state), true) = (header, state, all) else {
+        return Ok(None);
+    };
+    let Ok((mut r, _)) = state.manifest_reader(gen) else {
+        return Ok(None);
+    };
+    let Ok(mut m) = Manifest::read(&mut r) else {
+        return Ok(None);
+    };
+    m.tree.for_each_mut(&mut |_, e| {
+        if let Node::File(f) = &mut e.node {
+            f.hash = None;
+        }
+    });
+    Ok(Some(m.tree))
 }
 
 /// Nothing to stage: the live generation is the planned tree, under the

@@ -48,16 +48,18 @@ pub fn open(arg: &str, remote: &Remote) -> Result<Bundle> {
 impl Bundle {
     /// Whether the server says the bundle `recorded` describes (the live
     /// generation's identity for this source) is current: a 304 to the
-    /// validators it holds. One request; a 200 is kept for `fill`.
+    /// validators it holds. One request, made now whatever `recorded` is
+    /// (a failure shows before anything is written); a 200 is kept for
+    /// `fill`.
     pub fn unchanged_since(&self, recorded: &str) -> Result<bool> {
-        let Some(prev) = Identity::parse(recorded, self.target.url.as_str()) else {
-            return Ok(false);
-        };
-        if prev.etag.is_none() && prev.last_modified.is_none() {
-            return Ok(false);
-        }
-        match fetch(&self.remote, &self.label, &self.target.url, Some(&prev))? {
-            Fetched::NotModified => Ok(true),
+        let prev = Identity::parse(recorded, self.target.url.as_str())
+            .filter(|p| p.etag.is_some() || p.last_modified.is_some());
+        match fetch(&self.remote, &self.label, &self.target.url, prev.as_ref())? {
+            Fetched::NotModified if prev.is_some() => Ok(true),
+            Fetched::NotModified => anyhow::bail!(
+                "{}: 304 Not Modified to a request that was not conditional",
+                self.label
+            ),
             Fetched::Body(d) => {
                 *self.pending.lock().unwrap() = Some(d);
                 Ok(false)

@@ -118,7 +118,14 @@ pub fn fetch(
         );
         let raw = store.blob(layer)?;
         let mut checked = Checked::new(raw, layer, &what, fetched);
-        sink.layer(&mut checked, &what)?;
+        if let Err(e) = sink.layer(&mut checked, &what) {
+            // A blob that is not what its digest says is the cause to name,
+            // not what the decompressor or the tar reader made of it.
+            return match checked.finish() {
+                Err(d) if checked.mismatched => Err(d),
+                _ => Err(e),
+            };
+        }
         checked.finish()?;
     }
     Ok(())
@@ -139,6 +146,8 @@ pub struct Checked<'a, R> {
     digest: &'a str,
     what: &'a str,
     done: bool,
+    /// The blob turned out longer, shorter or other than its digest says.
+    pub mismatched: bool,
     fetched: &'a (dyn Fn(u64) + Sync),
 }
 
@@ -157,6 +166,7 @@ impl<'a, R: Read> Checked<'a, R> {
             digest: &desc.digest,
             what,
             done: false,
+            mismatched: false,
             fetched,
         }
     }
@@ -167,8 +177,9 @@ impl<'a, R: Read> Checked<'a, R> {
         Ok(())
     }
 
-    fn bad(&self, why: String) -> io::Error {
-        io::Error::new(io::ErrorKind::InvalidData, format!("{}: {why}", self.what))
+    fn bad(&mut self, why: String) -> io::Error {
+        self.mismatched = true;
+        io::Error::new(io::ErrorKind::InvalidData, why)
     }
 }
 
@@ -385,10 +396,11 @@ impl Registry {
                 ),
                 _ => " (credentials: --registry-auth FILE)".to_string(),
             },
-            _ => match what() {
+            Some(404) => match what() {
                 w if w.is_empty() => String::new(),
                 w => format!(" ({w})"),
             },
+            _ => String::new(),
         };
         anyhow::anyhow!("{}: {e}{hint}", self.label)
     }

@@ -21,16 +21,6 @@ pub struct Reference {
 }
 
 impl Reference {
-    /// `REPO:TAG` or `REPO@DIGEST`: what the user asked for, in messages.
-    pub fn shown_ref(&self) -> String {
-        match (&self.tag, &self.digest) {
-            (Some(t), Some(d)) => format!("{}:{t}@{d}", self.repo),
-            (_, Some(d)) => format!("{}@{d}", self.repo),
-            (Some(t), None) => format!("{}:{t}", self.repo),
-            (None, None) => format!("{}:latest", self.repo),
-        }
-    }
-
     /// What the manifest request names: the digest if given, else the tag.
     pub fn manifest_ref(&self) -> &str {
         self.digest

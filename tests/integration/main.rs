@@ -9,4 +9,6 @@ mod layouts;
 mod ops;
 mod property;
 mod sidecar;
+mod source_http;
+mod source_oci;
 mod sync;
