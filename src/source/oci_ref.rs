@@ -252,10 +252,7 @@ mod tests {
         assert_eq!(r.host, "[::1]:5000");
         assert_eq!(r.manifest_ref(), D);
         let r = parse("oci://registry.example/x").unwrap();
-        assert_eq!(
-            (r.manifest_ref(), r.shown_ref().as_str()),
-            ("latest", "x:latest")
-        );
+        assert_eq!((r.manifest_ref(), r.tag.as_deref()), ("latest", None));
         for bad in [
             "oci://",
             "oci://host",
