@@ -456,6 +456,18 @@ impl Sources {
         self.all.iter().map(|s| &**s).collect()
     }
 
+    /// A bit per source that hashed its files as they streamed: compared
+    /// by content (`plan::Compare::by_content`).
+    fn by_content(&self) -> u64 {
+        self.all
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.streamed())
+            .fold(0, |bits, (i, _)| {
+                bits | 1u64.checked_shl(i as u32).unwrap_or(0)
+            })
+    }
+
     /// Whether any source must be spooled before it is scanned.
     fn streamed(&self) -> bool {
         self.all.iter().any(|s| s.streamed())
@@ -670,6 +682,7 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
         checksum: false,
         granularity_ns: header.granularity_ns,
         link_meta: header.link_meta,
+        by_content: 0,
     };
     let mut next = entries.next_entry()?.filter(|(p, _)| p != b".");
     if next.is_none() {
@@ -723,6 +736,7 @@ fn plan(
         checksum: cfg.checksum,
         granularity_ns: live.manifest.as_ref().map_or(1, |m| m.granularity_ns),
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
+        by_content: sources.by_content(),
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {

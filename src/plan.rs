@@ -22,6 +22,10 @@ pub struct Compare {
     /// Compare a symlink's own mtime and owner (not where the volume could
     /// not set them: the manifest's `linkmeta 0`).
     pub link_meta: bool,
+    /// Bit i set: SOURCE i is streamed and hashed every file as it arrived
+    /// (an archive, an image), so its files are compared by content, never
+    /// by the quick check alone.
+    pub by_content: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,13 +135,17 @@ pub fn same_entry(src: &Entry, live: &Entry, c: &Compare) -> bool {
     }
 }
 
-/// A source file that carries its content hash (a streamed source hashes
-/// every file as it arrives) is the live one only if the live file's hash
-/// is known and equal: never by size and mtime alone, as reproducible
+/// A file of a streamed source (`Compare::by_content`: it hashed every
+/// file as it arrived) is the live one only if the live file's hash is
+/// known and equal: never by size and mtime alone, as reproducible
 /// builds give every file one mtime and a same-size edit would go stale.
-fn same_content(src: &Entry, live: &Entry) -> bool {
+fn same_content(src: &Entry, live: &Entry, c: &Compare) -> bool {
     match (&src.node, &live.node) {
-        (Node::File(a), Node::File(b)) => a.hash.is_none() || a.hash == b.hash,
+        (Node::File(a), Node::File(b))
+            if c.by_content & 1u64.checked_shl(a.src.into()).unwrap_or(0) != 0 =>
+        {
+            a.hash.is_some() && a.hash == b.hash
+        }
         _ => true,
     }
 }
@@ -241,7 +249,7 @@ fn diff(
                 }
             }
             Some(l) => {
-                let same = same_entry(s, l, c) && same_content(s, l);
+                let same = same_entry(s, l, c) && same_content(s, l, c);
                 if !same {
                     plan.changed += 1;
                     plan.note(Op::Change, s.kind(), prefix);
@@ -396,6 +404,7 @@ mod tests {
         checksum: false,
         granularity_ns: 1,
         link_meta: true,
+        by_content: 0,
     };
 
     fn f(name: &str, size: u64, mtime: i64) -> Entry {
@@ -648,6 +657,40 @@ mod tests {
         );
         assert_eq!(itemized(&p), vec!["~ x"]);
         assert_eq!(p.reused, 0);
+    }
+
+    #[test]
+    fn a_streamed_source_sees_same_size_same_mtime_edits_without_checksum() {
+        let live = t(vec![f("x", 1, 1), f("y", 2, 1)]);
+        let mut src = live.clone();
+        if let Node::File(file) = &mut src.entries[0].node {
+            file.hash = Some([9; 32]); // edited: same size, same mtime
+        }
+        let streamed = Compare { by_content: 1, ..C };
+        let p = build(&mut src, Some(&live), &streamed);
+        assert_eq!(itemized(&p), vec!["~ x"]);
+        assert_eq!((p.copied, p.reused), (1, 1), "y is reused, x copied");
+        let reuse: Vec<bool> = src
+            .entries
+            .iter()
+            .map(|e| matches!(&e.node, Node::File(f) if f.reuse))
+            .collect();
+        assert_eq!(reuse, vec![false, true]);
+        // A live file whose hash is unknown is never taken for the same.
+        let mut unknown = live.clone();
+        if let Node::File(file) = &mut unknown.entries[1].node {
+            file.hash = None;
+        }
+        let mut src = live.clone();
+        let p = build(&mut src, Some(&unknown), &streamed);
+        assert_eq!(itemized(&p), vec!["~ y"]);
+        // Another source's files keep the quick check.
+        let mut src = live.clone();
+        if let Node::File(file) = &mut src.entries[0].node {
+            file.hash = Some([9; 32]);
+        }
+        let other = Compare { by_content: 2, ..C };
+        assert!(build(&mut src, Some(&live), &other).up_to_date());
     }
 
     #[test]
@@ -930,6 +973,7 @@ mod tests {
                 checksum,
                 granularity_ns,
                 link_meta,
+                by_content: 0,
             })
     }
 

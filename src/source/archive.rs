@@ -177,7 +177,8 @@ impl Archive {
     pub fn open(arg: &Path, shown: String, subpath: Option<Vec<u8>>) -> Result<Archive> {
         let usage = |why: String| error::usage(format!("{shown}: {why}"));
         let fd = sys::open_file_path(arg).map_err(|e| usage(format!("cannot read source: {e}")))?;
-        let mut head = vec![0u8; tar::BLOCK];
+        // Enough for a compressed stream's first block to decompress.
+        let mut head = vec![0u8; SNIFF];
         let mut got = 0;
         while got < head.len() {
             match sys::pread(std::os::fd::AsFd::as_fd(&fd), &mut head[got..], got as u64) {
@@ -200,11 +201,16 @@ impl Archive {
     }
 }
 
-/// Whether `head` (the first block of a file) starts an archive: a tar
+/// How much of a FILE is read to tell what it holds.
+const SNIFF: usize = 64 << 10;
+
+/// Whether `head` (the start of a file) starts an archive: a tar
 /// header, or a gzip/zstd stream whose first block decompresses to one.
 fn recognisable(head: &[u8]) -> bool {
     match Format::sniff(head) {
-        Format::Tar => tar::looks_like_tar(head),
+        // A ustar magic in a file cut inside its first header: an archive,
+        // truncated (the spool says so, exit 1).
+        Format::Tar => tar::looks_like_tar(head) || head.get(257..262) == Some(b"ustar"),
         _ => {
             let mut r: &[u8] = head;
             let Ok((_, mut d)) = decoded(&mut r) else {
@@ -218,13 +224,9 @@ fn recognisable(head: &[u8]) -> bool {
                     Ok(n) => got += n,
                 }
             }
-            // The first block may not fit in the first compressed bytes:
-            // what did decompress must at least not contradict a header.
-            if got == tar::BLOCK {
-                tar::looks_like_tar(&block)
-            } else {
-                got > 0
-            }
+            // A first block that does not decompress from the bytes read
+            // (a frame of one large block) is left for the spool to judge.
+            got < tar::BLOCK || tar::looks_like_tar(&block)
         }
     }
 }

@@ -737,3 +737,183 @@ impl<S: Stream> Source for Streamed<S> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::tar::tests::{archive, header};
+    use super::*;
+    use crate::report::Collected;
+
+    fn spool() -> (tempfile::TempDir, Spool) {
+        let t = tempfile::tempdir().unwrap();
+        let s = Spool::new(&DirFd::open_path(t.path()).unwrap(), b"s").unwrap();
+        (t, s)
+    }
+
+    fn apply(s: &mut Spool, bytes: &[u8], whiteouts: bool) -> Result<LayerStats> {
+        let mut r: &[u8] = bytes;
+        s.apply(&mut r, whiteouts, "x.tar", &Collected::default())
+    }
+
+    fn paths(s: Spool) -> Vec<(String, Option<[u8; 32]>, u32)> {
+        let src = s.finish("x.tar".into(), "id".into(), None).unwrap();
+        let tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        let mut out = Vec::new();
+        tree.for_each(&mut |p, e| {
+            let hash = match &e.node {
+                Node::File(f) => f.hash,
+                _ => None,
+            };
+            out.push((String::from_utf8_lossy(p).into_owned(), hash, e.meta.mode));
+        });
+        out
+    }
+
+    fn sha(b: &[u8]) -> [u8; 32] {
+        Sha256::digest(b).into()
+    }
+
+    #[test]
+    fn entries_land_with_their_metadata_and_hashes() {
+        let (_t, mut s) = spool();
+        let mut secret = header(b"/d/secret", b'0', 2, b"");
+        secret[100..107].copy_from_slice(b"0000000");
+        super::super::tar::tests::seal(&mut secret);
+        let a = archive(&[
+            (header(b"/data.json", b'0', 2, b""), b"{}"),
+            (secret, b"no"),
+            (header(b"d/h", b'1', 0, b"/d/secret"), b""),
+            (header(b"d/l", b'2', 0, b"/etc"), b""),
+            (header(b"fifo", b'6', 0, b""), b""),
+        ]);
+        let stats = apply(&mut s, &a, false).unwrap();
+        assert_eq!((stats.files, stats.skipped, stats.entries), (2, 1, 4));
+        assert_eq!(
+            paths(s),
+            vec![
+                ("d".into(), None, 0o755),
+                ("d/h".into(), Some(sha(b"no")), 0),
+                ("d/l".into(), None, 0o777),
+                ("d/secret".into(), Some(sha(b"no")), 0),
+                ("data.json".into(), Some(sha(b"{}")), 0o644),
+            ]
+        );
+    }
+
+    #[test]
+    fn hostile_names_are_refused() {
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (
+                archive(&[(header(b"../x", b'0', 0, b""), b"")]),
+                "\"..\" component",
+            ),
+            (
+                archive(&[(header(b"a/../../x", b'0', 0, b""), b"")]),
+                "\"..\" component",
+            ),
+            (
+                archive(&[
+                    (header(b"l", b'2', 0, b"/etc"), b""),
+                    (header(b"l/passwd", b'0', 1, b""), b"x"),
+                ]),
+                "reached through the symlink l",
+            ),
+            (
+                archive(&[(header(b"h", b'1', 0, b"../../etc/x"), b"")]),
+                "its target leaves the tree",
+            ),
+            (
+                archive(&[(header(b"h", b'1', 0, b"nothing"), b"")]),
+                "not an earlier file",
+            ),
+            (
+                archive(&[
+                    (header(b"l", b'2', 0, b"/etc"), b""),
+                    (header(b"h", b'1', 0, b"l/passwd"), b""),
+                ]),
+                "not an earlier file",
+            ),
+        ];
+        for (bytes, needle) in cases {
+            let (t, mut s) = spool();
+            let e = format!("{:#}", apply(&mut s, &bytes, false).unwrap_err());
+            assert!(e.starts_with("x.tar: "), "{e}");
+            assert!(e.contains(needle), "{e} lacks {needle}");
+            drop(s);
+            assert!(!t.path().join("x").exists());
+        }
+    }
+
+    #[test]
+    fn whiteouts_remove_earlier_layers_entries_only_when_asked() {
+        let (_t, mut s) = spool();
+        let lower = archive(&[
+            (header(b"a/keep", b'0', 1, b""), b"k"),
+            (header(b"a/gone", b'0', 1, b""), b"g"),
+            (header(b"o/old", b'0', 1, b""), b"o"),
+            (header(b"linked", b'0', 1, b""), b"l"),
+            (header(b"link", b'1', 0, b"linked"), b""),
+        ]);
+        apply(&mut s, &lower, true).unwrap();
+        let upper = archive(&[
+            (header(b"a/.wh.gone", b'0', 0, b""), b""),
+            (header(b"o/new", b'0', 1, b""), b"n"),
+            (header(b"o/.wh..wh..opq", b'0', 0, b""), b""),
+            (header(b".wh.linked", b'0', 0, b""), b""),
+        ]);
+        let stats = apply(&mut s, &upper, true).unwrap();
+        assert_eq!(stats.whiteouts, 3);
+        let got: Vec<String> = paths(s).into_iter().map(|p| p.0).collect();
+        assert_eq!(got, vec!["a", "a/keep", "link", "o", "o/new"]);
+        // Without whiteouts a `.wh.` file is a file.
+        let (_t, mut s) = spool();
+        apply(&mut s, &upper, false).unwrap();
+        let got: Vec<String> = paths(s).into_iter().map(|p| p.0).collect();
+        assert!(got.contains(&"a/.wh.gone".to_string()), "{got:?}");
+    }
+
+    #[test]
+    fn a_later_entry_replaces_an_earlier_one() {
+        let (_t, mut s) = spool();
+        let a = archive(&[
+            (header(b"x", b'0', 1, b""), b"1"),
+            (header(b"x/", b'5', 0, b""), b""),
+            (header(b"x/y", b'0', 1, b""), b"2"),
+            (header(b"x", b'0', 1, b""), b"3"),
+        ]);
+        apply(&mut s, &a, false).unwrap();
+        assert_eq!(paths(s), vec![("x".into(), Some(sha(b"3")), 0o644)]);
+    }
+
+    #[test]
+    fn a_subpath_becomes_the_root_and_must_exist() {
+        let (_t, mut s) = spool();
+        apply(
+            &mut s,
+            &archive(&[(header(b"p/q/f", b'0', 1, b""), b"f")]),
+            false,
+        )
+        .unwrap();
+        let e = format!(
+            "{:#}",
+            s.finish("x.tar".into(), "id".into(), Some(b"p/nope"))
+                .err()
+                .unwrap()
+        );
+        assert_eq!(e, "x.tar: //p/nope is not in the archive");
+        let (_t, mut s) = spool();
+        apply(
+            &mut s,
+            &archive(&[(header(b"p/q/f", b'0', 1, b""), b"f")]),
+            false,
+        )
+        .unwrap();
+        let src = s.finish("x.tar".into(), "id".into(), Some(b"/p/")).unwrap();
+        let tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        assert_eq!(&*tree.entries[0].name, b"q");
+    }
+}

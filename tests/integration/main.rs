@@ -9,6 +9,7 @@ mod layouts;
 mod ops;
 mod property;
 mod sidecar;
+mod source_archive;
 mod source_http;
 mod source_oci;
 mod sync;
