@@ -193,7 +193,9 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
         rules.apply(&mut tree);
     }
 
-    let plan = plan(cfg, &mut tree, &mut live, &sources, owners)?;
+    // The recorded tree is compared by the quick check: it is the drift check.
+    let by_content = if noop { 0 } else { sources.by_content() };
+    let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
     if noop && !up_to_date(cfg, &plan, &live) {
         // Drift (or a new label): fetch after all.
         drop((live, made));
@@ -724,19 +726,22 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
 /// Compare the source tree with the live one, marking what can be reused.
 /// `--checksum` hashes the candidates on both sides first; the live
 /// manifest's hashes are read only when something is to be staged.
+/// `by_content`: the sources whose files are compared by their hashes
+/// (`plan::Compare::by_content`).
 fn plan(
     cfg: &SyncConfig,
     tree: &mut Tree,
     live: &mut Live,
     sources: &Sources,
     owners: bool,
+    by_content: u64,
 ) -> Result<Plan> {
     let compare = Compare {
         owners,
         checksum: cfg.checksum,
         granularity_ns: live.manifest.as_ref().map_or(1, |m| m.granularity_ns),
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
-        by_content: sources.by_content(),
+        by_content,
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {
