@@ -72,8 +72,6 @@ impl<'a> Get<'a> {
 /// An answer with a status below 400 (a 304 among them).
 pub struct Reply {
     pub status: u16,
-    /// Where the answer came from, after redirects.
-    pub url: Url,
     resp: ureq::Response,
     timeout: Duration,
 }
@@ -174,7 +172,6 @@ impl Client {
                 _ => {
                     return Ok(Reply {
                         status,
-                        url,
                         resp,
                         timeout: self.timeout,
                     })

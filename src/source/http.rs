@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::oci_ref::split_subpath;
-use super::spool::{Spool, Stream};
+use super::{Spool, Stream};
 use crate::config::Remote;
 use crate::error;
 use crate::manifest::hex;
@@ -28,7 +28,7 @@ pub struct Bundle {
     remote: Remote,
     /// The body of a conditional GET that was not a 304: `fill` reads it,
     /// so a changed bundle costs one request too.
-    pending: Mutex<Option<Download>>,
+    pending: Mutex<Option<Box<Download>>>,
 }
 
 /// `https://…` / `http://…`: parsed now (exit 2 if malformed); nothing is
@@ -190,7 +190,7 @@ pub enum Fetched {
     /// 304: what the live generation holds is current.
     NotModified,
     /// The body, streaming, and the validators that came with it.
-    Body(Download),
+    Body(Box<Download>),
 }
 
 /// A body as it streams, hashed on the way (the identity's SHA-256).
@@ -278,14 +278,14 @@ pub fn fetch(
     if reply.status != 200 {
         anyhow::bail!("{label}: unexpected answer {} (expected 200)", reply.status);
     }
-    Ok(Fetched::Body(Download {
+    Ok(Fetched::Body(Box::new(Download {
         etag: validator(reply.header("etag")),
         last_modified: validator(reply.header("last-modified")),
         length: reply.length(),
         hasher: Sha256::new(),
         seen: 0,
         body: reply.into_reader(),
-    }))
+    })))
 }
 
 #[cfg(test)]

@@ -16,9 +16,9 @@ mod archive;
 mod dir;
 mod http;
 mod oci;
-mod oci_fetch;
-mod oci_image;
-mod oci_ref;
+pub(crate) mod oci_fetch;
+pub(crate) mod oci_image;
+pub(crate) mod oci_ref;
 pub mod spool;
 pub mod tar;
 

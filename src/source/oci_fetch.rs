@@ -63,7 +63,7 @@ pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
             }
             Document::Index(ms) => {
                 let chosen = oci_image::choose(&ms, platform)
-                    .with_context(|| format!("{}", store.label()))?
+                    .with_context(|| store.label().to_string())?
                     .clone();
                 if !is_index_type(&chosen.media_type) {
                     return Ok(Resolved {
