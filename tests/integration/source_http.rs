@@ -19,7 +19,9 @@ use crate::source_oci::{first_line, have, python, tree, unchanged_but_staging, H
 /// `PATH if-none-match=VALUE`. The ETag is the content's SHA-256.
 /// `/private/*` wants `Authorization: Bearer s3cret`; `/fail` is a 500;
 /// `/stall` sends 10 bytes of 100000 and waits; `/cut/NAME` sends half of
-/// NAME and closes.
+/// NAME and closes; `/away/PATH` redirects to PATH on `localhost` (another
+/// host name for the same server). With argv[3] and argv[4] (a
+/// certificate and its key) it speaks HTTPS.
 const SERVER_PY: &str = r#"
 import hashlib, http.server, os, sys, time
 root, log = sys.argv[1], sys.argv[2]
@@ -31,6 +33,12 @@ class H(http.server.BaseHTTPRequestHandler):
         with open(log, "a") as f:
             f.write(f"{self.path} if-none-match={inm}\n")
         p = self.path
+        if p.startswith("/away/"):
+            self.send_response(302)
+            self.send_header("Location", f"http://localhost:{self.server.server_address[1]}/{p[len('/away/'):]}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if p == "/fail":
             return self.plain(500, b"boom")
         if p == "/stall":
@@ -72,6 +80,12 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 s = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
 s.daemon_threads = True
+s.handle_error = lambda *a: None  # a refused TLS handshake is the test's point
+if len(sys.argv) > 4:
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[3], sys.argv[4])
+    s.socket = ctx.wrap_socket(s.socket, server_side=True)
 print(s.server_address[1], flush=True)
 s.serve_forever()
 "#;
@@ -122,11 +136,18 @@ struct Server {
 
 impl Server {
     fn start(f: &Fixture) -> Server {
+        Server::start_with(f, &[])
+    }
+
+    /// `tls`: a certificate and its key, for HTTPS.
+    fn start_with(f: &Fixture, tls: &[&str]) -> Server {
         let www = f.path("www");
         fs::create_dir_all(&www).unwrap();
         let log = f.path("requests.log");
         fs::write(&log, "").unwrap();
-        let mut proc = python(SERVER_PY, &[www.to_str().unwrap(), log.to_str().unwrap()]);
+        let mut args = vec![www.to_str().unwrap(), log.to_str().unwrap()];
+        args.extend_from_slice(tls);
+        let mut proc = python(SERVER_PY, &args);
         let port = first_line(&mut proc.0).parse().unwrap();
         Server {
             _proc: proc,
@@ -235,6 +256,23 @@ fn a_bundle_server_that_fails_keeps_the_last_good_tree() {
     ])
     .ok();
 
+    // Redirected to another host name: the token is not sent there.
+    let away = srv.url("/away/private/authz.tar.gz");
+    f.refused(
+        &[
+            "sync",
+            "--header",
+            "Authorization: Bearer s3cret",
+            &away,
+            "vol/packs",
+        ],
+        1,
+        "401 Unauthorized",
+    );
+    let public = srv.url("/away/authz.tar.gz");
+    f.packsync(&["sync", "--grace", "0", &public, "vol/packs"])
+        .ok();
+
     // 500, a stall past --timeout, a body cut short, a 404: exit 1, one
     // line, the live tree kept.
     let cases = [
@@ -268,5 +306,104 @@ fn a_bundle_server_that_fails_keeps_the_last_good_tree() {
         ],
         2,
         "credentials in a URL",
+    );
+}
+
+#[test]
+fn https_is_verified_and_ca_file_adds_a_root() {
+    if !have(&["python3", "openssl"]) {
+        return;
+    }
+    let f = Fixture::new();
+    // A private CA, and the server's certificate signed by it.
+    let (ca, ca_key, cert, key) = (
+        f.path("ca.pem"),
+        f.path("ca.key"),
+        f.path("cert.pem"),
+        f.path("key.pem"),
+    );
+    let ext = f.path("ext");
+    fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let openssl = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(f.dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "openssl {args:?}");
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=packsync-test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        "key.pem",
+        "-out",
+        "leaf.csr",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "leaf.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+        "-out",
+        "cert.pem",
+    ]);
+    let _ = ca_key;
+    let srv = Server::start_with(&f, &[cert.to_str().unwrap(), key.to_str().unwrap()]);
+    bundle(&srv.www.join("authz.tar.gz"), "r1", "false");
+    let url = format!("https://127.0.0.1:{}/authz.tar.gz", srv.port);
+    // A certificate no root vouches for: exit 1, the volume untouched.
+    f.refused(
+        &["sync", &url, "vol/packs"],
+        1,
+        "TLS failure with 127.0.0.1:",
+    );
+    f.packsync(&["sync", "--ca-file", ca.to_str().unwrap(), &url, "vol/packs"])
+        .ok();
+    assert_eq!(tree(&f.dest()), bundle_tree("r1", "false"));
+    // A --ca-file that holds no certificate is a usage error.
+    f.refused(
+        &[
+            "sync",
+            "--ca-file",
+            key.to_str().unwrap(),
+            &url,
+            "vol/packs",
+        ],
+        2,
+        "--ca-file",
     );
 }
