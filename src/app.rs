@@ -183,7 +183,14 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let (tree, live) = rayon::join(
         || match recorded {
             Some(tree) => Ok(tree),
-            None => sources.scan(early.as_ref(), &cfg.filter, &warnings),
+            None => sources.scan(
+                early.as_ref(),
+                &cfg.filter,
+                &Scanning {
+                    kept: &warnings,
+                    console: &console,
+                },
+            ),
         },
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
@@ -487,6 +494,28 @@ impl Sources {
             source::spool_all(&self.refs(), stage.dir(), reporter)?;
         }
         scan::run(&self.refs(), filter, reporter)
+    }
+}
+
+/// The reporter of the scan: warnings kept for after the plan, as a
+/// directory's are; bytes downloaded (remote sources) shown as they come.
+struct Scanning<'a> {
+    kept: &'a Collected,
+    console: &'a Console,
+}
+
+impl Reporter for Scanning<'_> {
+    fn begin(&self, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+    fn warn(&self, msg: &str) {
+        self.kept.warn(msg);
+    }
+    fn skipped(&self, label: &str, path: &[u8], what: &str) {
+        self.kept.skipped(label, path, what);
+    }
+    fn fetched(&self, bytes: u64) {
+        self.console.fetched(bytes);
     }
 }
 
