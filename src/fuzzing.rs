@@ -358,6 +358,55 @@ pub fn docker_config(data: &[u8]) {
     }
     if let Ok(t) = parse_token(data) {
         assert!(!t.is_empty() && t.bytes().all(|b| (0x21..0x7f).contains(&b)));
+/// The tar reader (`source::tar`) behind the decompressors that sniff the
+/// stream (`source::decoded`: gzip, zstd, plain), on bytes an archive or a
+/// registry hands packsync. Every header it returns is bounded (name,
+/// size, mode, nanoseconds), each entry yields exactly its size in data,
+/// and the names the spool would make are single components. Memory stays
+/// bounded by the limits in `source::tar`, not by what a header claims.
+pub fn tar(data: &[u8]) {
+    use crate::source::tar::{Kind, Reader, MAX_NAME, MAX_SIZE};
+    let mut input = data;
+    let Ok((_, decoded)) = crate::source::decoded(&mut input) else {
+        return;
+    };
+    let mut r = Reader::new(decoded);
+    let mut buf = vec![0u8; 4096];
+    for _ in 0..10_000 {
+        let h = match r.next_entry() {
+            Ok(Some(h)) => h,
+            Ok(None) | Err(_) => return,
+        };
+        assert!(
+            !h.path.is_empty() && h.path.len() <= MAX_NAME,
+            "{:?}",
+            h.path.len()
+        );
+        assert!(h.size <= MAX_SIZE && h.mode <= 0o7777 && h.mtime.1 < 1_000_000_000);
+        if let Kind::Symlink(t) | Kind::Hardlink(t) = &h.kind {
+            assert!(t.len() <= MAX_NAME);
+        }
+        if let Ok(parts) = crate::source::spool::components(&h.path) {
+            for p in parts {
+                assert!(
+                    !p.is_empty()
+                        && p != b"."
+                        && p != b".."
+                        && !p.contains(&b'/')
+                        && !p.contains(&0),
+                    "{p:?} is not a single name"
+                );
+            }
+        }
+        let mut n = 0u64;
+        loop {
+            match r.read_data(&mut buf) {
+                Ok(0) => break,
+                Ok(k) => n += k as u64,
+                Err(_) => return,
+            }
+        }
+        assert_eq!(n, h.size, "an entry's data is its size");
     }
 }
 

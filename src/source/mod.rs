@@ -35,8 +35,10 @@ use crate::scan::Filter;
 use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Tree};
 
-pub use archive::{Archive, Format};
+pub use archive::{decoded, Archive, Format};
 pub use dir::Dir;
+// The layer API the remote kinds (an image's layers, a URL's body) fill a spool with.
+#[allow(unused_imports)]
 pub use spool::{LayerStats, Spool, Spooled, Stream, Streamed};
 
 /// One SOURCE: a tree of entries and the bytes of its files.

@@ -83,7 +83,7 @@ pub struct Spool {
 
 /// The parts of an entry name: a leading `/` stripped, empty and `.`
 /// components dropped; a `..` component (or a NUL) refused.
-fn components(path: &[u8]) -> Result<Vec<&[u8]>> {
+pub fn components(path: &[u8]) -> Result<Vec<&[u8]>> {
     let mut out = Vec::new();
     for c in path.split(|&b| b == b'/') {
         match c {
@@ -160,7 +160,7 @@ impl Spool {
     ) -> Result<LayerStats> {
         let mut stats = LayerStats::default();
         {
-            let (_, decoded) = super::archive::decoded(&mut *r)?;
+            let (format, decoded) = super::archive::decoded(&mut *r)?;
             let mut reader = tar::Reader::new(decoded);
             let mut layer: HashSet<Vec<u8>> = HashSet::new();
             let mut first = true;
@@ -169,12 +169,12 @@ impl Spool {
                 let h = match reader.next_entry() {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
-                    Err(e) if first && e.kind() == io::ErrorKind::InvalidData => {
-                        bail!("not a tar archive ({e})")
-                    }
+                    Err(e) if first && e.kind() == io::ErrorKind::InvalidData => match format {
+                        super::Format::Tar => bail!("not a tar archive ({e})"),
+                        _ => bail!("corrupt, or not a tar archive inside ({e})"),
+                    },
                     Err(e) => return Err(e.into()),
                 };
-                first = false;
                 self.entry(
                     &mut reader,
                     h,
@@ -184,6 +184,10 @@ impl Spool {
                     &mut stats,
                     reporter,
                 )?;
+                if first {
+                    sys::pause_point("spooling");
+                }
+                first = false;
             }
             // The rest of the stream: a compressed stream's checksum comes
             // at its end, and a digest check below needs every byte.
@@ -521,7 +525,9 @@ impl Spool {
         })
     }
 
-    /// `finish`, as a `Source` of its own.
+    /// `finish`, as a `Source` of its own (for a kind that spools without
+    /// `Streamed`).
+    #[allow(dead_code)]
     pub fn into_source(
         self,
         label: String,

@@ -165,7 +165,7 @@ impl<R: Read> Reader<R> {
                 return Err(bad(format!("PAX sparse file at byte {at} (not supported)")));
             }
             let ustar = &block[257..263] == b"ustar\0";
-            let mut path = match (pax.path.take(), long_name.take()) {
+            let path = match (pax.path.take(), long_name.take()) {
                 (Some(p), _) | (None, Some(p)) => p,
                 (None, None) => {
                     let name = until_nul(&block[0..100]);
@@ -184,6 +184,11 @@ impl<R: Read> Reader<R> {
                 (Some(l), _) | (None, Some(l)) => l,
                 (None, None) => until_nul(&block[157..257]).to_vec(),
             };
+            if path.len() > MAX_NAME || link.len() > MAX_NAME {
+                return Err(bad(format!(
+                    "the entry at byte {at} has a name longer than {MAX_NAME} bytes"
+                )));
+            }
             let size = pax.size.take().unwrap_or(size);
             if size > MAX_SIZE {
                 return Err(bad(format!(
@@ -220,9 +225,6 @@ impl<R: Read> Reader<R> {
             };
             if path.is_empty() {
                 return Err(bad(format!("an entry without a name at byte {at}")));
-            }
-            if path.len() > MAX_NAME {
-                path.truncate(MAX_NAME);
             }
             self.begin_data(size);
             return Ok(Some(Header {

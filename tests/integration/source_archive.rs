@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::fixture::{snapshot, Fixture, Run};
+use crate::fixture::{links, snapshot, Fixture, Run};
 
 /// One entry of an archive the test builds.
 #[derive(Clone)]
@@ -129,6 +129,8 @@ fn bundle(revision: &str, data: &str) -> Vec<E> {
         dir("authz"),
         file("authz/x.rego", "package authz\ndefault allow := false\n"),
         file("authz/y.rego", "package authz\nallow if input.admin\n"),
+        link("authz/same.rego", 'h', "authz/y.rego"),
+        link("current", 'l', "authz"),
     ]
 }
 
@@ -202,6 +204,12 @@ fn an_opa_bundle_lands_from_tar_gz_and_tar_zst() {
     let want = snapshot(&f.src(), false);
     f.sync_from(&[&gz], &[]).ok();
     assert_eq!(snapshot(&f.dest(), false), want);
+    assert_eq!(
+        links(&f.dest()),
+        links(&f.src()),
+        "hardlinks stay hardlinks"
+    );
+    assert_eq!(links(&f.dest()).len(), 1);
     assert_eq!(
         fs::read_to_string(f.dest().join("data.json")).unwrap(),
         r#"{"users":["a"]}"#
@@ -292,7 +300,11 @@ fn a_subtree_is_taken_with_a_double_slash() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, ["x.rego", "y.rego"]);
+    assert_eq!(names, ["same.rego", "x.rego", "y.rego"]);
+    assert_eq!(
+        ino(&f.dest().join("same.rego")),
+        ino(&f.dest().join("y.rego"))
+    );
     // A PATH the archive lacks is only known once it is read: exit 1.
     f.unchanged_but_staging(|| {
         f.sync_from(&[&format!("{a}//nope")], &[])
@@ -521,4 +533,39 @@ fn special_entries_are_skipped_with_a_warning() {
     );
     let names: Vec<_> = fs::read_dir(f.dest()).unwrap().collect();
     assert_eq!(names.len(), 1);
+}
+
+#[test]
+fn sigterm_while_spooling_leaves_no_spool_and_publishes_nothing() {
+    let f = Fixture::new();
+    let one = f.archive("one.tar", &tar(&bundle("1", "{}")));
+    f.sync_from(&[&one], &[]).ok();
+    let two = f.archive("two.tar.gz", &gzip(&tar(&bundle("2", "{}"))));
+    let resume = f.path("resume");
+    let before = f.volume();
+    let mut cmd = f.command(&["sync", "--grace", "0", &two, "vol/packs"]);
+    let child = crate::faults::start_paused(&mut cmd, "spooling", &resume);
+    // Paused with the first entry in the spool, inside this writer's staging.
+    let stage = f.state().join("stage");
+    let staged: Vec<_> = fs::read_dir(&stage)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(staged.len(), 1);
+    assert!(staged[0].join("spool/0/.manifest").exists(), "{staged:?}");
+    let pid = rustix::process::Pid::from_child(&child);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let run = Run::wait(child);
+    assert_eq!(run.code, 143, "{}", run.stderr);
+    assert_eq!(
+        fs::read_dir(&stage).unwrap().count(),
+        0,
+        "the spool went with the staging"
+    );
+    let unstaged = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .filter(|l| !l.starts_with("\".packs.packsync/stage\" d"))
+            .collect()
+    };
+    assert_eq!(unstaged(f.volume()), unstaged(before));
 }
