@@ -358,6 +358,9 @@ pub fn docker_config(data: &[u8]) {
     }
     if let Ok(t) = parse_token(data) {
         assert!(!t.is_empty() && t.bytes().all(|b| (0x21..0x7f).contains(&b)));
+    }
+}
+
 /// The tar reader (`source::tar`) behind the decompressors that sniff the
 /// stream (`source::decoded`: gzip, zstd, plain), on bytes an archive or a
 /// registry hands packsync. Every header it returns is bounded (name,
