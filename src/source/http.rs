@@ -25,7 +25,8 @@ use crate::report::Reporter;
 pub struct Bundle {
     target: Target,
     label: String,
-    remote: Remote,
+    client: Client,
+    headers: Vec<(String, String)>,
     /// The body of a conditional GET that was not a 304: `fill` reads it,
     /// so a changed bundle costs one request too.
     pending: Mutex<Option<Box<Download>>>,
@@ -36,11 +37,12 @@ pub struct Bundle {
 pub fn open(arg: &str, remote: &Remote) -> Result<Bundle> {
     let target = parse(arg).map_err(|e| error::usage(format!("{arg}: {e:#}")))?;
     // An unreadable --ca-file is a usage error now, not at the first request.
-    Client::new(remote)?;
+    let client = Client::new(remote)?;
     Ok(Bundle {
         target,
         label: arg.to_string(),
-        remote: remote.clone(),
+        client,
+        headers: remote.headers.clone(),
         pending: Mutex::new(None),
     })
 }
@@ -54,7 +56,7 @@ impl Bundle {
     pub fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         let prev = Identity::parse(recorded, self.target.url.as_str())
             .filter(|p| p.etag.is_some() || p.last_modified.is_some());
-        match fetch(&self.remote, &self.label, &self.target.url, prev.as_ref())? {
+        match self.fetch(prev.as_ref())? {
             Fetched::NotModified if prev.is_some() => Ok(true),
             Fetched::NotModified => anyhow::bail!(
                 "{}: 304 Not Modified to a request that was not conditional",
@@ -95,7 +97,7 @@ impl Stream for Bundle {
         let pending = self.pending.lock().unwrap().take();
         let mut download = match pending {
             Some(d) => d,
-            None => match fetch(&self.remote, &self.label, &self.target.url, None)? {
+            None => match self.fetch(None)? {
                 Fetched::Body(d) => d,
                 Fetched::NotModified => anyhow::bail!(
                     "{}: 304 Not Modified to a request that was not conditional",
@@ -240,52 +242,49 @@ fn validator(v: Option<&str>) -> Option<String> {
         .map(str::to_string)
 }
 
-/// GET `url` with the user's headers, conditional on `previous` (the live
-/// generation's identity for this source). `label` names the source.
-pub fn fetch(
-    remote: &Remote,
-    label: &str,
-    url: &Url,
-    previous: Option<&Identity>,
-) -> Result<Fetched> {
-    let client = Client::new(remote)?;
-    let mut headers = remote.headers.clone();
-    if let Some(p) = previous {
-        if let Some(e) = &p.etag {
-            headers.push(("If-None-Match".into(), e.clone()));
+impl Bundle {
+    /// GET the URL with the user's headers, conditional on `previous` (the
+    /// live generation's identity for this source).
+    fn fetch(&self, previous: Option<&Identity>) -> Result<Fetched> {
+        let (label, url) = (&self.label, &self.target.url);
+        let mut headers = self.headers.clone();
+        if let Some(p) = previous {
+            if let Some(e) = &p.etag {
+                headers.push(("If-None-Match".into(), e.clone()));
+            }
+            if let Some(l) = &p.last_modified {
+                headers.push(("If-Modified-Since".into(), l.clone()));
+            }
         }
-        if let Some(l) = &p.last_modified {
-            headers.push(("If-Modified-Since".into(), l.clone()));
-        }
-    }
-    let req = Get {
-        headers: &headers,
-        any_http: true,
-        ..Get::new(url.clone())
-    };
-    let reply = client.send(&req).map_err(|e| {
-        let hint = match &e {
-            Failed::Status {
-                code: 401 | 403, ..
-            } => " (credentials: --header or --header-file)",
-            _ => "",
+        let req = Get {
+            headers: &headers,
+            any_http: true,
+            ..Get::new(url.clone())
         };
-        anyhow::anyhow!("{label}: {e}{hint}")
-    })?;
-    if reply.status == 304 {
-        return Ok(Fetched::NotModified);
+        let reply = self.client.send(&req).map_err(|e| {
+            let hint = match &e {
+                Failed::Status {
+                    code: 401 | 403, ..
+                } => " (credentials: --header or --header-file)",
+                _ => "",
+            };
+            anyhow::anyhow!("{label}: {e}{hint}")
+        })?;
+        if reply.status == 304 {
+            return Ok(Fetched::NotModified);
+        }
+        if reply.status != 200 {
+            anyhow::bail!("{label}: unexpected answer {} (expected 200)", reply.status);
+        }
+        Ok(Fetched::Body(Box::new(Download {
+            etag: validator(reply.header("etag")),
+            last_modified: validator(reply.header("last-modified")),
+            length: reply.length(),
+            hasher: Sha256::new(),
+            seen: 0,
+            body: reply.into_reader(),
+        })))
     }
-    if reply.status != 200 {
-        anyhow::bail!("{label}: unexpected answer {} (expected 200)", reply.status);
-    }
-    Ok(Fetched::Body(Box::new(Download {
-        etag: validator(reply.header("etag")),
-        last_modified: validator(reply.header("last-modified")),
-        length: reply.length(),
-        hasher: Sha256::new(),
-        seen: 0,
-        body: reply.into_reader(),
-    })))
 }
 
 #[cfg(test)]
