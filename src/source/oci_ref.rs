@@ -108,7 +108,7 @@ fn parse_host(h: &str) -> Result<String> {
                     .ok_or_else(|| anyhow::anyhow!("{h:?} is not a host"))?,
             ),
         };
-        (format!("[{addr}]"), port)
+        (format!("[{}]", addr.to_ascii_lowercase()), port)
     } else {
         let (n, p) = match h.split_once(':') {
             Some((n, p)) => (n, Some(p)),
@@ -250,6 +250,7 @@ mod tests {
         assert_eq!((r.tag, r.digest.as_deref()), (None, Some(D)));
         let r = parse(&format!("oci://[::1]:5000/a/b:t@{D}")).unwrap();
         assert_eq!(r.host, "[::1]:5000");
+        assert_eq!(parse("oci://[::A0]/x").unwrap().host, "[::a0]");
         assert_eq!(r.manifest_ref(), D);
         let r = parse("oci://registry.example/x").unwrap();
         assert_eq!((r.manifest_ref(), r.tag.as_deref()), ("latest", None));
