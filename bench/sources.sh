@@ -75,11 +75,12 @@ def tar_of(entries, whiteouts=()):
     return buf.getvalue()
 def image(tag, layer_tars):
     layers = []
+    diff_ids = ["sha256:" + hashlib.sha256(raw).hexdigest() for raw in layer_tars]
     for raw in layer_tars:
         d = put(gzip.compress(raw, compresslevel=6, mtime=0))
         d["mediaType"] = "application/vnd.oci.image.layer.v1.tar+gzip"
         layers.append(d)
-    cfg = put(json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode())
+    cfg = put(json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode())
     cfg["mediaType"] = "application/vnd.oci.image.config.v1+json"
     m = put(json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                         "config": cfg, "layers": layers}).encode())
@@ -141,6 +142,8 @@ skopeo_umoci() {
     umoci raw unpack $rootless --image "$W/o:1" "$W/u"
 }
 
+row "packsync sync DIR (cold, the same tree unpacked)"
+for _ in $(seq "$RUNS"); do fresh; time_ms "$P" sync -q "$W/dir" "$W/vol/venv"; done | stats
 row "packsync sync oci:// (cold)"
 for _ in $(seq "$RUNS"); do fresh; time_ms "$P" sync -q "$img:1" "$W/vol/venv"; done | stats
 row "skopeo copy + umoci raw unpack (cold)"

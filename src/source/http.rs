@@ -109,7 +109,12 @@ impl Stream for Bundle {
             inner: &mut download,
             reporter,
         };
-        spool.apply(&mut counted, false, &self.label, reporter)?;
+        super::oci_fetch::pipelined(
+            &mut counted,
+            &self.label,
+            |c| io::copy(c, &mut io::sink()).map(|_| ()),
+            |plain| spool.apply(plain, false, &self.label, reporter).map(|_| ()),
+        )?;
         let id = download
             .identity(&self.target.url)
             .with_context(|| self.label.clone())?;

@@ -117,18 +117,115 @@ pub fn fetch(
             short(&layer.digest)
         );
         let raw = store.blob(layer)?;
-        let mut checked = Checked::new(raw, layer, &what, fetched);
-        if let Err(e) = sink.layer(&mut checked, &what) {
-            // A blob that is not what its digest says is the cause to name,
-            // not what the decompressor or the tar reader made of it.
-            return match checked.finish() {
-                Err(d) if checked.mismatched => Err(d),
-                _ => Err(e),
-            };
-        }
-        checked.finish()?;
+        let mut checked = Checked::new(raw, layer, fetched);
+        pipelined(&mut checked, &what, Checked::finish, |plain| {
+            sink.layer(plain, &what)
+        })?;
     }
     Ok(())
+}
+
+/// Chunks handed from the decompressing thread to the spool, and how many
+/// may wait: a few MiB in flight at most.
+const CHUNK: usize = 256 << 10;
+const CHUNKS: usize = 8;
+
+/// Decompress `raw` (gzip, zstd or plain: told by its first bytes) on a
+/// thread of its own while `consume` reads the plain stream, so that
+/// inflating and hashing the download overlap writing the files. `end`
+/// runs on `raw` after the plain stream ended, before `consume` sees its
+/// end (the digest check: a failure there reaches `consume` as a read
+/// error, so nothing is taken for complete), and also when decoding or
+/// `consume` failed: a blob that is not what its digest says is then the
+/// cause named (`end`'s error wins), not what the decompressor or the tar
+/// reader made of it, after `what`.
+pub fn pipelined<R: Read + Send>(
+    raw: &mut R,
+    what: &str,
+    end: impl FnOnce(&mut R) -> io::Result<()> + Send,
+    consume: impl FnOnce(&mut dyn Read) -> Result<()>,
+) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<u8>>>(CHUNKS);
+    std::thread::scope(|s| {
+        let producer = s.spawn(move || -> Option<io::Error> {
+            let decode = (|| -> io::Result<()> {
+                let (_, mut plain) = super::archive::decoded(&mut *raw)?;
+                loop {
+                    let mut buf = vec![0; CHUNK];
+                    let n = match plain.read(&mut buf) {
+                        Ok(n) => n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(e),
+                    };
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    buf.truncate(n);
+                    if tx.send(Ok(buf)).is_err() {
+                        return Ok(()); // the consumer stopped: its error stands
+                    }
+                }
+            })();
+            let checked = end(raw).err();
+            match (&checked, decode) {
+                (Some(e), _) => {
+                    let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+                }
+                (None, Err(e)) => {
+                    let _ = tx.send(Err(e));
+                }
+                (None, Ok(())) => {}
+            }
+            checked
+        });
+        let mut reader = Chunks {
+            rx,
+            cur: Vec::new(),
+            at: 0,
+        };
+        let consumed = consume(&mut reader);
+        drop(reader);
+        let checked = producer.join().expect("the decompressing thread panicked");
+        if let Some(sig) = crate::sys::signals::pending() {
+            return Err(crate::error::Failure::Interrupted(sig).into());
+        }
+        match checked {
+            Some(e) => Err(anyhow::Error::new(e).context(what.to_string())),
+            None => consumed,
+        }
+    })
+}
+
+/// The plain stream, as chunks from the decompressing thread.
+struct Chunks {
+    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    cur: Vec<u8>,
+    at: usize,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::sync::mpsc::RecvTimeoutError;
+        while self.at == self.cur.len() {
+            match self.rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(Ok(chunk)) => {
+                    self.cur = chunk;
+                    self.at = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(RecvTimeoutError::Disconnected) => return Ok(0),
+                // A signal while the download waits: the caller reports it.
+                Err(RecvTimeoutError::Timeout) if crate::sys::signals::pending().is_some() => {
+                    return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.at);
+        buf[..n].copy_from_slice(&self.cur[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
 }
 
 /// `sha256:0123456789ab`: enough of a digest for a message.
@@ -144,10 +241,7 @@ pub struct Checked<'a, R> {
     seen: u64,
     size: u64,
     digest: &'a str,
-    what: &'a str,
     done: bool,
-    /// The blob turned out longer, shorter or other than its digest says.
-    pub mismatched: bool,
     fetched: &'a (dyn Fn(u64) + Sync),
 }
 
@@ -155,7 +249,6 @@ impl<'a, R: Read> Checked<'a, R> {
     pub fn new(
         inner: R,
         desc: &'a Descriptor,
-        what: &'a str,
         fetched: &'a (dyn Fn(u64) + Sync),
     ) -> Checked<'a, R> {
         Checked {
@@ -164,21 +257,17 @@ impl<'a, R: Read> Checked<'a, R> {
             seen: 0,
             size: desc.size,
             digest: &desc.digest,
-            what,
             done: false,
-            mismatched: false,
             fetched,
         }
     }
 
     /// Read what the consumer left (a tar's padding after its end) and check.
-    pub fn finish(&mut self) -> Result<()> {
-        io::copy(self, &mut io::sink()).with_context(|| self.what.to_string())?;
-        Ok(())
+    pub fn finish(&mut self) -> io::Result<()> {
+        io::copy(self, &mut io::sink()).map(|_| ())
     }
 
-    fn bad(&mut self, why: String) -> io::Error {
-        self.mismatched = true;
+    fn bad(&self, why: String) -> io::Error {
         io::Error::new(io::ErrorKind::InvalidData, why)
     }
 }
@@ -652,21 +741,21 @@ mod tests {
         let data = b"layer bytes".to_vec();
         let d = desc(&data);
         let quiet = |_: u64| {};
-        let mut ok = Checked::new(&data[..], &d, "l", &quiet);
+        let mut ok = Checked::new(&data[..], &d, &quiet);
         assert_eq!(read_all(&mut ok).unwrap(), data);
         ok.finish().unwrap();
 
         let mut bad = data.clone();
         bad[0] ^= 1;
-        let e = read_all(&mut Checked::new(&bad[..], &d, "l", &quiet)).unwrap_err();
+        let e = read_all(&mut Checked::new(&bad[..], &d, &quiet)).unwrap_err();
         assert!(e.to_string().contains("digest mismatch"), "{e}");
-        let e = read_all(&mut Checked::new(&data[..5], &d, "l", &quiet)).unwrap_err();
+        let e = read_all(&mut Checked::new(&data[..5], &d, &quiet)).unwrap_err();
         assert!(e.to_string().contains("truncated: 5 of 11"), "{e}");
         let long = [&data[..], b"x"].concat();
-        let e = read_all(&mut Checked::new(&long[..], &d, "l", &quiet)).unwrap_err();
+        let e = read_all(&mut Checked::new(&long[..], &d, &quiet)).unwrap_err();
         assert!(e.to_string().contains("longer than the 11 bytes"), "{e}");
         // A consumer that stops early: `finish` still reads to the end and checks.
-        let mut part = Checked::new(&bad[..], &d, "l", &quiet);
+        let mut part = Checked::new(&bad[..], &d, &quiet);
         part.read_exact(&mut [0; 3]).unwrap();
         assert!(part.finish().is_err());
     }
