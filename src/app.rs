@@ -28,7 +28,7 @@ use crate::scan::{self, Filter};
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
-use crate::sys::{self};
+use crate::sys::{self, DirFd};
 use crate::tree::{Node, Tree};
 use crate::verify;
 use crate::volume::{Dest, State, Volume};
@@ -167,24 +167,34 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let noop = recorded.is_some();
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
+    // A dry run writes nothing on the volume: it spools outside it.
+    let spool_here = streamed && !cfg.dry_run;
     let mut made = MadeState {
         vol: &vol,
-        armed: streamed && fresh_state,
+        armed: spool_here && fresh_state,
     };
-    let state = if streamed && fresh_state {
+    let state = if spool_here && fresh_state {
         vol.state(true)?
     } else {
         state
     };
-    let mut early = match (&state, streamed) {
+    let mut early = match (&state, spool_here) {
         (Some(state), true) => Some(Stage::new(state)?),
         _ => None,
     };
+    let scratch = match streamed && cfg.dry_run {
+        true => Some(source::Scratch::new()?),
+        false => None,
+    };
+    let spool_in = early
+        .as_ref()
+        .map(|s| s.dir())
+        .or(scratch.as_ref().map(|s| s.dir()));
     let (tree, live) = rayon::join(
         || match recorded {
             Some(tree) => Ok(tree),
             None => sources.scan(
-                early.as_ref(),
+                spool_in,
                 &cfg.filter,
                 &Scanning {
                     kept: &warnings,
@@ -482,16 +492,17 @@ impl Sources {
         self.all.iter().any(|s| s.streamed())
     }
 
-    /// Spool the streamed sources into `staging`, then scan every source
+    /// Spool the streamed sources into `staging` (this writer's staging
+    /// directory, or a dry run's scratch directory), then scan every source
     /// (each in parallel inside) and overlay them in order.
     fn scan(
         &self,
-        staging: Option<&Stage>,
+        staging: Option<&DirFd>,
         filter: &Filter,
         reporter: &dyn Reporter,
     ) -> Result<Tree> {
-        if let Some(stage) = staging {
-            source::spool_all(&self.refs(), stage.dir(), reporter)?;
+        if let Some(staging) = staging {
+            source::spool_all(&self.refs(), staging, reporter)?;
         }
         scan::run(&self.refs(), filter, reporter)
     }

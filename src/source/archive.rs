@@ -189,7 +189,9 @@ impl Archive {
         }
         head.truncate(got);
         if !recognisable(&head) {
-            return Err(usage("not a directory or a recognisable archive".into()));
+            return Err(usage(
+                "source is not a directory or a recognisable archive".into(),
+            ));
         }
         let path = sys::canonicalize(arg).with_context(|| format!("cannot resolve {shown}"))?;
         Ok(Archive {

@@ -39,7 +39,7 @@ pub use archive::{decoded, Archive, Format};
 pub use dir::Dir;
 // The layer API the remote kinds (an image's layers, a URL's body) fill a spool with.
 #[allow(unused_imports)]
-pub use spool::{LayerStats, Spool, Spooled, Stream, Streamed};
+pub use spool::{LayerStats, Scratch, Spool, Spooled, Stream, Streamed};
 
 /// One SOURCE: a tree of entries and the bytes of its files.
 pub trait Source: Send + Sync {
@@ -87,10 +87,11 @@ pub trait Source: Send + Sync {
         false
     }
 
-    /// Read the stream into a new private directory `name` inside `at`
-    /// (this writer's staging directory's `spool/`), once, before `scan`.
-    fn spool(&self, at: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
-        let _ = (at, name, reporter);
+    /// Read the stream into a new private spool `spool/<name>` inside
+    /// `staging` (this writer's staging directory: `Spool::new`), once,
+    /// before `scan`.
+    fn spool(&self, staging: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
+        let _ = (staging, name, reporter);
         Ok(())
     }
 
@@ -149,7 +150,7 @@ pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
         sys::StatKind::Dir => Ok(Box::new(Dir::open(arg, shown)?)),
         sys::StatKind::File => open_file(arg, shown, None),
         _ => Err(error::usage(format!(
-            "{shown}: not a directory or a recognisable archive"
+            "{shown}: source is not a directory or a recognisable archive"
         ))),
     }
 }
@@ -191,20 +192,14 @@ pub fn open_all(args: &[PathBuf], remote: &Remote) -> Result<Vec<Box<dyn Source>
 
 /// Spool every streamed source, in parallel, each into `spool/<i>` inside
 /// `staging` (this writer's staging directory, which removes them with
-/// itself).
+/// itself; or a `Scratch` directory for a dry run).
 pub fn spool_all(sources: &[&dyn Source], staging: &DirFd, reporter: &dyn Reporter) -> Result<()> {
     use rayon::prelude::*;
-    if !sources.iter().any(|s| s.streamed()) {
-        return Ok(());
-    }
-    let at = staging
-        .ensure_dir(b"spool", 0o700)
-        .context("cannot create the spool in the staging directory")?;
     sources
         .par_iter()
         .enumerate()
         .filter(|(_, s)| s.streamed())
-        .try_for_each(|(i, s)| s.spool(&at, i.to_string().as_bytes(), reporter))
+        .try_for_each(|(i, s)| s.spool(staging, i.to_string().as_bytes(), reporter))
 }
 
 /// Each source's handle on the directory `name` (at `path` from the root)

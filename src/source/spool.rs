@@ -79,6 +79,9 @@ pub struct Spool {
     /// Keep owners on symlinks (only root can give them away).
     owners: bool,
     buf: Vec<u8>,
+    /// The staging directory holding the spool, and when it was last touched.
+    staging: DirFd,
+    last_beat: std::time::Instant,
 }
 
 /// The parts of an entry name: a leading `/` stripped, empty and `.`
@@ -111,13 +114,17 @@ fn check_signal() -> Result<()> {
 }
 
 impl Spool {
-    /// Make the spool `name` (private, 0700) inside `parent`: a directory
-    /// of this writer's staging directory, on the volume's filesystem.
-    pub fn new(parent: &DirFd, name: &[u8]) -> Result<Spool> {
-        parent
-            .mkdir(name, 0o700)
+    /// Make the spool `spool/<name>` (private, 0700) inside `staging`:
+    /// this writer's staging directory, on the volume's filesystem, whose
+    /// mtime the spool refreshes every `stage::HEARTBEAT` while it reads
+    /// (a long download must not look like a dead writer's staging).
+    pub fn new(staging: &DirFd, name: &[u8]) -> Result<Spool> {
+        let at = staging
+            .ensure_dir(b"spool", 0o700)
+            .context("cannot create the spool in the staging directory")?;
+        at.mkdir(name, 0o700)
             .with_context(|| format!("cannot create the spool {}", escape(name)))?;
-        let root = parent
+        let root = at
             .open_dir(name)
             .with_context(|| format!("cannot open the spool {}", escape(name)))?;
         Ok(Spool {
@@ -128,7 +135,17 @@ impl Spool {
             cached: None,
             owners: sys::euid() == 0,
             buf: Vec::new(),
+            staging: staging.try_clone()?,
+            last_beat: std::time::Instant::now(),
         })
+    }
+
+    /// Touch the staging directory if `HEARTBEAT` has passed.
+    fn beat(&mut self) {
+        if self.last_beat.elapsed() >= crate::stage::HEARTBEAT {
+            let _ = self.staging.touch_self();
+            self.last_beat = std::time::Instant::now();
+        }
     }
 
     /// Apply one tar stream (gzip, zstd or plain: told by its first bytes)
@@ -166,12 +183,14 @@ impl Spool {
             let mut first = true;
             loop {
                 check_signal()?;
+                self.beat();
                 let h = match reader.next_entry() {
                     Ok(Some(h)) => h,
                     Ok(None) => break,
-                    Err(e) if first && e.kind() == io::ErrorKind::InvalidData => match format {
+                    // No valid first header: say what the stream is not.
+                    Err(e) if first && tar::is_bad_header(&e) => match format {
                         super::Format::Tar => bail!("not a tar archive ({e})"),
-                        _ => bail!("corrupt, or not a tar archive inside ({e})"),
+                        _ => bail!("corrupt, or no tar archive inside ({e})"),
                     },
                     Err(e) => return Err(e.into()),
                 };
@@ -224,7 +243,11 @@ impl Spool {
         };
         let path = join(&parts);
         if whiteouts && name.starts_with(b".wh.") {
-            let dir = self.parent(parents, mtime)?;
+            // Below a directory no layer made, a whiteout hides nothing.
+            let Some(dir) = self.existing(parents)? else {
+                stats.whiteouts += 1;
+                return Ok(());
+            };
             let res = if name == b".wh..wh..opq" {
                 self.opaque(&dir, &join(parents), layer)
             } else {
@@ -393,6 +416,7 @@ impl Spool {
             n += got as u64;
             if n & ((8 << 20) - 1) < got as u64 {
                 check_signal()?;
+                self.beat();
             }
         }
         Ok((h.finalize().into(), n))
@@ -482,10 +506,28 @@ impl Spool {
         Ok(dir)
     }
 
-    fn put_back(&mut self, parents: &[&[u8]], dir: DirFd) {
-        if self.cached.is_none() {
-            self.cached = Some((join(parents), dir));
+    /// Keep `dir` as the directory the next entry most likely goes into.
+    /// (An entry only ever removes what is below its own directory, so
+    /// `dir` is still there; `remove` forgets a cached handle that may not be.)
+    /// The directory `parents` leads to if it exists (never through a
+    /// symlink or a file: those are refused as in `parent`).
+    fn existing(&mut self, parents: &[&[u8]]) -> Result<Option<DirFd>> {
+        let mut dir = self.root.try_clone()?;
+        for (i, c) in parents.iter().enumerate() {
+            dir = match dir.open_dir(c) {
+                Ok(sub) => sub,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(_) => bail!(
+                    "whiteout in {} is reached through something that is not a directory (refused)",
+                    escape(&join(&parents[..=i]))
+                ),
+            };
         }
+        Ok(Some(dir))
+    }
+
+    fn put_back(&mut self, parents: &[&[u8]], dir: DirFd) {
+        self.cached = Some((join(parents), dir));
     }
 
     /// The spool, filled, as what a scan reads: `subpath` (a `//PATH`)
@@ -535,6 +577,47 @@ impl Spool {
         subpath: Option<&[u8]>,
     ) -> Result<Box<dyn Source>> {
         Ok(Box::new(self.finish(label, identity, subpath)?))
+    }
+}
+
+/// A private directory outside the volume to spool into when nothing may
+/// be written on the volume (`--dry-run`): below the system's temporary
+/// directory, removed when dropped.
+pub struct Scratch {
+    parent: DirFd,
+    name: Vec<u8>,
+    dir: DirFd,
+}
+
+impl Scratch {
+    pub fn new() -> Result<Scratch> {
+        let tmp = std::env::temp_dir();
+        let parent = DirFd::open_path(&tmp)
+            .with_context(|| format!("cannot open {} to read the archive into", tmp.display()))?;
+        let name = format!("packsync-{}", crate::volume::unique_name()).into_bytes();
+        parent
+            .mkdir(&name, 0o700)
+            .with_context(|| format!("cannot create a directory in {}", tmp.display()))?;
+        let dir = parent.open_dir(&name);
+        let dir = match dir {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = parent.remove_tree(&name);
+                return Err(e)
+                    .with_context(|| format!("cannot open a directory in {}", tmp.display()));
+            }
+        };
+        Ok(Scratch { parent, name, dir })
+    }
+
+    pub fn dir(&self) -> &DirFd {
+        &self.dir
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = self.parent.remove_tree(&self.name);
     }
 }
 
@@ -714,8 +797,8 @@ impl<S: Stream> Source for Streamed<S> {
         true
     }
 
-    fn spool(&self, at: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
-        let mut spool = Spool::new(at, name)?;
+    fn spool(&self, staging: &DirFd, name: &[u8], reporter: &dyn Reporter) -> Result<()> {
+        let mut spool = Spool::new(staging, name)?;
         let identity = self.stream.fill(&mut spool, reporter)?;
         let label = self.stream.label().to_string();
         let done = spool.finish(label, identity, self.stream.subpath())?;
@@ -752,7 +835,7 @@ mod tests {
 
     fn spool() -> (tempfile::TempDir, Spool) {
         let t = tempfile::tempdir().unwrap();
-        let s = Spool::new(&DirFd::open_path(t.path()).unwrap(), b"s").unwrap();
+        let s = Spool::new(&DirFd::open_path(t.path()).unwrap(), b"0").unwrap();
         (t, s)
     }
 
@@ -871,6 +954,9 @@ mod tests {
         ]);
         let stats = apply(&mut s, &upper, true).unwrap();
         assert_eq!(stats.whiteouts, 3);
+        // A whiteout below a directory no layer made makes nothing.
+        let ghost = archive(&[(header(b"ghost/.wh.x", b'0', 0, b""), b"")]);
+        apply(&mut s, &ghost, true).unwrap();
         let got: Vec<String> = paths(s).into_iter().map(|p| p.0).collect();
         assert_eq!(got, vec!["a", "a/keep", "link", "o", "o/new"]);
         // Without whiteouts a `.wh.` file is a file.

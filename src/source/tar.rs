@@ -322,6 +322,11 @@ impl<R: Read> Reader<R> {
     }
 }
 
+/// Whether `e` says a block is no tar header (its checksum is wrong).
+pub fn is_bad_header(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidData && e.to_string().starts_with("bad header checksum")
+}
+
 fn bad(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }

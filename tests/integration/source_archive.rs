@@ -498,7 +498,7 @@ fn what_is_no_archive_is_a_usage_error() {
     f.refused(
         &["sync", &a, "vol/packs"],
         2,
-        "noise.tar.gz: not a directory or a recognisable archive",
+        "noise.tar.gz: source is not a directory or a recognisable archive",
     );
     // gzip of something that is not a tar.
     let g = f.archive("text.gz", &gzip(&[b'a'; 2000]));
@@ -568,4 +568,26 @@ fn sigterm_while_spooling_leaves_no_spool_and_publishes_nothing() {
             .collect()
     };
     assert_eq!(unstaged(f.volume()), unstaged(before));
+}
+
+#[test]
+fn a_dry_run_reads_the_archive_and_writes_nothing_on_the_volume() {
+    let f = Fixture::new();
+    let one = f.archive("one.tar.gz", &gzip(&tar(&bundle("1", r#"{"a":1}"#))));
+    // On a fresh volume, then beside a live generation: nothing changes,
+    // not even an mtime.
+    let first = f.unchanged_by(|| f.sync_from(&[&one], &["--dry-run", "--itemize"]).ok());
+    assert!(first.stdout.contains("+ data.json"), "{}", first.stdout);
+    f.sync_from(&[&one], &[]).ok();
+    let two = f.archive("two.tar.gz", &gzip(&tar(&bundle("1", r#"{"a":2}"#))));
+    let run = f.unchanged_by(|| f.sync_from(&[&two], &["--dry-run", "--itemize"]).ok());
+    assert_eq!(
+        run.stdout
+            .lines()
+            .filter(|l| l.starts_with('~'))
+            .collect::<Vec<_>>(),
+        ["~ data.json"],
+        "{}",
+        run.stdout
+    );
 }
