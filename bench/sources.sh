@@ -158,6 +158,9 @@ fresh
 row "packsync sync oci:// (no-op, tag unchanged)"
 for _ in $(seq "$RUNS"); do time_ms "$P" sync -q "$img:1" "$W/vol/venv"; done | stats
 "$P" sync -q "$url" "$W/vol/bundle"
+"$P" sync -q "$W/dir" "$W/vol/dir"
+row "packsync sync DIR (no-op: two stat walks)"
+for _ in $(seq "$RUNS"); do time_ms "$P" sync -q "$W/dir" "$W/vol/dir"; done | stats
 row "packsync sync http:// (no-op, 304)"
 for _ in $(seq "$RUNS"); do time_ms "$P" sync -q "$url" "$W/vol/bundle"; done | stats
 row "packsync sync oci:// (1% update, tag 1 -> 2)"
