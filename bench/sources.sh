@@ -142,16 +142,26 @@ skopeo_umoci() {
     umoci raw unpack $rootless --image "$W/o:1" "$W/u"
 }
 
-row "packsync sync DIR (cold, the same tree unpacked)"
-for _ in $(seq "$RUNS"); do fresh; time_ms "$P" sync -q "$W/dir" "$W/vol/venv"; done | stats
-row "packsync sync oci:// (cold)"
-for _ in $(seq "$RUNS"); do fresh; time_ms "$P" sync -q "$img:1" "$W/vol/venv"; done | stats
-row "skopeo copy + umoci raw unpack (cold)"
-for _ in $(seq "$RUNS"); do fresh; time_ms skopeo_umoci; done | stats
-row "packsync sync http:// tar.gz (cold)"
-for _ in $(seq "$RUNS"); do fresh; time_ms "$P" sync -q "$url" "$W/vol/venv"; done | stats
-row "curl | tar -xz (cold)"
-for _ in $(seq "$RUNS"); do fresh; time_ms sh -c "curl -s '$url' | tar -xz -C '$W/x'"; done | stats
+# Each pair runs interleaved, round by round, so that a load that comes and
+# goes on a shared machine weighs on both sides alike.
+pair() { # pair LABEL_A LABEL_B: runs a() and b(), each after fresh, RUNS times
+  local ta=() tb=()
+  for _ in $(seq "$RUNS"); do
+    fresh; ta+=("$(time_ms a)")
+    fresh; tb+=("$(time_ms b)")
+  done
+  row "$1"; printf '%s\n' "${ta[@]}" | stats
+  row "$2"; printf '%s\n' "${tb[@]}" | stats
+}
+a() { "$P" sync -q "$img:1" "$W/vol/venv"; }
+b() { skopeo_umoci; }
+pair "packsync sync oci:// (cold)" "skopeo copy + umoci raw unpack (cold)"
+a() { "$P" sync -q "$url" "$W/vol/venv"; }
+b() { curl -s "$url" | tar -xz -C "$W/x"; }
+pair "packsync sync http:// tar.gz (cold)" "curl | tar -xz (cold)"
+a() { "$P" sync -q "$W/dir" "$W/vol/venv"; }
+b() { "$P" sync -q "$W/venv.tar.gz" "$W/vol/venv"; }
+pair "packsync sync DIR (cold, the tree unpacked)" "packsync sync FILE.tar.gz (cold, no network)"
 
 fresh
 "$P" sync -q "$img:1" "$W/vol/venv"

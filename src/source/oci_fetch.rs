@@ -128,7 +128,7 @@ pub fn fetch(
 /// Chunks handed from the decompressing thread to the spool, and how many
 /// may wait: a few MiB in flight at most.
 const CHUNK: usize = 256 << 10;
-const CHUNKS: usize = 8;
+const CHUNKS: usize = 4;
 
 /// Decompress `raw` (gzip, zstd or plain: told by its first bytes) on a
 /// thread of its own while `consume` reads the plain stream, so that
@@ -151,12 +151,17 @@ pub fn pipelined<R: Read + Send>(
             let decode = (|| -> io::Result<()> {
                 let (_, mut plain) = super::archive::decoded(&mut *raw)?;
                 loop {
+                    // Whole chunks: a decompressor hands out a few KiB a read.
                     let mut buf = vec![0; CHUNK];
-                    let n = match plain.read(&mut buf) {
-                        Ok(n) => n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                        Err(e) => return Err(e),
-                    };
+                    let mut n = 0;
+                    while n < CHUNK {
+                        match plain.read(&mut buf[n..]) {
+                            Ok(0) => break,
+                            Ok(k) => n += k,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
                     if n == 0 {
                         return Ok(());
                     }
