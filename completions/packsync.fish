@@ -52,6 +52,13 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l slot -d 'With
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l every -d 'Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-failures -d 'With --every: exit 1 after N failed rounds in a row (default: keep trying)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l http-bind -d 'With --every: serve /healthz, /readyz and /metrics on ADDR:PORT' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l registry-auth -d 'Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l ca-file -d 'Trust the PEM certificates in FILE too (besides the system\'s and the compiled-in roots)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l insecure-registry -d 'Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header -d 'Send this header with https:// and http:// sources (repeatable), e.g. \'Authorization: Bearer TOKEN\'' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, or on a read that stalls, after DUR' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run -d 'Show what would change; write nothing'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'

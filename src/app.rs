@@ -147,6 +147,15 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
+    round_with(cfg, pass, true)
+}
+
+/// `round`; `shortcut`: sources that can tell they are unchanged since the
+/// live generation (an image tag on the same digest, a URL answering 304)
+/// are not fetched, the live manifest's entries standing in for them. If
+/// the live tree drifted from them after all, the round starts again
+/// without the shortcut.
+fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let start = Instant::now();
     // Validate: nothing is written before the guards have passed.
     let sources = Sources::open(cfg)?;
@@ -166,8 +175,10 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     // staging (`MadeState`).
     let warnings = Collected::default();
     let state = vol.state(false)?;
+    let recorded = recorded_tree(cfg, &sources, state.as_ref(), &dest, shortcut)?;
+    let noop = recorded.is_some();
     let fresh_state = state.is_none();
-    let streamed = sources.streamed();
+    let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
     let spool_here = streamed && !cfg.dry_run;
     let mut made = MadeState {
@@ -192,7 +203,17 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         .map(|s| s.dir())
         .or(scratch.as_ref().map(|s| s.dir()));
     let (tree, live) = rayon::join(
-        || sources.scan(spool_in, &cfg.filter, &warnings),
+        || match recorded {
+            Some(tree) => Ok(tree),
+            None => sources.scan(
+                spool_in,
+                &cfg.filter,
+                &Scanning {
+                    kept: &warnings,
+                    console: &console,
+                },
+            ),
+        },
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
@@ -201,7 +222,14 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         rules.apply(&mut tree);
     }
 
-    let plan = plan(cfg, &mut tree, &mut live, &sources, owners)?;
+    // The recorded tree is compared by the quick check: it is the drift check.
+    let by_content = if noop { 0 } else { sources.by_content() };
+    let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
+    if noop && !up_to_date(cfg, &plan, &live) {
+        // Drift (or a new label): fetch after all.
+        drop((live, made));
+        return round_with(cfg, pass, false);
+    }
     let check = guards(cfg, &vol, &tree, &plan, &live)?;
     let up_to_date = up_to_date(cfg, &plan, &live);
     let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
@@ -307,6 +335,58 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     })
 }
 
+/// Ask every SOURCE whether it still holds what the live generation's
+/// manifest names for it (`Source::unchanged_since`): a remote kind
+/// answers with one request (resolving a tag, a conditional GET), before
+/// anything is written, so a 401, a 404 or a server that is down fails
+/// here with the volume untouched. When every one says yes, the live
+/// generation's tree as its manifest records it: nothing is fetched, and
+/// plan compares the live tree with it by size, mtime and mode (file
+/// hashes left out), the drift check. `None` otherwise (no live
+/// generation, another number of sources, `--checksum`, a directory or
+/// archive source, `shortcut` off).
+fn recorded_tree(
+    cfg: &SyncConfig,
+    sources: &Sources,
+    state: Option<&State>,
+    dest: &Dest,
+    shortcut: bool,
+) -> Result<Option<Tree>> {
+    let header = match (dest, state) {
+        (Dest::Live(gen), Some(state)) if shortcut && !cfg.checksum => state
+            .manifest_reader(gen)
+            .ok()
+            .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+            .map(|h| (gen, h)),
+        _ => None,
+    };
+    let recorded = header
+        .as_ref()
+        .map(|(_, h)| h.sources.as_slice())
+        .filter(|r| r.len() == sources.all.len());
+    let mut all = recorded.is_some();
+    for (i, s) in sources.all.iter().enumerate() {
+        let r = recorded.map_or("", |r| r[i].as_str());
+        // Every source is asked (each remote one resolves now), even after a no.
+        all &= s.unchanged_since(r)? && recorded.is_some();
+    }
+    let (Some((gen, _)), Some(state), true) = (header, state, all) else {
+        return Ok(None);
+    };
+    let Ok((mut r, _)) = state.manifest_reader(gen) else {
+        return Ok(None);
+    };
+    let Ok(mut m) = Manifest::read(&mut r) else {
+        return Ok(None);
+    };
+    m.tree.for_each_mut(&mut |_, e| {
+        if let Node::File(f) = &mut e.node {
+            f.hash = None;
+        }
+    });
+    Ok(Some(m.tree))
+}
+
 /// Nothing to stage: the live generation is the planned tree, under the
 /// same label (a new label on the same content is a new generation).
 /// A live generation whose manifest is missing or unreadable is not up to
@@ -399,7 +479,7 @@ impl Sources {
     /// Each SOURCE must be something `source::open` can read (exit 2 otherwise).
     fn open(cfg: &SyncConfig) -> Result<Sources> {
         Ok(Sources {
-            all: source::open_all(&cfg.sources)?,
+            all: source::open_all(&cfg.sources, &cfg.remote)?,
         })
     }
 
@@ -437,6 +517,28 @@ impl Sources {
             source::spool_all(&self.refs(), staging, reporter)?;
         }
         scan::run(&self.refs(), filter, reporter)
+    }
+}
+
+/// The reporter of the scan: warnings kept for after the plan, as a
+/// directory's are; bytes downloaded (remote sources) shown as they come.
+struct Scanning<'a> {
+    kept: &'a Collected,
+    console: &'a Console,
+}
+
+impl Reporter for Scanning<'_> {
+    fn begin(&self, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+    fn warn(&self, msg: &str) {
+        self.kept.warn(msg);
+    }
+    fn skipped(&self, label: &str, path: &[u8], what: &str) {
+        self.kept.skipped(label, path, what);
+    }
+    fn fetched(&self, bytes: u64) {
+        self.console.fetched(bytes);
     }
 }
 
@@ -676,19 +778,22 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
 /// Compare the source tree with the live one, marking what can be reused.
 /// `--checksum` hashes the candidates on both sides first; the live
 /// manifest's hashes are read only when something is to be staged.
+/// `by_content`: the sources whose files are compared by their hashes
+/// (`plan::Compare::by_content`).
 fn plan(
     cfg: &SyncConfig,
     tree: &mut Tree,
     live: &mut Live,
     sources: &Sources,
     owners: bool,
+    by_content: u64,
 ) -> Result<Plan> {
     let compare = Compare {
         owners,
         checksum: cfg.checksum,
         granularity_ns: live.manifest.as_ref().map_or(1, |m| m.granularity_ns),
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
-        by_content: sources.by_content(),
+        by_content,
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {

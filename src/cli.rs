@@ -190,6 +190,27 @@ pub struct SyncArgs {
     /// With --every: serve /healthz, /readyz and /metrics on ADDR:PORT
     #[arg(long, value_name = "ADDR:PORT")]
     pub http_bind: Option<std::net::SocketAddr>,
+    /// Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)
+    #[arg(long, value_name = "FILE")]
+    pub registry_auth: Option<PathBuf>,
+    /// Trust the PEM certificates in FILE too (besides the system's and the compiled-in roots)
+    #[arg(long, value_name = "FILE")]
+    pub ca_file: Option<PathBuf>,
+    /// Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)
+    #[arg(long, value_name = "HOST[:PORT]", action = ArgAction::Append, value_parser = config::parse_registry_host)]
+    pub insecure_registry: Vec<String>,
+    /// Send this header with https:// and http:// sources (repeatable), e.g. 'Authorization: Bearer TOKEN'
+    #[arg(long, value_name = "NAME: VALUE", action = ArgAction::Append, value_parser = config::parse_header)]
+    pub header: Vec<(String, String)>,
+    /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line
+    #[arg(long, value_name = "FILE")]
+    pub header_file: Option<PathBuf>,
+    /// Give up on a connection, or on a read that stalls, after DUR
+    #[arg(long, value_name = "DUR", default_value = config::DEFAULT_NET_TIMEOUT, value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform)]
+    pub platform: Option<config::Platform>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -369,6 +390,32 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     }
     lines.extend(rules);
     let filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
+    let mut headers = Vec::new();
+    if let Some(f) = &s.header_file {
+        let text = sys::read_text(f).map_err(|e| {
+            error::usage(format!("{}: cannot read --header-file: {e}", f.display()))
+        })?;
+        for line in text
+            .lines()
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        {
+            headers.push(config::parse_header(line).map_err(|e| {
+                error::usage(format!("{}: bad line in --header-file: {e}", f.display()))
+            })?);
+        }
+    }
+    headers.extend(s.header);
+    if s.timeout.is_zero() {
+        return Err(bad_value("--timeout", "0", "must be more than zero"));
+    }
+    let remote = config::Remote {
+        registry_auth: s.registry_auth,
+        ca_file: s.ca_file,
+        insecure_registries: s.insecure_registry,
+        headers,
+        timeout: s.timeout,
+        platform: s.platform,
+    };
     let mut paths = s.paths;
     let dest = paths.pop().expect("clap requires two paths");
     Ok(SyncConfig {
@@ -405,6 +452,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         every: s.every,
         max_failures: s.max_failures,
         http_bind: s.http_bind,
+        remote,
     })
 }
 
@@ -656,6 +704,40 @@ mod tests {
                 text: "200ms".into()
             })
         );
+    }
+
+    #[test]
+    fn remote_flags_arrive_typed() {
+        let t = tempfile::tempdir().unwrap();
+        let file = t.path().join("headers");
+        std::fs::write(&file, "# tokens\nX-From-File: 1\n\n").unwrap();
+        let s = sync(&[
+            "--timeout",
+            "5s",
+            "--platform",
+            "linux/arm64",
+            "--insecure-registry",
+            "reg.example:5000",
+            "--header-file",
+            file.to_str().unwrap(),
+            "--header",
+            "Authorization: Bearer t",
+        ]);
+        let r = s.remote;
+        assert_eq!(r.timeout, Duration::from_secs(5));
+        assert_eq!(r.platform.unwrap().to_string(), "linux/arm64");
+        assert_eq!(r.insecure_registries, ["reg.example:5000"]);
+        assert_eq!(
+            r.headers,
+            [
+                ("X-From-File".to_string(), "1".to_string()),
+                ("Authorization".into(), "Bearer t".into())
+            ]
+        );
+        assert_eq!(sync(&[]).remote.timeout, Duration::from_secs(30));
+        assert!(refused(&["sync", "--platform", "amd64", "s", "d"]).contains("for --platform"));
+        assert!(refused(&["sync", "--header", "nocolon", "s", "d"]).contains("for --header"));
+        assert!(refused(&["sync", "--timeout", "0", "s", "d"]).contains("for --timeout"));
     }
 
     #[test]

@@ -148,6 +148,99 @@ pub struct SyncConfig {
     pub max_failures: Option<u32>,
     /// `--http-bind ADDR:PORT`: with `--every`, serve health and metrics there.
     pub http_bind: Option<std::net::SocketAddr>,
+    /// How `https://`, `oci://` and `oci-layout:` sources are reached.
+    pub remote: Remote,
+}
+
+/// `--timeout`: connecting, and each stall while reading, at most this long.
+pub const DEFAULT_NET_TIMEOUT: &str = "30s";
+
+/// The flags of sources that are not on this host (`https://`, `oci://`,
+/// `oci-layout:`): resolved once, read by `net` and the source kinds.
+#[derive(Clone, Debug, Default)]
+pub struct Remote {
+    /// `--registry-auth FILE`: a Docker `config.json` or a mounted
+    /// `.dockerconfigjson` (None: `$DOCKER_CONFIG/config.json`, then
+    /// `~/.docker/config.json`).
+    pub registry_auth: Option<PathBuf>,
+    /// `--ca-file FILE`: PEM certificates trusted besides the system's and
+    /// the compiled-in roots.
+    pub ca_file: Option<PathBuf>,
+    /// `--insecure-registry HOST[:PORT]` (repeatable): plain HTTP allowed there.
+    pub insecure_registries: Vec<String>,
+    /// `--header 'NAME: VALUE'` and the lines of `--header-file` (URLs only).
+    pub headers: Vec<(String, String)>,
+    /// `--timeout DUR`
+    pub timeout: Duration,
+    /// `--platform OS/ARCH[/VARIANT]` (None: the running one).
+    pub platform: Option<Platform>,
+}
+
+/// An image platform: `linux/amd64`, `linux/arm64/v8`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Platform {
+    pub os: String,
+    pub arch: String,
+    pub variant: Option<String>,
+}
+
+impl std::fmt::Display for Platform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.os, self.arch)?;
+        match &self.variant {
+            Some(v) => write!(f, "/{v}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `--platform OS/ARCH[/VARIANT]`: lowercase words, as image indexes write them.
+pub fn parse_platform(s: &str) -> Result<Platform> {
+    let parts: Vec<&str> = s.split('/').collect();
+    let word = |w: &str| {
+        !w.is_empty()
+            && w.len() <= 32
+            && w.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.')
+    };
+    if !(2..=3).contains(&parts.len()) || !parts.iter().all(|p| word(p)) {
+        bail!("expected OS/ARCH[/VARIANT], such as linux/amd64 or linux/arm64/v8");
+    }
+    Ok(Platform {
+        os: parts[0].to_string(),
+        arch: parts[1].to_string(),
+        variant: parts.get(2).map(|v| v.to_string()),
+    })
+}
+
+/// `--header 'NAME: VALUE'`: a token name and a value without control
+/// characters (a header must not smuggle a second one in).
+pub fn parse_header(s: &str) -> Result<(String, String)> {
+    let (name, value) = s.split_once(':').ok_or_else(|| {
+        anyhow::anyhow!("expected NAME: VALUE, such as 'Authorization: Bearer TOKEN'")
+    })?;
+    let name = name.trim();
+    let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.is_empty() || !name.bytes().all(token) {
+        bail!("{name:?} is not a header name");
+    }
+    let value = value.trim();
+    if value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
+        bail!("the value of {name} holds a control character");
+    }
+    Ok((name.to_string(), value.to_string()))
+}
+
+/// `--insecure-registry HOST[:PORT]`: a host name or address, no scheme or path.
+pub fn parse_registry_host(s: &str) -> Result<String> {
+    let ok = !s.is_empty()
+        && s.len() <= 255
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+    if !ok {
+        bail!("expected HOST or HOST:PORT, such as registry.example:5000");
+    }
+    Ok(s.to_ascii_lowercase())
 }
 
 impl SyncConfig {
@@ -279,6 +372,37 @@ mod tests {
     fn a_wrong_unit_is_named() {
         let e = parse_duration("10x").unwrap_err().to_string();
         assert!(e.contains("unknown unit \"x\""), "{e}");
+    }
+
+    #[test]
+    fn platforms_and_headers() {
+        let p = parse_platform("linux/arm64/v8").unwrap();
+        assert_eq!((p.os.as_str(), p.arch.as_str()), ("linux", "arm64"));
+        assert_eq!(p.variant.as_deref(), Some("v8"));
+        assert_eq!(p.to_string(), "linux/arm64/v8");
+        assert_eq!(parse_platform("linux/amd64").unwrap().variant, None);
+        for bad in [
+            "linux",
+            "linux/",
+            "/amd64",
+            "a/b/c/d",
+            "Linux/AMD64",
+            "linux/amd 64",
+        ] {
+            assert!(parse_platform(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse_header("Authorization: Bearer x y").unwrap(),
+            ("Authorization".into(), "Bearer x y".into())
+        );
+        for bad in ["NoColon", ": v", "Bad Name: v", "X: a\r\nInjected: b"] {
+            assert!(parse_header(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(
+            parse_registry_host("Reg.example:5000").unwrap(),
+            "reg.example:5000"
+        );
+        assert!(parse_registry_host("http://reg.example").is_err());
     }
 
     #[test]

@@ -249,6 +249,118 @@ fn literal(name: &[u8]) -> Option<String> {
     Some(line)
 }
 
+/// `oci://` and `oci-layout:` references (`source::oci_ref`), as a user
+/// writes them. One that parses has a lowercase host and repository of
+/// valid components, a tag or digest of the allowed shapes, a `//PATH`
+/// of plain components; written back, it parses to the same reference.
+pub fn oci_reference(s: &str) {
+    use crate::source::oci_ref::{parse, parse_layout, valid_digest, valid_tag};
+    if let Ok(r) = parse(s) {
+        assert!(!r.host.is_empty() && r.host == r.host.to_ascii_lowercase());
+        assert!(!r.repo.is_empty() && r.repo == r.repo.to_ascii_lowercase());
+        assert!(r.tag.as_deref().is_none_or(valid_tag), "{:?}", r.tag);
+        assert!(
+            r.digest.as_deref().is_none_or(valid_digest),
+            "{:?}",
+            r.digest
+        );
+        check_subpath(r.subpath.as_deref());
+        let mut back = format!("oci://{}/{}", r.host, r.repo);
+        if let Some(t) = &r.tag {
+            back.push_str(&format!(":{t}"));
+        }
+        if let Some(d) = &r.digest {
+            back.push_str(&format!("@{d}"));
+        }
+        if let Some(p) = &r.subpath {
+            back.push_str(&format!("//{}", String::from_utf8_lossy(p)));
+        }
+        assert_eq!(parse(&back).ok(), Some(r), "{back}");
+    }
+    if let Ok(l) = parse_layout(s) {
+        assert!(!l.dir.is_empty() && !l.dir.contains("//"), "{:?}", l.dir);
+        assert!(l.tag.as_deref().is_none_or(valid_tag), "{:?}", l.tag);
+        check_subpath(l.subpath.as_deref());
+    }
+}
+
+fn check_subpath(p: Option<&[u8]>) {
+    if let Some(p) = p {
+        for c in p.split(|&b| b == b'/') {
+            assert!(
+                !c.is_empty() && c != b"." && c != b".." && !c.contains(&0),
+                "{p:?}"
+            );
+        }
+    }
+}
+
+/// An image manifest or index (`source::oci_image`) as a registry or a
+/// layout hands it over. One that parses names only `sha256:<hex>`
+/// digests (they become URLs and file names) and bounded sizes, only
+/// layer media types that are tar streams; the platform choice picks a
+/// manifest of the index, for any platform, or says none fits.
+pub fn oci_manifest(data: &[u8], content_type: Option<&str>) {
+    use crate::source::oci_image::{choose, parse, running_platform, Document, MAX_BLOB};
+    use crate::source::oci_ref::valid_digest;
+    let Ok(doc) = parse(data, content_type) else {
+        return;
+    };
+    let descs = match &doc {
+        Document::Index(ms) | Document::Image(ms) => ms,
+    };
+    for d in descs {
+        assert!(valid_digest(&d.digest), "{:?}", d.digest);
+        assert!(d.size <= MAX_BLOB);
+    }
+    if let Document::Index(ms) = &doc {
+        let mut want = running_platform();
+        for variant in [None, Some("v8".to_string())] {
+            want.variant = variant;
+            if let Ok(m) = choose(ms, &want) {
+                assert!(ms.contains(m));
+                let p = m
+                    .platform
+                    .as_ref()
+                    .expect("a chosen manifest has a platform");
+                assert_eq!(
+                    (p.os.as_str(), p.architecture.as_str()),
+                    (want.os.as_str(), want.arch.as_str())
+                );
+            }
+        }
+    }
+}
+
+/// A Docker `config.json` / `.dockerconfigjson` (`net::auth`), and a
+/// `WWW-Authenticate` challenge and a token answer: what a mounted Secret
+/// or a registry hands packsync. Credentials found make a Basic value
+/// that decodes back to them; a challenge's scheme and parameter names
+/// are lowercase; a token is a header value (no control characters).
+pub fn docker_config(data: &[u8]) {
+    use crate::net::auth::{credentials_for, parse_challenge, parse_token};
+    use base64::Engine;
+    if let Ok(Some(c)) = credentials_for(data, "registry.example:5000") {
+        let basic = c.basic();
+        let b64 = basic.strip_prefix("Basic ").expect("a Basic value");
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64");
+        assert_eq!(raw, format!("{}:{}", c.user, c.password).into_bytes());
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        if let Some(ch) = parse_challenge(text) {
+            assert!(!ch.scheme.is_empty() && ch.scheme == ch.scheme.to_ascii_lowercase());
+            for (k, _) in &ch.params {
+                assert!(!k.is_empty() && *k == k.to_ascii_lowercase(), "{k:?}");
+            }
+        }
+    }
+    if let Ok(t) = parse_token(data) {
+        assert!(!t.is_empty() && t.bytes().all(|b| (0x21..0x7f).contains(&b)));
+    }
+}
+
 /// The tar reader (`source::tar`) behind the decompressors that sniff the
 /// stream (`source::decoded`: gzip, zstd, plain), on bytes an archive or a
 /// registry hands packsync. Every header it returns is bounded (name,
@@ -304,6 +416,21 @@ pub fn tar(data: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_remote_parsers_hold_their_invariants_on_examples() {
+        for r in [
+            "oci://registry.example:5000/st2/packs:1.4.2//opt/stackstorm/packs",
+            "oci://[::1]:5000/a@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "oci-layout:/tmp/img:v1//etc",
+            "oci://x/y:z:w",
+        ] {
+            super::oci_reference(r);
+        }
+        super::oci_manifest(br#"{"schemaVersion":2,"manifests":[]}"#, None);
+        super::docker_config(br#"{"auths":{"registry.example:5000":{"auth":"YTpi"}}}"#);
+        super::docker_config(br#"Bearer realm="https://auth.example/token",service="r""#);
+    }
 
     #[test]
     fn the_facade_accepts_what_packsync_writes_and_is_told() {

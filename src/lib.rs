@@ -29,6 +29,7 @@ pub mod fuzzing;
 pub(crate) mod label;
 pub(crate) mod layout;
 pub(crate) mod manifest;
+pub(crate) mod net;
 pub(crate) mod ops;
 pub(crate) mod plan;
 pub(crate) mod report;

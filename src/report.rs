@@ -29,6 +29,10 @@ pub trait Reporter: Sync {
     fn skipped(&self, label: &str, path: &[u8], what: &str) {
         self.warn(&skip_line(label, path, what));
     }
+    /// `bytes` more downloaded (a layer, a bundle), before staging begins.
+    fn fetched(&self, bytes: u64) {
+        let _ = bytes;
+    }
 }
 
 /// The warning for a skipped entry: `skipping FIFO src/a/fifo`.
@@ -160,6 +164,12 @@ impl Reporter for Console {
         }
     }
 
+    fn fetched(&self, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.fetched(bytes);
+        }
+    }
+
     fn warn(&self, msg: &str) {
         match &self.progress {
             _ if !self.echo => {}
@@ -177,6 +187,9 @@ struct Progress {
     done: AtomicU64,
     bytes: AtomicU64,
     total_bytes: AtomicU64,
+    /// Bytes downloaded so far (remote sources), and when the bar last said so.
+    fetched: AtomicU64,
+    fetched_shown: AtomicU64,
     last_line: Mutex<Instant>,
     start: Instant,
 }
@@ -202,6 +215,8 @@ impl Progress {
             done: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             total_bytes: AtomicU64::new(0),
+            fetched: AtomicU64::new(0),
+            fetched_shown: AtomicU64::new(0),
             last_line: Mutex::new(Instant::now()),
             start: Instant::now(),
         }
@@ -255,6 +270,34 @@ impl Progress {
     fn finish(&self) {
         if let Some(b) = &self.bar {
             b.finish_and_clear();
+        }
+    }
+
+    /// Downloads come before the entries are known: the bar's message
+    /// counts them (every MiB), a log a line every 10 seconds.
+    fn fetched(&self, bytes: u64) {
+        let total = self.fetched.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        let line = || {
+            let secs = self.start.elapsed().as_secs_f64().max(0.001);
+            format!(
+                "{} downloaded, {}/s",
+                human_bytes(total),
+                human_bytes((total as f64 / secs) as u64)
+            )
+        };
+        if let Some(bar) = &self.bar {
+            let shown = self.fetched_shown.load(Ordering::Relaxed);
+            if total >= shown + (1 << 20) {
+                self.fetched_shown.store(total, Ordering::Relaxed);
+                bar.set_message(line());
+                bar.tick();
+            }
+            return;
+        }
+        let mut last = self.last_line.lock().unwrap();
+        if last.elapsed() >= Duration::from_secs(10) {
+            *last = Instant::now();
+            eprintln!("packsync: {}", line());
         }
     }
 

@@ -14,6 +14,11 @@
 
 mod archive;
 mod dir;
+mod http;
+mod oci;
+pub(crate) mod oci_fetch;
+pub(crate) mod oci_image;
+pub(crate) mod oci_ref;
 pub mod spool;
 pub mod tar;
 
@@ -23,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
+use crate::config::Remote;
 use crate::error;
 use crate::report::Reporter;
 use crate::scan::Filter;
@@ -94,16 +100,38 @@ pub trait Source: Send + Sync {
     fn owns_root(&self) -> bool {
         false
     }
+
+    /// Whether the source still holds what `recorded` (the live
+    /// generation's identity for it) names, found out without fetching it:
+    /// a tag that resolves to the same image digest, a URL answering 304.
+    /// Then the sync is up to date after that one request (unless the live
+    /// tree drifted). A kind that cannot tell says no.
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        let _ = recorded;
+        Ok(false)
+    }
 }
 
 /// The source a SOURCE argument names: the one place where its kind is
 /// decided. Anything it cannot read is a usage error (exit 2), before
 /// anything is written.
-pub fn open(arg: &Path) -> Result<Box<dyn Source>> {
+pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
     let shown = arg.display().to_string();
-    // Kinds named by a prefix (`https://`, `http://`, `oci://`,
-    // `oci-layout:`) get their arms here, before anything is looked up
-    // as a path.
+    // Kinds named by a prefix get their arms here, before anything is
+    // looked up as a path (nothing is fetched yet: that is `spool`).
+    if let Some(text) = arg.to_str() {
+        if text.starts_with("oci://") {
+            return Ok(Box::new(oci::Fetched::new(oci::open_registry(
+                text, remote,
+            )?)));
+        }
+        if text.starts_with("oci-layout:") {
+            return Ok(Box::new(oci::Fetched::new(oci::open_layout(text, remote)?)));
+        }
+        if text.starts_with("https://") || text.starts_with("http://") {
+            return Ok(Box::new(oci::Fetched::new(http::open(text, remote)?)));
+        }
+    }
     let st = match sys::stat_path(arg) {
         Ok(st) => st,
         Err(e) => {
@@ -158,8 +186,8 @@ fn split_subpath(arg: &Path) -> Option<(std::path::PathBuf, Vec<u8>)> {
 }
 
 /// `open` for every SOURCE, in order.
-pub fn open_all(args: &[PathBuf]) -> Result<Vec<Box<dyn Source>>> {
-    args.iter().map(|a| open(a)).collect()
+pub fn open_all(args: &[PathBuf], remote: &Remote) -> Result<Vec<Box<dyn Source>>> {
+    args.iter().map(|a| open(a, remote)).collect()
 }
 
 /// Spool every streamed source, in parallel, each into `spool/<i>` inside

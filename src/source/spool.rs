@@ -765,6 +765,11 @@ impl<S: Stream> Streamed<S> {
         }
     }
 
+    /// The stream itself (a remote kind asks it things before it is spooled).
+    pub fn stream(&self) -> &S {
+        &self.stream
+    }
+
     fn spooled(&self) -> Result<&Spooled> {
         self.spooled
             .get()

@@ -870,6 +870,31 @@ pub fn own_resources() -> Option<(u64, u64)> {
     Some((kib * 1024, fds.saturating_sub(1)))
 }
 
+// ---- For sources that are not directories (`net`, `source::oci`). ----
+
+/// At most `max` bytes of a file the user named (`--registry-auth`, a
+/// Docker config, `--ca-file`); `InvalidData` when it is longer.
+pub fn read_bounded(path: &std::path::Path, max: u64) -> io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut out)?;
+    if out.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(out)
+}
+
+/// A file a source opened (a blob of an OCI layout below its handle), as a
+/// reader: the descriptor is ours, only its bytes are read.
+pub fn reader(fd: OwnedFd) -> std::fs::File {
+    std::fs::File::from(fd)
+}
+
 /// Open a regular file the user named (an archive SOURCE) for reading,
 /// following symlinks: the user named it.
 pub fn open_file_path(path: &std::path::Path) -> io::Result<OwnedFd> {

@@ -10,4 +10,6 @@ mod ops;
 mod property;
 mod sidecar;
 mod source_archive;
+mod source_http;
+mod source_oci;
 mod sync;

@@ -1,0 +1,431 @@
+//! The HTTP client of the sources that are not on this host (`https://`,
+//! `oci://`): blocking (ureq on rustls, no async runtime), TLS verified
+//! against the system's roots, the roots compiled into the binary and
+//! `--ca-file`; `--timeout` for connecting and for each stall of a read;
+//! redirects followed by hand, so that credentials and `--header`s never go
+//! to another host; plain HTTP only where the caller allows it.
+//!
+//! Everything a peer sends is hostile until parsed: a body that is parsed
+//! (a manifest, an index, a token) is read to a bound (`read_document`),
+//! and every failure is one line naming the status or the cause; callers
+//! prefix the source. Nothing here writes anywhere.
+
+pub mod auth;
+mod tls;
+
+use std::fmt;
+use std::io::{self, Read};
+use std::net::IpAddr;
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use anyhow::Result;
+pub use url::Url;
+
+use crate::clock;
+use crate::config::Remote;
+
+/// The most a parsed document (a manifest, an index, token JSON) may hold.
+pub const MAX_DOCUMENT: u64 = 4 << 20;
+
+/// Redirects followed for one request (a registry sends a blob to storage).
+const MAX_REDIRECTS: usize = 5;
+
+/// Waits (ms) before the attempts of a request the peer may answer next
+/// time: a refused or reset connection, 429, 502, 503, 504.
+const RETRY_WAITS: &[u64] = &[0, 250, 1000];
+
+/// One client per sync: a pool of connections and the TLS roots, built once.
+pub struct Client {
+    agent: ureq::Agent,
+    insecure: Vec<String>,
+    timeout: Duration,
+}
+
+/// A request: GET (or HEAD) of `url` with these headers. `auth` is the
+/// `Authorization` value; it and `headers` go only to `url`'s own host.
+pub struct Get<'a> {
+    pub url: Url,
+    pub headers: &'a [(String, String)],
+    pub auth: Option<&'a str>,
+    pub head: bool,
+    /// Follow redirects (a blob, a bundle); else a 3xx is the answer.
+    pub follow: bool,
+    /// Plain HTTP to any host (a URL the user wrote as `http://`); else
+    /// only to loopback and `--insecure-registry` hosts.
+    pub any_http: bool,
+}
+
+impl<'a> Get<'a> {
+    pub fn new(url: Url) -> Get<'a> {
+        Get {
+            url,
+            headers: &[],
+            auth: None,
+            head: false,
+            follow: true,
+            any_http: false,
+        }
+    }
+}
+
+/// An answer with a status below 400 (a 304 among them).
+pub struct Reply {
+    pub status: u16,
+    resp: ureq::Response,
+    timeout: Duration,
+}
+
+/// Why a request has no answer: the peer's status, or no answer at all.
+#[derive(Debug)]
+pub enum Failed {
+    /// The server answered 4xx/5xx; `challenge` is its `WWW-Authenticate`.
+    Status {
+        code: u16,
+        text: String,
+        challenge: Option<String>,
+    },
+    /// Plain HTTP to a host that is neither loopback nor an
+    /// `--insecure-registry`.
+    PlainHttp(String),
+    /// No answer: DNS, connect, TLS, a timeout, a broken connection.
+    Transport(String),
+}
+
+impl Failed {
+    pub fn code(&self) -> Option<u16> {
+        match self {
+            Failed::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Failed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failed::Status { code, text, .. } => write!(f, "{code} {text}"),
+            Failed::PlainHttp(host) => write!(
+                f,
+                "refusing plain HTTP to {host} (pass --insecure-registry {host} to allow it)"
+            ),
+            Failed::Transport(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for Failed {}
+
+impl Client {
+    /// The client for `remote`'s flags: an unreadable `--ca-file` is a usage error.
+    pub fn new(remote: &Remote) -> Result<Client> {
+        let tls = tls::config(remote.ca_file.as_deref())?;
+        let agent = ureq::AgentBuilder::new()
+            .tls_config(tls)
+            .timeout_connect(remote.timeout)
+            .timeout_read(remote.timeout)
+            .timeout_write(remote.timeout)
+            .redirects(0)
+            .user_agent(concat!("packsync/", env!("CARGO_PKG_VERSION")))
+            .build();
+        Ok(Client {
+            agent,
+            insecure: remote.insecure_registries.clone(),
+            timeout: remote.timeout,
+        })
+    }
+
+    /// Whether plain HTTP may go to `url`'s host: loopback always (as
+    /// Docker allows), others only when named by `--insecure-registry`.
+    pub fn plain_http_allowed(&self, url: &Url) -> bool {
+        let host = url.host_str().unwrap_or("");
+        let with_port = match url.port() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_string(),
+        };
+        is_loopback(host) || self.insecure.iter().any(|h| h == &with_port || h == host)
+    }
+
+    /// Send `req`, following redirects where it says so, retrying what may
+    /// pass (a refused connection, 429, 502-504) after growing waits.
+    pub fn send(&self, req: &Get<'_>) -> Result<Reply, Failed> {
+        let mut url = req.url.clone();
+        let first = origin(&url);
+        for _ in 0..=MAX_REDIRECTS {
+            if url.scheme() == "http" && !req.any_http && !self.plain_http_allowed(&url) {
+                return Err(Failed::PlainHttp(host_port(&url)));
+            }
+            // Credentials and the user's headers go to the host they were given for.
+            let same = origin(&url) == first;
+            let resp = self.once(req, &url, same)?;
+            let status = resp.status();
+            let location = resp.header("location").map(str::to_string);
+            match location {
+                Some(loc) if req.follow && (300..400).contains(&status) && status != 304 => {
+                    url = url
+                        .join(&loc)
+                        .map_err(|e| Failed::Transport(format!("bad redirect to {loc:?}: {e}")))?;
+                    if !matches!(url.scheme(), "http" | "https") {
+                        return Err(Failed::Transport(format!("redirect to {url} refused")));
+                    }
+                }
+                _ => {
+                    return Ok(Reply {
+                        status,
+                        resp,
+                        timeout: self.timeout,
+                    })
+                }
+            }
+        }
+        Err(Failed::Transport(format!(
+            "more than {MAX_REDIRECTS} redirects"
+        )))
+    }
+
+    fn once(&self, req: &Get<'_>, url: &Url, same_host: bool) -> Result<ureq::Response, Failed> {
+        clock::retry(RETRY_WAITS, |_| {
+            let mut r = self
+                .agent
+                .request_url(if req.head { "HEAD" } else { "GET" }, url);
+            if same_host {
+                for (k, v) in req.headers {
+                    r = r.set(k, v);
+                }
+                if let Some(a) = req.auth {
+                    r = r.set("Authorization", a);
+                }
+            }
+            match r.call() {
+                Ok(resp) => ControlFlow::Break(Ok(resp)),
+                Err(ureq::Error::Status(code, resp)) => {
+                    let failed = Failed::Status {
+                        code,
+                        text: reason(code, resp.status_text()),
+                        challenge: resp.header("www-authenticate").map(str::to_string),
+                    };
+                    if matches!(code, 429 | 502 | 503 | 504) {
+                        ControlFlow::Continue(failed)
+                    } else {
+                        ControlFlow::Break(Err(failed))
+                    }
+                }
+                Err(ureq::Error::Transport(t)) => {
+                    let again = matches!(
+                        t.kind(),
+                        ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Io
+                    ) && !timed_out(&t);
+                    let failed = Failed::Transport(self.transport_text(url, &t));
+                    if again {
+                        ControlFlow::Continue(failed)
+                    } else {
+                        ControlFlow::Break(Err(failed))
+                    }
+                }
+            }
+        })
+        .and_then(|r| r)
+    }
+
+    fn transport_text(&self, url: &Url, t: &ureq::Transport) -> String {
+        let host = host_port(url);
+        if timed_out(t) {
+            return format!(
+                "no answer from {host} within {} (--timeout)",
+                humantime::format_duration(self.timeout)
+            );
+        }
+        let mut why = t.message().map(str::to_string).unwrap_or_default();
+        let mut src = std::error::Error::source(t);
+        while let Some(e) = src {
+            if why.is_empty() {
+                why = e.to_string();
+            } else if !why.contains(&e.to_string()) {
+                why = format!("{why}: {e}");
+            }
+            src = e.source();
+        }
+        let tls = why.contains("certificate") || why.contains("tls") || why.contains("TLS");
+        match (t.kind(), tls) {
+            (_, true) => format!("TLS failure with {host}: {why}"),
+            (ureq::ErrorKind::Dns, _) => format!("cannot resolve {host}: {why}"),
+            (ureq::ErrorKind::ConnectionFailed, _) => format!("cannot connect to {host}: {why}"),
+            _ => format!("{host}: {why}"),
+        }
+    }
+}
+
+/// Scheme, host and port: what "the same host" means for credentials.
+fn origin(url: &Url) -> (String, Option<String>, Option<u16>) {
+    (
+        url.scheme().to_string(),
+        url.host_str().map(str::to_string),
+        url.port_or_known_default(),
+    )
+}
+
+/// `host[:port]` as the user would write it.
+pub fn host_port(url: &Url) -> String {
+    let host = url.host_str().unwrap_or("");
+    match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    }
+}
+
+/// 127.0.0.0/8, ::1 and `localhost`.
+pub fn is_loopback(host: &str) -> bool {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.eq_ignore_ascii_case("localhost")
+        || bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn timed_out(t: &ureq::Transport) -> bool {
+    let mut src = std::error::Error::source(t);
+    while let Some(e) = src {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            if matches!(
+                io.kind(),
+                io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+            ) {
+                return true;
+            }
+        }
+        src = e.source();
+    }
+    false
+}
+
+/// The reason phrase the server gave, else the standard one.
+fn reason(code: u16, given: &str) -> String {
+    if !given.trim().is_empty()
+        && given.len() < 64
+        && given.bytes().all(|b| (b' '..0x7f).contains(&b))
+    {
+        return given.trim().to_string();
+    }
+    match code {
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "",
+    }
+    .to_string()
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.resp.header(name)
+    }
+
+    /// The declared length of the body, if any.
+    pub fn length(&self) -> Option<u64> {
+        self.header("content-length")?.trim().parse().ok()
+    }
+
+    /// The body as it streams; a stall longer than `--timeout` is an error
+    /// saying so.
+    pub fn into_reader(self) -> Body {
+        Body {
+            inner: self.resp.into_reader(),
+            timeout: self.timeout,
+        }
+    }
+
+    /// The whole body, which must be at most `max` bytes (a manifest, an
+    /// index, token JSON).
+    pub fn read_document(self, max: u64) -> Result<Vec<u8>, Failed> {
+        if self.length().is_some_and(|n| n > max) {
+            return Err(Failed::Transport(format!(
+                "the answer is larger than {max} bytes"
+            )));
+        }
+        let mut out = Vec::new();
+        let mut body = self.into_reader().take(max + 1);
+        body.read_to_end(&mut out)
+            .map_err(|e| Failed::Transport(format!("reading the answer: {e}")))?;
+        if out.len() as u64 > max {
+            return Err(Failed::Transport(format!(
+                "the answer is larger than {max} bytes"
+            )));
+        }
+        Ok(out)
+    }
+}
+
+/// A response body; its read errors say what went wrong in words.
+pub struct Body {
+    inner: Box<dyn Read + Send + Sync + 'static>,
+    timeout: Duration,
+}
+
+impl Read for Body {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the download stalled for {} (--timeout)",
+                    humantime::format_duration(self.timeout)
+                ),
+            ),
+            io::ErrorKind::UnexpectedEof => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the connection closed before the whole body arrived",
+            ),
+            _ => e,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for h in ["127.0.0.1", "127.1.2.3", "[::1]", "localhost", "LOCALHOST"] {
+            assert!(is_loopback(h), "{h}");
+        }
+        for h in ["10.0.0.1", "registry.example", "[::2]", "localhost.example"] {
+            assert!(!is_loopback(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn plain_http_needs_loopback_or_the_flag() {
+        let c = Client::new(&Remote {
+            insecure_registries: vec!["reg.example:5000".into()],
+            timeout: Duration::from_secs(1),
+            ..Default::default()
+        })
+        .unwrap();
+        let ok = |u: &str| c.plain_http_allowed(&Url::parse(u).unwrap());
+        assert!(ok("http://127.0.0.1:5000/v2/"));
+        assert!(ok("http://[::1]:5000/v2/"));
+        assert!(ok("http://reg.example:5000/v2/"));
+        assert!(!ok("http://reg.example/v2/"));
+        assert!(!ok("http://other.example:5000/v2/"));
+        let refused = c
+            .send(&Get::new(Url::parse("http://other.example/v2/").unwrap()))
+            .err()
+            .unwrap();
+        assert!(matches!(refused, Failed::PlainHttp(_)), "{refused}");
+        assert!(refused
+            .to_string()
+            .contains("--insecure-registry other.example"));
+    }
+
+    #[test]
+    fn reasons_are_the_servers_or_the_standard_ones() {
+        assert_eq!(reason(401, ""), "Unauthorized");
+        assert_eq!(reason(404, "Not Found"), "Not Found");
+        assert_eq!(reason(500, "x\r\ny"), "Internal Server Error");
+    }
+}

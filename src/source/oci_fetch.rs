@@ -1,0 +1,767 @@
+//! Reading an image from where it is stored, a registry (Distribution API
+//! v2) or an OCI layout directory: resolve what the reference names to one
+//! image manifest digest (the source's identity, one request to a
+//! registry), then stream each layer, in order, through a reader that
+//! checks its size and digest as it goes. Nothing is written here: the
+//! layers go to a `Sink` (the spool).
+
+use std::io::{self, Read};
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use super::oci_image::{self, Descriptor, Document, ACCEPT, REF_NAME};
+use super::oci_ref::{LayoutRef, Reference};
+use crate::config::{Platform, Remote};
+use crate::manifest::hex;
+use crate::net::{self, auth, Client, Failed, Get, Url};
+use crate::sys::{self, DirFd};
+
+/// Where the layers go, in order (the spool applies each with whiteouts).
+pub trait Sink {
+    fn layer(&mut self, r: &mut dyn Read, what: &str) -> Result<()>;
+}
+
+/// What a reference resolved to: the image manifest's digest (what the
+/// source's identity records) and, when that manifest was read already,
+/// its layers.
+pub struct Resolved {
+    pub digest: String,
+    desc: Descriptor,
+    layers: Option<Vec<Descriptor>>,
+}
+
+/// Where an image's blobs are read from.
+pub trait Store: Send + Sync {
+    /// The document the reference itself names, with its digest.
+    fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)>;
+    /// A document (manifest, index) a descriptor names, checked.
+    fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)>;
+    /// A layer as it streams (checked by the caller).
+    fn blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>>;
+    /// `what` for messages: `oci://host/repo:tag`.
+    fn label(&self) -> &str;
+}
+
+/// The image manifest the reference names for `platform` (an index is
+/// followed, at most a few levels deep): its digest without reading it
+/// where an index gave the digest.
+pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
+    let (mut bytes, mut ctype, mut desc) = store.root()?;
+    for _ in 0..4 {
+        let doc = oci_image::parse(&bytes, ctype.as_deref())
+            .with_context(|| format!("{}: manifest {}", store.label(), desc.digest))?;
+        match doc {
+            Document::Image(layers) => {
+                return Ok(Resolved {
+                    digest: desc.digest.clone(),
+                    desc,
+                    layers: Some(layers),
+                })
+            }
+            Document::Index(ms) => {
+                let chosen = oci_image::choose(&ms, platform)
+                    .with_context(|| store.label().to_string())?
+                    .clone();
+                if !is_index_type(&chosen.media_type) {
+                    return Ok(Resolved {
+                        digest: chosen.digest.clone(),
+                        desc: chosen,
+                        layers: None,
+                    });
+                }
+                (bytes, ctype) = store.document(&chosen)?;
+                desc = chosen;
+            }
+        }
+    }
+    bail!("{}: indexes nested too deep", store.label())
+}
+
+fn is_index_type(t: &str) -> bool {
+    t == oci_image::OCI_INDEX || t == oci_image::DOCKER_LIST
+}
+
+/// Stream every layer of `image` into `sink`, in order, each checked
+/// against its descriptor's size and digest; `fetched` hears of every
+/// block read (progress).
+pub fn fetch(
+    store: &dyn Store,
+    image: &Resolved,
+    sink: &mut dyn Sink,
+    fetched: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    let layers = match &image.layers {
+        Some(l) => l.clone(),
+        None => {
+            let (bytes, ctype) = store.document(&image.desc)?;
+            match oci_image::parse(&bytes, ctype.as_deref())
+                .with_context(|| format!("{}: manifest {}", store.label(), image.digest))?
+            {
+                Document::Image(layers) => layers,
+                Document::Index(_) => bail!(
+                    "{}: {} is an index where an image manifest was expected",
+                    store.label(),
+                    image.digest
+                ),
+            }
+        }
+    };
+    for (i, layer) in layers.iter().enumerate() {
+        let what = format!(
+            "{} layer {} ({})",
+            store.label(),
+            i + 1,
+            short(&layer.digest)
+        );
+        let raw = store.blob(layer)?;
+        let mut checked = Checked::new(raw, layer, fetched);
+        pipelined(&mut checked, &what, Checked::finish, |plain| {
+            sink.layer(plain, &what)
+        })?;
+    }
+    Ok(())
+}
+
+/// Chunks handed from the decompressing thread to the spool, and how many
+/// may wait: a few MiB in flight at most.
+const CHUNK: usize = 256 << 10;
+const CHUNKS: usize = 4;
+
+/// Decompress `raw` (gzip, zstd or plain: told by its first bytes) on a
+/// thread of its own while `consume` reads the plain stream, so that
+/// inflating and hashing the download overlap writing the files. `end`
+/// runs on `raw` after the plain stream ended, before `consume` sees its
+/// end (the digest check: a failure there reaches `consume` as a read
+/// error, so nothing is taken for complete), and also when decoding or
+/// `consume` failed: a blob that is not what its digest says is then the
+/// cause named (`end`'s error wins), not what the decompressor or the tar
+/// reader made of it, after `what`.
+pub fn pipelined<R: Read + Send>(
+    raw: &mut R,
+    what: &str,
+    end: impl FnOnce(&mut R) -> io::Result<()> + Send,
+    consume: impl FnOnce(&mut dyn Read) -> Result<()>,
+) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<u8>>>(CHUNKS);
+    std::thread::scope(|s| {
+        let producer = s.spawn(move || -> Option<io::Error> {
+            let decode = (|| -> io::Result<()> {
+                let (_, mut plain) = super::archive::decoded(&mut *raw)?;
+                loop {
+                    // Whole chunks: a decompressor hands out a few KiB a read.
+                    let mut buf = vec![0; CHUNK];
+                    let mut n = 0;
+                    while n < CHUNK {
+                        match plain.read(&mut buf[n..]) {
+                            Ok(0) => break,
+                            Ok(k) => n += k,
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    buf.truncate(n);
+                    if tx.send(Ok(buf)).is_err() {
+                        return Ok(()); // the consumer stopped: its error stands
+                    }
+                }
+            })();
+            let checked = end(raw).err();
+            match (&checked, decode) {
+                (Some(e), _) => {
+                    let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
+                }
+                (None, Err(e)) => {
+                    let _ = tx.send(Err(e));
+                }
+                (None, Ok(())) => {}
+            }
+            checked
+        });
+        let mut reader = Chunks {
+            rx,
+            cur: Vec::new(),
+            at: 0,
+        };
+        let consumed = consume(&mut reader);
+        drop(reader);
+        let checked = producer.join().expect("the decompressing thread panicked");
+        if let Some(sig) = crate::sys::signals::pending() {
+            return Err(crate::error::Failure::Interrupted(sig).into());
+        }
+        match checked {
+            Some(e) => Err(anyhow::Error::new(e).context(what.to_string())),
+            None => consumed,
+        }
+    })
+}
+
+/// The plain stream, as chunks from the decompressing thread.
+struct Chunks {
+    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    cur: Vec<u8>,
+    at: usize,
+}
+
+impl Read for Chunks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::sync::mpsc::RecvTimeoutError;
+        while self.at == self.cur.len() {
+            match self.rx.recv_timeout(std::time::Duration::from_millis(100)) {
+                Ok(Ok(chunk)) => {
+                    self.cur = chunk;
+                    self.at = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(RecvTimeoutError::Disconnected) => return Ok(0),
+                // A signal while the download waits: the caller reports it.
+                Err(RecvTimeoutError::Timeout) if crate::sys::signals::pending().is_some() => {
+                    return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.at);
+        buf[..n].copy_from_slice(&self.cur[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+/// `sha256:0123456789ab`: enough of a digest for a message.
+pub fn short(digest: &str) -> &str {
+    &digest[..digest.len().min(19)]
+}
+
+/// A blob as it streams, refused once it is longer than its descriptor, or
+/// at its end when shorter or when its digest differs.
+pub struct Checked<'a, R> {
+    inner: R,
+    hasher: Sha256,
+    seen: u64,
+    size: u64,
+    digest: &'a str,
+    done: bool,
+    fetched: &'a (dyn Fn(u64) + Sync),
+}
+
+impl<'a, R: Read> Checked<'a, R> {
+    pub fn new(
+        inner: R,
+        desc: &'a Descriptor,
+        fetched: &'a (dyn Fn(u64) + Sync),
+    ) -> Checked<'a, R> {
+        Checked {
+            inner,
+            hasher: Sha256::new(),
+            seen: 0,
+            size: desc.size,
+            digest: &desc.digest,
+            done: false,
+            fetched,
+        }
+    }
+
+    /// Read what the consumer left (a tar's padding after its end) and check.
+    pub fn finish(&mut self) -> io::Result<()> {
+        io::copy(self, &mut io::sink()).map(|_| ())
+    }
+
+    fn bad(&self, why: String) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, why)
+    }
+}
+
+impl<R: Read> Read for Checked<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done {
+            return Ok(0);
+        }
+        // One byte past the size is enough to know it is too long.
+        let room = (self.size - self.seen + 1).min(buf.len() as u64) as usize;
+        let n = self.inner.read(&mut buf[..room])?;
+        self.seen += n as u64;
+        if self.seen > self.size {
+            return Err(self.bad(format!(
+                "the blob is longer than the {} bytes its descriptor says",
+                self.size
+            )));
+        }
+        self.hasher.update(&buf[..n]);
+        (self.fetched)(n as u64);
+        if n == 0 && !buf.is_empty() {
+            if self.seen < self.size {
+                return Err(self.bad(format!("truncated: {} of {} bytes", self.seen, self.size)));
+            }
+            let got = format!("sha256:{}", hex(&self.hasher.clone().finalize()));
+            if got != self.digest {
+                return Err(self.bad(format!("digest mismatch: got {}", short(&got))));
+            }
+            self.done = true;
+        }
+        Ok(n)
+    }
+}
+
+fn sha256_of(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex(&Sha256::digest(bytes)))
+}
+
+/// A document checked against its descriptor.
+fn check_document(label: &str, bytes: &[u8], desc: &Descriptor) -> Result<()> {
+    if bytes.len() as u64 != desc.size && desc.size != 0 {
+        bail!(
+            "{label}: {} is {} bytes, its descriptor says {}",
+            short(&desc.digest),
+            bytes.len(),
+            desc.size
+        );
+    }
+    let got = sha256_of(bytes);
+    if got != desc.digest {
+        bail!(
+            "{label}: digest mismatch for {}: got {}",
+            short(&desc.digest),
+            short(&got)
+        );
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- registry
+
+/// A repository of a registry, over the Distribution API v2, with the
+/// credentials for its host and the token (or Basic value) once a
+/// challenge asked for one.
+pub struct Registry {
+    client: Client,
+    base: Url,
+    pub reference: Reference,
+    label: String,
+    found: auth::Found,
+    authz: Mutex<Option<String>>,
+}
+
+impl Registry {
+    /// The registry a reference names: HTTPS, or plain HTTP for loopback
+    /// and `--insecure-registry` hosts. Credentials are looked up now (an
+    /// unreadable `--registry-auth` is a usage error, before anything is written).
+    pub fn new(reference: Reference, label: String, remote: &Remote) -> Result<Registry> {
+        let client = Client::new(remote)?;
+        let https = Url::parse(&format!("https://{}/", reference.host))
+            .map_err(|e| crate::error::usage(format!("{label}: bad host: {e}")))?;
+        let base = if client.plain_http_allowed(&https) {
+            Url::parse(&format!("http://{}/", reference.host)).expect("the same host")
+        } else {
+            https
+        };
+        let found = auth::lookup(&reference.host, remote.registry_auth.as_deref())?;
+        Ok(Registry {
+            client,
+            base,
+            reference,
+            label,
+            found,
+            authz: Mutex::new(None),
+        })
+    }
+
+    fn get(
+        &self,
+        path: &str,
+        accept: Option<&str>,
+        what: &dyn Fn() -> String,
+    ) -> Result<net::Reply> {
+        let url = self
+            .base
+            .join(path)
+            .with_context(|| format!("{}: bad request path {path:?}", self.label))?;
+        let headers: Vec<(String, String)> = accept
+            .map(|a| vec![("Accept".to_string(), a.to_string())])
+            .unwrap_or_default();
+        let mut challenged = false;
+        loop {
+            let authz = self.authz.lock().unwrap().clone();
+            let req = Get {
+                headers: &headers,
+                auth: authz.as_deref(),
+                ..Get::new(url.clone())
+            };
+            match self.client.send(&req) {
+                Ok(r) => return Ok(r),
+                Err(Failed::Status {
+                    code: 401,
+                    challenge,
+                    ..
+                }) if !challenged => {
+                    challenged = true;
+                    self.authenticate(challenge.as_deref())?;
+                }
+                Err(e) => return Err(self.failed(e, what)),
+            }
+        }
+    }
+
+    /// Answer a 401's challenge: Basic with the credentials, or a token
+    /// from the Bearer realm (asked with the credentials, or anonymously).
+    fn authenticate(&self, challenge: Option<&str>) -> Result<()> {
+        let unauthorized = || {
+            self.failed(
+                Failed::Status {
+                    code: 401,
+                    text: "Unauthorized".into(),
+                    challenge: None,
+                },
+                &|| String::new(),
+            )
+        };
+        let Some(ch) = challenge.and_then(auth::parse_challenge) else {
+            return Err(unauthorized());
+        };
+        let basic = self.found.creds.as_ref().map(auth::Credentials::basic);
+        match ch.scheme.as_str() {
+            "basic" => {
+                let Some(b) = basic else {
+                    return Err(unauthorized());
+                };
+                *self.authz.lock().unwrap() = Some(b);
+                Ok(())
+            }
+            "bearer" => {
+                let realm = ch.param("realm").ok_or_else(|| {
+                    anyhow::anyhow!("{}: a Bearer challenge without a realm", self.label)
+                })?;
+                let mut url = Url::parse(realm).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}: the token realm {realm:?} is not a URL: {e}",
+                        self.label
+                    )
+                })?;
+                if !matches!(url.scheme(), "http" | "https") {
+                    bail!("{}: the token realm {realm:?} is not HTTP", self.label);
+                }
+                let scope = ch
+                    .param("scope")
+                    .map(str::to_string)
+                    .unwrap_or_else(|| format!("repository:{}:pull", self.reference.repo));
+                {
+                    let mut q = url.query_pairs_mut();
+                    if let Some(s) = ch.param("service") {
+                        q.append_pair("service", s);
+                    }
+                    q.append_pair("scope", &scope);
+                }
+                let req = Get {
+                    auth: basic.as_deref(),
+                    ..Get::new(url)
+                };
+                let reply = self
+                    .client
+                    .send(&req)
+                    .map_err(|e| self.failed(e, &|| "asking the token realm".to_string()))?;
+                let body = reply
+                    .read_document(64 << 10)
+                    .map_err(|e| anyhow::anyhow!("{}: token realm: {e}", self.label))?;
+                let token = auth::parse_token(&body)
+                    .map_err(|e| anyhow::anyhow!("{}: token realm: {e:#}", self.label))?;
+                *self.authz.lock().unwrap() = Some(format!("Bearer {token}"));
+                Ok(())
+            }
+            other => bail!(
+                "{}: 401 Unauthorized with an unsupported challenge {other:?}",
+                self.label
+            ),
+        }
+    }
+
+    /// One line: the source, the status or cause, and what to do about it.
+    fn failed(&self, e: Failed, what: &dyn Fn() -> String) -> anyhow::Error {
+        let hint = match e.code() {
+            Some(401) | Some(403) => match (&self.found.creds, &self.found.file) {
+                (Some(_), Some(f)) => format!(
+                    " (the credentials for {} in {} were refused)",
+                    self.reference.host,
+                    f.display()
+                ),
+                _ => " (credentials: --registry-auth FILE)".to_string(),
+            },
+            Some(404) => match what() {
+                w if w.is_empty() => String::new(),
+                w => format!(" ({w})"),
+            },
+            _ => String::new(),
+        };
+        anyhow::anyhow!("{}: {e}{hint}", self.label)
+    }
+
+    fn repo_path(&self, kind: &str, reference: &str) -> String {
+        format!("v2/{}/{kind}/{reference}", self.reference.repo)
+    }
+}
+
+impl Store for Registry {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        let r = self.reference.manifest_ref().to_string();
+        let path = self.repo_path("manifests", &r);
+        let what = || {
+            if self.reference.digest.is_some() {
+                format!("no manifest {} in {}", short(&r), self.reference.repo)
+            } else {
+                format!("no tag {r} in {}", self.reference.repo)
+            }
+        };
+        let reply = self.get(&path, Some(ACCEPT), &what)?;
+        let ctype = reply.header("content-type").map(str::to_string);
+        let bytes = reply
+            .read_document(net::MAX_DOCUMENT)
+            .map_err(|e| anyhow::anyhow!("{}: manifest: {e}", self.label))?;
+        let digest = sha256_of(&bytes);
+        if let Some(want) = &self.reference.digest {
+            if &digest != want {
+                bail!(
+                    "{}: digest mismatch for the manifest: got {}",
+                    self.label,
+                    short(&digest)
+                );
+            }
+        }
+        let desc = Descriptor {
+            media_type: ctype.clone().unwrap_or_default(),
+            size: bytes.len() as u64,
+            digest,
+            platform: None,
+            annotations: None,
+        };
+        Ok((bytes, ctype, desc))
+    }
+
+    fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)> {
+        let path = self.repo_path("manifests", &desc.digest);
+        let what = || {
+            format!(
+                "no manifest {} in {}",
+                short(&desc.digest),
+                self.reference.repo
+            )
+        };
+        let reply = self.get(&path, Some(ACCEPT), &what)?;
+        let ctype = reply.header("content-type").map(str::to_string);
+        let bytes = reply
+            .read_document(net::MAX_DOCUMENT)
+            .map_err(|e| anyhow::anyhow!("{}: manifest: {e}", self.label))?;
+        check_document(&self.label, &bytes, desc)?;
+        Ok((bytes, ctype))
+    }
+
+    fn blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>> {
+        let path = self.repo_path("blobs", &desc.digest);
+        let what = || format!("blob {} missing", short(&desc.digest));
+        let reply = self.get(&path, None, &what)?;
+        let label = self.label.clone();
+        Ok(Box::new(Named {
+            inner: reply.into_reader(),
+            label,
+        }))
+    }
+}
+
+/// A body whose read errors name the source.
+struct Named<R> {
+    inner: R,
+    label: String,
+}
+
+impl<R: Read> Read for Named<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner
+            .read(buf)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", self.label)))
+    }
+}
+
+// ---------------------------------------------------------------- layout
+
+/// An OCI image layout directory: `index.json` and `blobs/sha256/<hex>`,
+/// read below a handle on the directory, never following a symlink.
+pub struct Layout {
+    dir: DirFd,
+    pub path: PathBuf,
+    pub reference: LayoutRef,
+    label: String,
+}
+
+impl Layout {
+    /// The layout at `reference.dir`: a directory with `oci-layout` and
+    /// `index.json`, else a usage error.
+    pub fn open(reference: LayoutRef, label: String) -> Result<Layout> {
+        let path = PathBuf::from(&reference.dir);
+        let dir = DirFd::open_path(&path).map_err(|e| {
+            crate::error::usage(format!("{label}: cannot open the layout directory: {e}"))
+        })?;
+        for name in [&b"oci-layout"[..], b"index.json"] {
+            if !dir.exists(name).unwrap_or(false) {
+                return Err(crate::error::usage(format!(
+                    "{label}: not an OCI image layout (no {})",
+                    String::from_utf8_lossy(name)
+                )));
+            }
+        }
+        let path = sys::canonicalize(&path).unwrap_or(path);
+        Ok(Layout {
+            dir,
+            path,
+            reference,
+            label,
+        })
+    }
+
+    fn open_blob(&self, digest: &str) -> Result<std::fs::File> {
+        let hex = digest.strip_prefix("sha256:").expect("a checked digest");
+        let fd = self
+            .dir
+            .open_dir(b"blobs")
+            .and_then(|b| b.open_dir(b"sha256"))
+            .and_then(|d| d.open_read(hex.as_bytes()))
+            .with_context(|| format!("{}: cannot open blob {}", self.label, short(digest)))?;
+        Ok(sys::reader(fd))
+    }
+
+    fn read_bounded(&self, mut f: std::fs::File, what: &str) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        (&mut f)
+            .take(net::MAX_DOCUMENT + 1)
+            .read_to_end(&mut out)
+            .with_context(|| format!("{}: cannot read {what}", self.label))?;
+        if out.len() as u64 > net::MAX_DOCUMENT {
+            bail!(
+                "{}: {what} is larger than {} bytes",
+                self.label,
+                net::MAX_DOCUMENT
+            );
+        }
+        Ok(out)
+    }
+}
+
+impl Store for Layout {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        let fd = self
+            .dir
+            .open_read(b"index.json")
+            .with_context(|| format!("{}: cannot open index.json", self.label))?;
+        let bytes = self.read_bounded(sys::reader(fd), "index.json")?;
+        let Document::Index(ms) = oci_image::parse(&bytes, Some(oci_image::OCI_INDEX))
+            .with_context(|| format!("{}: index.json", self.label))?
+        else {
+            bail!("{}: index.json is not an image index", self.label);
+        };
+        let tag_of = |d: &Descriptor| {
+            d.annotations
+                .as_ref()
+                .and_then(|a| a.get(REF_NAME))
+                .cloned()
+        };
+        let chosen = match &self.reference.tag {
+            Some(t) => ms
+                .iter()
+                .find(|d| tag_of(d).as_deref() == Some(t))
+                .ok_or_else(|| {
+                    let tags: Vec<String> = ms.iter().filter_map(tag_of).collect();
+                    anyhow::anyhow!(
+                        "{}: no tag {t} in the layout (it has {})",
+                        self.label,
+                        if tags.is_empty() {
+                            "none".into()
+                        } else {
+                            tags.join(", ")
+                        }
+                    )
+                })?,
+            None if ms.len() == 1 => &ms[0],
+            None => {
+                let tags: Vec<String> = ms.iter().filter_map(tag_of).collect();
+                bail!(
+                    "{}: the layout holds {} images: name one (oci-layout:DIR:TAG; tags: {})",
+                    self.label,
+                    ms.len(),
+                    tags.join(", ")
+                )
+            }
+        };
+        let (bytes, ctype) = self.document(chosen)?;
+        Ok((bytes, ctype, chosen.clone()))
+    }
+
+    fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)> {
+        let f = self.open_blob(&desc.digest)?;
+        let bytes = self.read_bounded(f, short(&desc.digest))?;
+        check_document(&self.label, &bytes, desc)?;
+        let ctype = Some(desc.media_type.clone()).filter(|t| !t.is_empty());
+        Ok((bytes, ctype))
+    }
+
+    fn blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>> {
+        Ok(Box::new(io::BufReader::with_capacity(
+            256 << 10,
+            self.open_blob(&desc.digest)?,
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desc(data: &[u8]) -> Descriptor {
+        Descriptor {
+            media_type: String::new(),
+            digest: sha256_of(data),
+            size: data.len() as u64,
+            platform: None,
+            annotations: None,
+        }
+    }
+
+    fn read_all(r: &mut dyn Read) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        r.read_to_end(&mut v)?;
+        Ok(v)
+    }
+
+    #[test]
+    fn a_blob_is_checked_as_it_streams() {
+        let data = b"layer bytes".to_vec();
+        let d = desc(&data);
+        let quiet = |_: u64| {};
+        let mut ok = Checked::new(&data[..], &d, &quiet);
+        assert_eq!(read_all(&mut ok).unwrap(), data);
+        ok.finish().unwrap();
+
+        let mut bad = data.clone();
+        bad[0] ^= 1;
+        let e = read_all(&mut Checked::new(&bad[..], &d, &quiet)).unwrap_err();
+        assert!(e.to_string().contains("digest mismatch"), "{e}");
+        let e = read_all(&mut Checked::new(&data[..5], &d, &quiet)).unwrap_err();
+        assert!(e.to_string().contains("truncated: 5 of 11"), "{e}");
+        let long = [&data[..], b"x"].concat();
+        let e = read_all(&mut Checked::new(&long[..], &d, &quiet)).unwrap_err();
+        assert!(e.to_string().contains("longer than the 11 bytes"), "{e}");
+        // A consumer that stops early: `finish` still reads to the end and checks.
+        let mut part = Checked::new(&bad[..], &d, &quiet);
+        part.read_exact(&mut [0; 3]).unwrap();
+        assert!(part.finish().is_err());
+    }
+}

@@ -1,0 +1,325 @@
+//! The documents of an image: an image index (OCI, or a Docker manifest
+//! list) and an image manifest (OCI, or Docker schema 2), parsed from bytes
+//! a registry or a layout directory handed over, checked (digests, sizes,
+//! media types, counts) before anything is fetched by what they say; and
+//! the choice of a platform from an index. Pure; fuzzed
+//! (`fuzzing::oci_manifest`).
+
+use std::collections::BTreeMap;
+
+use anyhow::{bail, Result};
+use serde::Deserialize;
+
+use super::oci_ref::valid_digest;
+use crate::config::Platform;
+
+pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub const DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
+pub const DOCKER_LIST: &str = "application/vnd.docker.distribution.manifest.list.v2+json";
+
+/// The `Accept` of a manifest request: every kind read here.
+pub const ACCEPT: &str = "application/vnd.oci.image.index.v1+json, \
+    application/vnd.oci.image.manifest.v1+json, \
+    application/vnd.docker.distribution.manifest.list.v2+json, \
+    application/vnd.docker.distribution.manifest.v2+json";
+
+/// The tag annotation of an OCI layout's index.
+pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// More layers than any real image has; more manifests than any index.
+const MAX_LAYERS: usize = 512;
+const MAX_MANIFESTS: usize = 1024;
+/// A layer or blob larger than this is refused before it is fetched.
+pub const MAX_BLOB: u64 = 1 << 40;
+
+/// A content descriptor: what a blob is, its digest and its size.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct Descriptor {
+    #[serde(rename = "mediaType", default)]
+    pub media_type: String,
+    pub digest: String,
+    pub size: u64,
+    #[serde(default)]
+    pub platform: Option<DescPlatform>,
+    #[serde(default)]
+    pub annotations: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+pub struct DescPlatform {
+    #[serde(default)]
+    pub os: String,
+    #[serde(default)]
+    pub architecture: String,
+    #[serde(default)]
+    pub variant: Option<String>,
+}
+
+impl DescPlatform {
+    fn shown(&self) -> String {
+        match &self.variant {
+            Some(v) if !v.is_empty() => format!("{}/{}/{v}", self.os, self.architecture),
+            _ => format!("{}/{}", self.os, self.architecture),
+        }
+    }
+}
+
+/// A parsed document: an index to choose from, or an image.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Document {
+    Index(Vec<Descriptor>),
+    Image(Vec<Descriptor>),
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    #[serde(rename = "schemaVersion")]
+    schema_version: Option<u32>,
+    #[serde(rename = "mediaType", default)]
+    media_type: Option<String>,
+    manifests: Option<Vec<Descriptor>>,
+    layers: Option<Vec<Descriptor>>,
+    config: Option<Descriptor>,
+}
+
+/// Parse a manifest or an index; `content_type` is what the server said
+/// (a layout has none). Every descriptor's digest is `sha256:<hex>`, each
+/// layer of a known layer type.
+pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
+    let raw: Raw = serde_json::from_slice(data)
+        .map_err(|e| anyhow::anyhow!("not an image manifest or index: {e}"))?;
+    if raw.schema_version != Some(2) {
+        bail!(
+            "unsupported manifest schemaVersion {} (only 2)",
+            raw.schema_version
+                .map_or("missing".into(), |v| v.to_string())
+        );
+    }
+    let declared = raw
+        .media_type
+        .as_deref()
+        .or(content_type.map(|c| c.split(';').next().unwrap_or("").trim()))
+        .unwrap_or("");
+    let check = |d: &Descriptor| -> Result<()> {
+        if !valid_digest(&d.digest) {
+            bail!("{:?} is not a sha256 digest", d.digest);
+        }
+        if d.size > MAX_BLOB {
+            bail!("a blob of {} bytes is refused", d.size);
+        }
+        Ok(())
+    };
+    match (raw.manifests, raw.layers) {
+        (Some(ms), None) => {
+            if !matches!(declared, "" | OCI_INDEX | DOCKER_LIST) {
+                bail!("a list of manifests declared as {declared:?}");
+            }
+            if ms.len() > MAX_MANIFESTS {
+                bail!("an index of {} manifests is refused", ms.len());
+            }
+            for m in &ms {
+                check(m)?;
+            }
+            Ok(Document::Index(ms))
+        }
+        (None, Some(layers)) => {
+            if !matches!(declared, "" | OCI_MANIFEST | DOCKER_MANIFEST) {
+                bail!("an image manifest declared as {declared:?}");
+            }
+            if raw.config.is_none() {
+                bail!("an image manifest without config");
+            }
+            if layers.len() > MAX_LAYERS {
+                bail!("an image of {} layers is refused", layers.len());
+            }
+            for l in &layers {
+                check(l)?;
+                if !is_layer_type(&l.media_type) {
+                    bail!(
+                        "layer {} has the unsupported media type {:?}",
+                        l.digest,
+                        l.media_type
+                    );
+                }
+            }
+            Ok(Document::Image(layers))
+        }
+        (Some(_), Some(_)) => bail!("a document with both manifests and layers"),
+        (None, None) if declared.contains("v1+prettyjws") || declared.contains("manifest.v1") => {
+            bail!("Docker schema 1 manifests are not supported")
+        }
+        (None, None) => bail!("neither an image manifest nor an index"),
+    }
+}
+
+/// tar, tar+gzip, tar+zstd layers (OCI, Docker schema 2); the stream itself
+/// says which compression it has.
+fn is_layer_type(t: &str) -> bool {
+    matches!(
+        t,
+        "application/vnd.oci.image.layer.v1.tar"
+            | "application/vnd.oci.image.layer.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.v1.tar+zstd"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip"
+            | "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd"
+            | "application/vnd.docker.image.rootfs.diff.tar.gzip"
+            | "application/vnd.docker.image.rootfs.diff.tar"
+    )
+}
+
+/// The platform this binary runs on, as image indexes name it.
+pub fn running_platform() -> Platform {
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "arm" => "arm",
+        "powerpc64" if cfg!(target_endian = "little") => "ppc64le",
+        "loongarch64" => "loong64",
+        other => other,
+    };
+    Platform {
+        os: std::env::consts::OS.to_string(),
+        arch: arch.to_string(),
+        variant: None,
+    }
+}
+
+/// The manifest of `want` among an index's: same OS and architecture, and
+/// the variant asked for (none asked: the one without a variant, arm64's
+/// `v8`, else the first). Entries without a platform (attestations) never match.
+pub fn choose<'a>(manifests: &'a [Descriptor], want: &Platform) -> Result<&'a Descriptor> {
+    let candidates: Vec<&Descriptor> = manifests
+        .iter()
+        .filter(|m| {
+            m.platform
+                .as_ref()
+                .is_some_and(|p| p.os == want.os && p.architecture == want.arch)
+        })
+        .collect();
+    let variant = |m: &Descriptor| {
+        m.platform
+            .as_ref()
+            .and_then(|p| p.variant.clone())
+            .filter(|v| !v.is_empty())
+    };
+    let chosen = match &want.variant {
+        Some(v) => candidates.iter().find(|m| variant(m).as_deref() == Some(v)),
+        None => candidates
+            .iter()
+            .find(|m| variant(m).is_none())
+            .or_else(|| {
+                candidates
+                    .iter()
+                    .find(|m| variant(m).as_deref() == Some("v8"))
+            })
+            .or(candidates.first()),
+    };
+    match chosen {
+        Some(m) => Ok(m),
+        None => {
+            let offered: Vec<String> = manifests
+                .iter()
+                .filter_map(|m| m.platform.as_ref().map(DescPlatform::shown))
+                .filter(|p| p != "unknown/unknown")
+                .collect();
+            bail!(
+                "no image for {want} in the index (it has {}; pick one with --platform)",
+                if offered.is_empty() {
+                    "none with a platform".to_string()
+                } else {
+                    offered.join(", ")
+                }
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> String {
+        format!("sha256:{}", format!("{n:02x}").repeat(32))
+    }
+
+    fn index() -> String {
+        format!(
+            r#"{{"schemaVersion":2,"mediaType":"{OCI_INDEX}","manifests":[
+              {{"mediaType":"{OCI_MANIFEST}","digest":"{}","size":10,"platform":{{"os":"linux","architecture":"amd64"}}}},
+              {{"mediaType":"{OCI_MANIFEST}","digest":"{}","size":10,"platform":{{"os":"linux","architecture":"arm64","variant":"v8"}}}},
+              {{"mediaType":"{OCI_MANIFEST}","digest":"{}","size":10,"platform":{{"os":"unknown","architecture":"unknown"}}}}]}}"#,
+            d(1),
+            d(2),
+            d(3)
+        )
+    }
+
+    #[test]
+    fn an_index_and_its_platforms() {
+        let Document::Index(ms) = parse(index().as_bytes(), None).unwrap() else {
+            panic!("not an index");
+        };
+        let p = |s: &str| crate::config::parse_platform(s).unwrap();
+        assert_eq!(choose(&ms, &p("linux/amd64")).unwrap().digest, d(1));
+        assert_eq!(choose(&ms, &p("linux/arm64")).unwrap().digest, d(2));
+        assert_eq!(choose(&ms, &p("linux/arm64/v8")).unwrap().digest, d(2));
+        let e = choose(&ms, &p("linux/s390x")).unwrap_err().to_string();
+        assert!(
+            e.contains("no image for linux/s390x") && e.contains("linux/amd64, linux/arm64/v8"),
+            "{e}"
+        );
+        assert!(choose(&ms, &p("linux/arm64/v7")).is_err());
+    }
+
+    #[test]
+    fn an_image() {
+        let m = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{DOCKER_MANIFEST}","config":{{"mediaType":"x","digest":"{}","size":2}},
+               "layers":[{{"mediaType":"application/vnd.docker.image.rootfs.diff.tar.gzip","digest":"{}","size":5}},
+                         {{"mediaType":"application/vnd.oci.image.layer.v1.tar+zstd","digest":"{}","size":6}}]}}"#,
+            d(9),
+            d(1),
+            d(2)
+        );
+        let Document::Image(layers) = parse(m.as_bytes(), None).unwrap() else {
+            panic!("not an image");
+        };
+        assert_eq!(layers.len(), 2);
+        assert_eq!((layers[1].digest.clone(), layers[1].size), (d(2), 6));
+    }
+
+    #[test]
+    fn hostile_documents_are_refused() {
+        let layer = |digest: &str, t: &str| {
+            format!(
+                r#"{{"schemaVersion":2,"config":{{"digest":"{}","size":1}},"layers":[{{"mediaType":"{t}","digest":"{digest}","size":1}}]}}"#,
+                d(1)
+            )
+        };
+        let ok = "application/vnd.oci.image.layer.v1.tar";
+        assert!(parse(layer(&d(2), ok).as_bytes(), None).is_ok());
+        for bad in [
+            layer("sha256:../../etc/passwd", ok),
+            layer(&d(2).to_uppercase(), ok),
+            layer("sha512:00", ok),
+            layer(&d(2), "application/x-executable"),
+            r#"{"schemaVersion":1,"fsLayers":[]}"#.to_string(),
+            r#"{"schemaVersion":2}"#.to_string(),
+            r#"{"schemaVersion":2,"manifests":[],"layers":[]}"#.to_string(),
+            format!(r#"{{"schemaVersion":2,"mediaType":"{OCI_MANIFEST}","manifests":[]}}"#),
+            "[]".to_string(),
+        ] {
+            assert!(parse(bad.as_bytes(), None).is_err(), "{bad}");
+        }
+        let huge = format!(
+            r#"{{"schemaVersion":2,"config":{{"digest":"{}","size":1}},"layers":[{{"mediaType":"{ok}","digest":"{}","size":{}}}]}}"#,
+            d(1),
+            d(2),
+            MAX_BLOB + 1
+        );
+        assert!(parse(huge.as_bytes(), None).is_err());
+    }
+}
