@@ -545,10 +545,10 @@ impl Spool {
                 let prefix = join(&parts);
                 let dir = self.root.open_beneath(&prefix).map_err(|e| {
                     if e.kind() == io::ErrorKind::NotFound {
-                        anyhow!("{label}: //{} is not in the archive", escape(&prefix))
+                        anyhow!("{label}: //{} is not in the source", escape(&prefix))
                     } else {
                         anyhow!(
-                            "{label}: //{} is not a directory in the archive",
+                            "{label}: //{} is not a directory in the source",
                             escape(&prefix)
                         )
                     }
@@ -994,7 +994,7 @@ mod tests {
                 .err()
                 .unwrap()
         );
-        assert_eq!(e, "x.tar: //p/nope is not in the archive");
+        assert_eq!(e, "x.tar: //p/nope is not in the source");
         let (_t, mut s) = spool();
         apply(
             &mut s,

@@ -308,7 +308,7 @@ fn a_subtree_is_taken_with_a_double_slash() {
     // A PATH the archive lacks is only known once it is read: exit 1.
     f.unchanged_but_staging(|| {
         f.sync_from(&[&format!("{a}//nope")], &[])
-            .fails(1, "b.tar.gz//nope: //nope is not in the archive")
+            .fails(1, "b.tar.gz//nope: //nope is not in the source")
     });
 }
 
