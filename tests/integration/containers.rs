@@ -154,8 +154,13 @@ impl Rig {
     }
 
     fn kube_play(&self, file: &Path) -> Child {
+        self.kube_play_on(file, "none")
+    }
+
+    /// `kube play` on `network` ("host": the host's own, to reach the rig's registry).
+    fn kube_play_on(&self, file: &Path, network: &str) -> Child {
         self.tool("podman")
-            .args(["kube", "play", "--network", "none"])
+            .args(["kube", "play", "--network", network])
             .arg(file)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -374,79 +379,7 @@ fn the_stackstorm_example_in_real_containers() {
     let work = work.path();
 
     // The images, with no registry from outside.
-    let busybox = rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
-    rig.build(
-        "localhost/packsync-image:test",
-        "scratch",
-        &[(bin, "/packsync")],
-        &["--entrypoint", r#"["/packsync"]"#],
-    );
-    let version = rig.ok(
-        "podman",
-        &[
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "localhost/packsync-image:test",
-            "--version",
-        ],
-    );
-    assert!(version.starts_with("packsync "), "{version}");
-    // A stand-in for st2-register-content: it lists what it would register.
-    let register = work.join("st2-register-content");
-    fs::write(
-        &register,
-        "#!/bin/sh\necho \"registered: $(ls /opt/stackstorm/packs | tr '\\n' ' ')\"\n",
-    )
-    .unwrap();
-    fs::set_permissions(
-        &register,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    // The st2 image ships its system packs where the volume is mounted.
-    rig.build(
-        "localhost/st2actionrunner-packsync:3.8",
-        &busybox,
-        &[
-            (bin, "/usr/local/bin/packsync"),
-            (&register, "/bin/st2-register-content"),
-            (
-                &repo().join("examples/system-packs"),
-                "/opt/stackstorm/packs",
-            ),
-        ],
-        &[],
-    );
-    for v in ["1.2.0", "1.3.0"] {
-        let tree = work.join(format!("pack-{v}"));
-        copy_tree(&repo().join("examples/packs"), &tree.join("packs"));
-        copy_tree(
-            &repo().join("examples/virtualenvs"),
-            &tree.join("virtualenvs"),
-        );
-        if v == "1.3.0" {
-            for f in ["load_average.py", "load_average.yaml"] {
-                fs::remove_file(tree.join("packs/examples_ops/actions").join(f)).unwrap();
-            }
-            // The pack's version moves with the action it dropped: a reader
-            // that saw one without the other saw a mixed tree.
-            let meta = tree.join("packs/examples_ops/pack.yaml");
-            let text = fs::read_to_string(&meta).unwrap();
-            fs::write(&meta, text.replace("version: 0.4.1", "version: 0.5.0")).unwrap();
-        }
-        rig.build(
-            &format!("localhost/st2packs-example:{v}"),
-            &busybox,
-            &[
-                (bin, "/usr/local/bin/packsync"),
-                (&tree.join("packs"), "/opt/packs-image/packs"),
-                (&tree.join("virtualenvs"), "/opt/packs-image/virtualenvs"),
-            ],
-            &[],
-        );
-    }
+    stackstorm_images(rig, bin, work);
     let images: HashMap<&str, String> = [
         (
             "registry.example.com/st2packs-example:1.2.0",
@@ -715,6 +648,86 @@ fn the_stackstorm_example_in_real_containers() {
          from gc until it ended and a reader in another pod never saw a mix, \
          a 1.2.0 replica was refused (exit 3) with the volumes unchanged"
     );
+}
+
+/// The StackStorm example's images: the packsync image (`FROM scratch`
+/// plus the binary), the st2 image with its system packs and the binary,
+/// and the pack image at 1.2.0 and 1.3.0 (which drops an action and bumps
+/// its pack's version).
+fn stackstorm_images(rig: &Rig, bin: &Path, work: &Path) {
+    let busybox = rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
+    rig.build(
+        "localhost/packsync-image:test",
+        "scratch",
+        &[(bin, "/packsync")],
+        &["--entrypoint", r#"["/packsync"]"#],
+    );
+    let version = rig.ok(
+        "podman",
+        &[
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "localhost/packsync-image:test",
+            "--version",
+        ],
+    );
+    assert!(version.starts_with("packsync "), "{version}");
+    // A stand-in for st2-register-content: it lists what it would register.
+    let register = work.join("st2-register-content");
+    fs::write(
+        &register,
+        "#!/bin/sh\necho \"registered: $(ls /opt/stackstorm/packs | tr '\\n' ' ')\"\n",
+    )
+    .unwrap();
+    fs::set_permissions(
+        &register,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    // The st2 image ships its system packs where the volume is mounted.
+    rig.build(
+        "localhost/st2actionrunner-packsync:3.8",
+        &busybox,
+        &[
+            (bin, "/usr/local/bin/packsync"),
+            (&register, "/bin/st2-register-content"),
+            (
+                &repo().join("examples/system-packs"),
+                "/opt/stackstorm/packs",
+            ),
+        ],
+        &[],
+    );
+    for v in ["1.2.0", "1.3.0"] {
+        let tree = work.join(format!("pack-{v}"));
+        copy_tree(&repo().join("examples/packs"), &tree.join("packs"));
+        copy_tree(
+            &repo().join("examples/virtualenvs"),
+            &tree.join("virtualenvs"),
+        );
+        if v == "1.3.0" {
+            for f in ["load_average.py", "load_average.yaml"] {
+                fs::remove_file(tree.join("packs/examples_ops/actions").join(f)).unwrap();
+            }
+            // The pack's version moves with the action it dropped: a reader
+            // that saw one without the other saw a mixed tree.
+            let meta = tree.join("packs/examples_ops/pack.yaml");
+            let text = fs::read_to_string(&meta).unwrap();
+            fs::write(&meta, text.replace("version: 0.4.1", "version: 0.5.0")).unwrap();
+        }
+        rig.build(
+            &format!("localhost/st2packs-example:{v}"),
+            &busybox,
+            &[
+                (bin, "/usr/local/bin/packsync"),
+                (&tree.join("packs"), "/opt/packs-image/packs"),
+                (&tree.join("virtualenvs"), "/opt/packs-image/virtualenvs"),
+            ],
+            &[],
+        );
+    }
 }
 
 /// A StackStorm execution stand-in: under `packsync exec` (which needs the
@@ -1104,5 +1117,130 @@ fn the_opa_and_two_image_examples_in_real_containers() {
     eprintln!(
         "containers: OPA example: 3 replicas at once, one generation, each OPA loaded the bundle; \
          two-images example: both slots published, consumer started"
+    );
+}
+
+/// stackstorm-from-registry.yaml: the publisher Job is the packsync image
+/// alone, reading the st2 image's system packs and the pack image's packs
+/// and virtualenvs from a registry (the rig's, holding the images this test
+/// builds). Its pod is played on the host's network to reach that registry
+/// (the rig's other pods have none), and `registry.example.com` in its
+/// `oci://` references becomes the rig's registry; nothing else changes.
+/// Checked: every tree published in its slot, `status` naming the image
+/// digest, a re-run up to date, and the next version's Job removing the
+/// action that version dropped.
+#[test]
+fn the_stackstorm_registry_example_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    stackstorm_images(rig, bin, work);
+    let registry = rig.var("CONTAINER_RIG_REGISTRY").to_string();
+    for (local, remote) in [
+        ("st2actionrunner-packsync:3.8", "st2actionrunner:3.8"),
+        ("st2packs-example:1.2.0", "st2packs-example:1.2.0"),
+        ("st2packs-example:1.3.0", "st2packs-example:1.3.0"),
+    ] {
+        rig.ok(
+            "skopeo",
+            &[
+                "copy",
+                "-q",
+                "--dest-tls-verify=false",
+                &format!("containers-storage:localhost/{local}"),
+                &format!("docker://{registry}/{remote}"),
+            ],
+        );
+    }
+    let images: HashMap<&str, String> = [(
+        "registry.example.com/packsync:0.1.0",
+        "localhost/packsync-image:test".to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/stackstorm-from-registry.yaml"))
+            .unwrap();
+    let job = |version: &str| -> PathBuf {
+        let text = manifest
+            .replace("1.2.0", version)
+            .replace("1-2-0", &version.replace('.', "-"));
+        let all = pods(&text, &images);
+        assert_eq!(all.len(), 1, "one Job");
+        let (name, yaml) = &all[0];
+        let yaml = yaml.replace("oci://registry.example.com/", &format!("oci://{registry}/"));
+        let p = work.join(format!("{name}.yaml"));
+        fs::write(&p, yaml).unwrap();
+        p
+    };
+    for claim in ["st2-packs", "st2-virtualenvs"] {
+        rig.ok("podman", &["volume", "create", "-o", "nocopy", claim]);
+    }
+    let publish = |version: &str| -> String {
+        let pod = job(version);
+        let name = format!("st2-publish-packs-{}", version.replace('.', "-"));
+        let out = rig.kube_play_on(&pod, "host").wait_with_output().unwrap();
+        let (code, err) = (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        );
+        let steps = [
+            format!("{name}-system-packs"),
+            format!("{name}-virtualenvs"),
+            format!("{name}-packs"),
+        ];
+        let steps: Vec<&str> = steps.iter().map(String::as_str).collect();
+        assert_eq!(code, Some(0), "{name}: {err}{}", rig.logs(&steps));
+        let last = format!("{name}-packs");
+        assert_eq!(rig.exit_code(&last), "0", "{}", rig.logs(&[&last]));
+        let log = rig.ok("podman", &["logs", &last]);
+        rig.down(&pod);
+        log
+    };
+
+    let first = publish("1.2.0");
+    assert!(first.contains(" synced: "), "{first}");
+    let packs = rig.volume("st2-packs");
+    let venvs = rig.volume("st2-virtualenvs");
+    assert_published(&packs, "examples/packs");
+    assert_published(&packs, "examples/system-packs");
+    assert_published(&venvs, "examples/virtualenvs");
+    let status = Command::new(crate::fixture::bin())
+        .arg("status")
+        .arg(&packs)
+        .args(["--slot", "packs"])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.contains(&format!("oci://{registry}/st2packs-example@sha256:")),
+        "{status}"
+    );
+    // The same tag again: one request, nothing fetched, nothing changed.
+    let before = (listing(&packs), listing(&venvs));
+    let again = publish("1.2.0");
+    assert!(again.contains(" up to date: "), "{again}");
+    assert_eq!((listing(&packs), listing(&venvs)), before);
+    // The next version's Job.
+    let next = publish("1.3.0");
+    assert!(next.contains(" synced: "), "{next}");
+    let actions = packs.join("examples_ops/actions");
+    assert!(actions.join("disk_usage.yaml").exists());
+    assert!(
+        !actions.join("load_average.yaml").exists(),
+        "the dropped action is gone"
+    );
+    assert!(
+        packs.join("core/pack.yaml").exists(),
+        "the system packs stay"
+    );
+    eprintln!(
+        "containers: the registry example: a Job of the packsync image alone published the st2 \
+         image's system packs and the pack image's packs and virtualenvs from the registry, \
+         a re-run was up to date, 1.3.0 removed its dropped action"
     );
 }

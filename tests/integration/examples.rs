@@ -37,6 +37,9 @@ struct Example {
     commands: Vec<(usize, String)>,
     /// Lines that call `packsync` by bare name, relying on the image's PATH.
     bare: Vec<usize>,
+    /// `containers`: the manifest reads images from a registry, which no
+    /// local replay has; tests/integration/containers.rs plays it instead.
+    containers_only: bool,
 }
 
 /// Where the manifests call the binary: the path the image puts it at, so
@@ -65,6 +68,7 @@ fn parse(name: &str, text: &str) -> Example {
                     ex.env.push((k.to_string(), v.to_string()));
                 }
                 ["expect", p, d] => ex.expects.push((p.to_string(), d.to_string())),
+                ["containers"] => ex.containers_only = true,
                 _ => panic!("{name}:{}: unknown directive {d:?}", i + 1),
             }
             continue;
@@ -365,6 +369,17 @@ fn every_kubernetes_example_runs_twice_and_leaves_the_expected_trees() {
     assert!(all.len() >= 4, "expected the four example manifests");
     let mut failures = Vec::new();
     for ex in &all {
+        if ex.containers_only {
+            let played =
+                fs::read_to_string(repo().join("tests/integration/containers.rs")).unwrap();
+            if !played.contains(&format!("examples/kubernetes/{}", ex.name)) {
+                failures.push(format!(
+                    "{}: `containers`, but tests/integration/containers.rs does not play it",
+                    ex.name
+                ));
+            }
+            continue;
+        }
         if ex.commands.is_empty() {
             failures.push(format!("{}: no packsync command line found", ex.name));
         }
