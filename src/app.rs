@@ -543,8 +543,9 @@ impl Reporter for Scanning<'_> {
 }
 
 /// A state directory made before the guards only to spool a streamed
-/// source in: removed again (with the staging inside it) when the sync
-/// ends before it stages: an error, a refusal, a dry run.
+/// source in: removed again (with the staging inside it), and so are the
+/// directories made for DEST with it (`--mkpath`, a fanout DEST), when the
+/// sync ends before it stages: an error, a refusal, a dry run.
 struct MadeState<'a> {
     vol: &'a Volume,
     armed: bool,
@@ -560,6 +561,7 @@ impl Drop for MadeState<'_> {
         if let Ok(parent) = self.vol.parent() {
             let _ = parent.remove_tree(top);
         }
+        self.vol.unmake_parent();
     }
 }
 

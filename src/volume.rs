@@ -206,6 +206,32 @@ impl Volume {
         Ok(self.dir.get().expect("just set"))
     }
 
+    /// Remove again, deepest first, the directories `make_parent` made for
+    /// DEST (its parents with `--mkpath`, a fanout DEST), for a sync that
+    /// made them and then stopped before staging: a refused sync leaves the
+    /// volume as it found it. Only empty directories go (rmdir), so nothing
+    /// another writer put there meanwhile is touched.
+    pub fn unmake_parent(&self) {
+        let (Some((outer, rel)), Some(_)) = (&self.make, self.dir.get()) else {
+            return;
+        };
+        let parts: Vec<&[u8]> = rel
+            .split(|b| *b == b'/')
+            .filter(|p| !p.is_empty())
+            .collect();
+        for depth in (0..parts.len()).rev() {
+            let above = parts[..depth].join(&b'/');
+            let dir = if above.is_empty() {
+                outer.try_clone()
+            } else {
+                outer.open_beneath(&above)
+            };
+            if dir.and_then(|d| d.rmdir(parts[depth])).is_err() {
+                return;
+            }
+        }
+    }
+
     /// The state directory, relative to `parent` (several components with fanout slots).
     pub fn state_name(&self) -> Vec<u8> {
         self.state_name.clone()

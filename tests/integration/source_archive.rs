@@ -474,7 +474,7 @@ fn hostile_archives_are_refused_and_change_nothing() {
 }
 
 #[test]
-fn a_refused_first_sync_leaves_no_state_directory() {
+fn a_refused_first_sync_leaves_no_state_directory_nor_dest() {
     let f = Fixture::new();
     let a = f.archive(
         "dotdot.tar",
@@ -483,6 +483,21 @@ fn a_refused_first_sync_leaves_no_state_directory() {
     f.sync_from(&[&a], &[])
         .fails(1, "dotdot.tar: entry ../x has a \"..\" component");
     assert_eq!(fs::read_dir(f.path("vol")).unwrap().count(), 0);
+    // Nor the directories it would have made for DEST: a fanout DEST, and
+    // DEST's parents with --mkpath.
+    for (args, dest) in [
+        (&["--layout", "fanout"][..], "vol/fan"),
+        (&["--mkpath"][..], "vol/a/b/packs"),
+        (&["--layout", "fanout", "--mkpath"][..], "vol/c/fan"),
+    ] {
+        let mut cmd = vec!["sync"];
+        cmd.extend_from_slice(args);
+        cmd.extend_from_slice(&["dotdot.tar", dest]);
+        let out = f.packsync(&cmd);
+        assert_eq!(out.code, 1, "{args:?}: {}", out.stderr);
+        let left: Vec<_> = fs::read_dir(f.path("vol")).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} left {left:?}");
+    }
 }
 
 #[test]
