@@ -1011,6 +1011,11 @@ fn the_opa_and_two_image_examples_in_real_containers() {
             p
         })
         .collect();
+    // Made beforehand, as a claim is: three plays at once race to make it.
+    rig.ok(
+        "podman",
+        &["volume", "create", "-o", "nocopy", "opa-policies"],
+    );
     let plays: Vec<Child> = replicas.iter().map(|p| rig.kube_play(p)).collect();
     for (i, c) in plays.into_iter().enumerate() {
         let out = c.wait_with_output().unwrap();
@@ -1242,5 +1247,184 @@ fn the_stackstorm_registry_example_in_real_containers() {
         "containers: the registry example: a Job of the packsync image alone published the st2 \
          image's system packs and the pack image's packs and virtualenvs from the registry, \
          a re-run was up to date, 1.3.0 removed its dropped action"
+    );
+}
+
+/// opa-bundles-http.yaml: three replicas fetch one bundle from a bundle
+/// server (python3's http.server, started here, stands in for it; the pods
+/// are played on the host's network to reach it, and the manifest's
+/// `https://bundles.example.com/` becomes its address) at once, and leave
+/// one generation that every OPA stand-in loads. Then the server goes
+/// away: a fourth replica starts on the last good bundle, its init
+/// container exiting 0 with a line that says so, and the volume unchanged.
+#[test]
+fn the_opa_http_example_keeps_the_last_good_bundle_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    let busybox = base_images(rig, bin);
+    let _ = opa_pod(rig, bin, &busybox, work);
+    rig.build(
+        "localhost/packsync-busybox:1.36",
+        &busybox,
+        &[(bin, "/usr/local/bin/packsync")],
+        &[],
+    );
+    // The bundle server.
+    let site = work.join("site/authz");
+    fs::create_dir_all(&site).unwrap();
+    let tar = Command::new("tar")
+        .arg("-czf")
+        .arg(site.join("bundle.tar.gz"))
+        .arg("-C")
+        .arg(repo().join("examples/opa-bundle"))
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(tar.success());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let server = crate::source_oci::Helper(
+        Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+            ])
+            .arg("--directory")
+            .arg(work.join("site"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    crate::source_oci::wait_for(20, "the bundle server", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+    });
+
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/packsync-busybox:1.36",
+            "localhost/packsync-busybox:1.36",
+        ),
+        ("openpolicyagent/opa:1.4.2", "localhost/opa-standin:1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/opa-bundles-http.yaml")).unwrap();
+    let all = pods(&manifest, &images);
+    assert_eq!(all.len(), 1, "one Deployment");
+    let yaml = all[0].1.replace(
+        "https://bundles.example.com/",
+        &format!("http://127.0.0.1:{port}/"),
+    );
+    let replica = |i: usize| {
+        let p = work.join(format!("opa-{i}.yaml"));
+        // Init containers kept after they ran, for their logs (podman
+        // removes them otherwise).
+        let keep = format!(
+            "  name: opa-{i}\n  annotations:\n    io.podman.annotations.init.container.type: always\n"
+        );
+        fs::write(&p, yaml.replacen("  name: opa\n", &keep, 1)).unwrap();
+        p
+    };
+    // Made beforehand, as a claim is: three plays at once race to make it.
+    rig.ok(
+        "podman",
+        &["volume", "create", "-o", "nocopy", "opa-policies"],
+    );
+    let plays: Vec<Child> = (0..3)
+        .map(|i| rig.kube_play_on(&replica(i), "host"))
+        .collect();
+    for (i, c) in plays.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "opa-{i}: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            rig.logs(&[&format!("opa-{i}-fetch-policies")])
+        );
+    }
+    let shared = rig.volume("opa-policies");
+    assert_eq!(
+        listing(&shared.join("policies")),
+        listing(&repo().join("examples/opa-bundle")),
+        "the live bundle"
+    );
+    let gens = || {
+        fs::read_dir(shared.join(".policies.packsync/gen"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(gens(), 1, "three replicas, one generation");
+    for i in 0..3 {
+        let c = format!("opa-{i}-opa");
+        assert_eq!(rig.exit_code(&c), "0");
+        assert_eq!(
+            rig.ok("podman", &["logs", &c]),
+            "loaded: ./authz/policy.rego ./roles/data.json",
+            "{c}"
+        );
+    }
+
+    // The bundle server goes away; a fourth replica starts on the last good bundle.
+    drop(server);
+    let before = listing(&shared);
+    let fourth = replica(3);
+    let out = rig
+        .kube_play_on(&fourth, "host")
+        .wait_with_output()
+        .unwrap();
+    let log = rig
+        .tool("podman")
+        .args(["logs", "opa-3-fetch-policies"])
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&[log.stdout, log.stderr].concat()).into_owned();
+    assert!(
+        out.status.success(),
+        "opa-3: {}{log}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Its lines (stdout and stderr, so in no fixed order): the failure,
+    // the live bundle, and what the pod does about it.
+    let mut lines: Vec<&str> = log.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 3, "{log}");
+    assert!(
+        lines[0].starts_with("packsync: /shared/policies: generation ")
+            && lines[0].ends_with(" is live"),
+        "{log}"
+    );
+    assert!(
+        lines[1].starts_with(&format!(
+            "packsync: error: http://127.0.0.1:{port}/authz/bundle.tar.gz: "
+        )),
+        "{log}"
+    );
+    assert_eq!(
+        lines[2],
+        "the bundle server could not be read: starting on the last good bundle"
+    );
+    assert_eq!(rig.exit_code("opa-3-opa"), "0");
+    assert_eq!(
+        rig.ok("podman", &["logs", "opa-3-opa"]),
+        "loaded: ./authz/policy.rego ./roles/data.json"
+    );
+    assert_eq!(listing(&shared), before, "the volume is unchanged");
+    eprintln!(
+        "containers: OPA over HTTP: three replicas at once, one generation; with the server \
+         gone a fourth started on the last good bundle: {}",
+        lines[1]
     );
 }
