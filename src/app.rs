@@ -29,7 +29,7 @@ use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
 use crate::sys::{self};
-use crate::tree::{Node, Tree};
+use crate::tree::{Kind, Meta, Node, Tree};
 use crate::verify;
 use crate::volume::{Dest, State, Volume};
 
@@ -159,55 +159,100 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         Console::new(output, bar)
     };
 
+    // A directory at a time, the sources against the live generation: a
+    // sync that finds nothing to do ends here, having held no whole tree.
+    let state = vol.state(false)?;
+    let adjust = Adjust::of(cfg);
+    if let Some(q) = state
+        .as_ref()
+        .and_then(|state| quick(cfg, &vol, state, &dest, &sources, &adjust))
+    {
+        let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
+        let totals = Totals {
+            empty: q.compared.entries == 0,
+            live_nonempty: q.compared.entries != 0,
+            deleted: 0,
+            names: &top,
+            live_names: Some(&top),
+        };
+        let check = guards(cfg, &vol, &totals, Some(&q.gen), q.header.label.as_deref())?;
+        let mut summary = Summary {
+            dest: vol.display.clone(),
+            entries: q.compared.entries,
+            bytes: q.compared.bytes,
+            previous: Some(q.gen.clone()),
+            generation: Some(q.gen.clone()),
+            label: cfg.label_text().map(str::to_string),
+            status: "up to date",
+            ..Default::default()
+        };
+        if cfg.itemize {
+            report::itemize(&Plan::default(), output, &mut summary);
+        }
+        let planned = Planned {
+            summary,
+            check,
+            warnings: q.warnings,
+            gen: Some(&q.gen),
+            live_label: q.header.label.as_deref(),
+            up_to_date: true,
+        };
+        return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
+    }
+
     // Scan the sources and the live generation at the same time.
     let warnings = Collected::default();
-    let state = vol.state(false)?;
     let (tree, live) = rayon::join(
         || sources.scan(&cfg.filter, &warnings),
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
-    let owners = assign_owners(&mut tree, cfg.chown);
-    if let Some(rules) = &cfg.chmod {
-        rules.apply(&mut tree);
-    }
+    let owners = adjust.mirrored;
+    adjust.tree(&mut tree);
 
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners)?;
-    let check = guards(cfg, &vol, &tree, &plan, &live)?;
+    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+    let live_names: Option<Vec<&[u8]>> = live
+        .tree
+        .as_ref()
+        .filter(|_| live.gen.is_some())
+        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+    let totals = Totals {
+        empty: tree.is_empty(),
+        live_nonempty: live.tree.as_ref().is_some_and(|t| !t.is_empty()),
+        deleted: plan.deleted,
+        names: &names,
+        live_names: live_names.as_deref(),
+    };
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    let check = guards(cfg, &vol, &totals, live.gen.as_deref(), live_label)?;
     let up_to_date = up_to_date(cfg, &plan, &live);
     let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
     if cfg.itemize {
         report::itemize(&plan, output, &mut summary);
     }
+    if cfg.dry_run || up_to_date {
+        let planned = Planned {
+            summary,
+            check,
+            warnings,
+            gen: live.gen.as_deref(),
+            live_label,
+            up_to_date,
+        };
+        return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
+    }
     for w in warnings.take_warnings() {
         console.warn(&w);
     }
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     for w in crate::label::warnings(
         &vol.display,
         cfg.label.as_ref(),
         live.gen.as_deref(),
         live_label,
-        !up_to_date,
+        true,
     ) {
         console.warn(&w);
-    }
-    if cfg.dry_run || up_to_date {
-        return match &state {
-            Some(state) if !cfg.dry_run => settle(cfg, &vol, state, check, summary, console, pass)
-                .map(|(summary, console, hook_failure)| Round {
-                    summary,
-                    console,
-                    start,
-                    hook_failure,
-                }),
-            _ => Ok(Round {
-                summary,
-                console,
-                start,
-                hook_failure: None,
-            }),
-        };
     }
 
     // Stage into this writer's own directory, removed whatever happens next.
@@ -269,6 +314,126 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         console,
         start,
         hook_failure,
+    })
+}
+
+/// A round decided before anything is staged: up to date, or a dry run.
+struct Planned<'a> {
+    summary: Summary,
+    check: layout::Check,
+    /// What the scans reported, shown now.
+    warnings: Collected,
+    /// The live generation and its label.
+    gen: Option<&'a str>,
+    live_label: Option<&'a str>,
+    up_to_date: bool,
+}
+
+impl Planned<'_> {
+    /// Show the warnings; an up-to-date sync then settles (`settle`).
+    fn end(
+        self,
+        cfg: &SyncConfig,
+        vol: &Volume,
+        state: Option<&State>,
+        console: Console,
+        pass: Pass,
+        start: Instant,
+    ) -> Result<Round> {
+        for w in self.warnings.take_warnings() {
+            console.warn(&w);
+        }
+        for w in crate::label::warnings(
+            &vol.display,
+            cfg.label.as_ref(),
+            self.gen,
+            self.live_label,
+            !self.up_to_date,
+        ) {
+            console.warn(&w);
+        }
+        match state {
+            Some(state) if !cfg.dry_run => {
+                settle(cfg, vol, state, self.check, self.summary, console, pass).map(
+                    |(summary, console, hook_failure)| Round {
+                        summary,
+                        console,
+                        start,
+                        hook_failure,
+                    },
+                )
+            }
+            _ => Ok(Round {
+                summary: self.summary,
+                console,
+                start,
+                hook_failure: None,
+            }),
+        }
+    }
+}
+
+/// What the streaming compare found up to date.
+struct Quick {
+    gen: String,
+    /// The live manifest's header.
+    header: Manifest,
+    compared: scan::Compared,
+    warnings: Collected,
+}
+
+/// Whether the live generation already is what the sources give, decided
+/// a directory at a time (`scan::compare_live`) with nothing whole held:
+/// `None` where it is not, or where this compare does not apply and the
+/// whole trees are compared (`--dry-run` and `--checksum`, a DEST that is
+/// not a generation, a manifest that is missing or gives the hardlink
+/// groups itself, a label to change, a source that is not a directory, any
+/// error: the full path reports it).
+fn quick(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    dest: &Dest,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+) -> Option<Quick> {
+    let Dest::Live(gen) = dest else {
+        return None;
+    };
+    if cfg.dry_run || cfg.checksum {
+        return None;
+    }
+    let header = state
+        .manifest_reader(gen)
+        .ok()
+        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())?;
+    if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
+        return None;
+    }
+    let live = layout::open_generation(vol, state, gen).ok()?;
+    let live_label = format!("{}/gen/{gen}", state.path.display());
+    let warnings = Collected::default();
+    let refs = sources.refs();
+    let against = scan::Against {
+        sources: &refs,
+        live: &live,
+        live_label: &live_label,
+        filter: &cfg.filter,
+        reporter: &warnings,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        compare: Compare {
+            owners: adjust.mirrored,
+            checksum: false,
+            granularity_ns: header.granularity_ns,
+            link_meta: header.link_meta,
+        },
+    };
+    let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
+    Some(Quick {
+        gen: gen.clone(),
+        header,
+        compared,
+        warnings,
     })
 }
 
@@ -418,32 +583,70 @@ fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
     Ok(())
 }
 
-/// The owners the staged tree gets: `--chown`'s, the source's as root, else
-/// ours, with setuid/setgid bits dropped from files (they would mean
-/// something else on a file we cannot give its owner). Whether owners are
-/// mirrored (and so compared).
-fn assign_owners(tree: &mut Tree, chown: Option<Owner>) -> bool {
-    let (owner, mirrored) = match chown {
-        Some(o) => (o, true),
-        None if sys::euid() == 0 => return true,
-        None => (
-            Owner {
-                uid: sys::euid(),
-                gid: sys::egid(),
-            },
-            false,
-        ),
-    };
-    let own = |m: &mut crate::tree::Meta, is_dir: bool| {
-        m.uid = owner.uid;
-        m.gid = owner.gid;
-        if !mirrored && !is_dir {
-            m.mode &= !0o6000;
+/// The owners and modes the staged tree gets: `--chown`'s, the source's as
+/// root, else ours, with setuid/setgid bits dropped from files (they would
+/// mean something else on a file we cannot give its owner); then `--chmod`.
+/// Applied entry by entry, to a whole tree or to a directory being compared.
+#[derive(Clone, Copy)]
+struct Adjust<'a> {
+    owner: Option<Owner>,
+    /// Whether owners are mirrored (and so compared).
+    mirrored: bool,
+    chmod: Option<&'a crate::chmod::Rules>,
+}
+
+impl<'a> Adjust<'a> {
+    fn of(cfg: &'a SyncConfig) -> Adjust<'a> {
+        let (owner, mirrored) = match cfg.chown {
+            Some(o) => (Some(o), true),
+            None if sys::euid() == 0 => (None, true),
+            None => (
+                Some(Owner {
+                    uid: sys::euid(),
+                    gid: sys::egid(),
+                }),
+                false,
+            ),
+        };
+        Adjust {
+            owner,
+            mirrored,
+            chmod: cfg.chmod.as_ref(),
         }
-    };
-    own(&mut tree.root, true);
-    tree.for_each_mut(&mut |_, e| own(&mut e.meta, matches!(e.node, Node::Dir(_))));
-    mirrored
+    }
+
+    fn meta(&self, m: &mut Meta, kind: Kind) {
+        if let Some(owner) = self.owner {
+            m.uid = owner.uid;
+            m.gid = owner.gid;
+            if !self.mirrored && kind != Kind::Dir {
+                m.mode &= !0o6000;
+            }
+        }
+        if let Some(rules) = self.chmod {
+            if kind != Kind::Symlink {
+                m.mode = rules.mode(m.mode, kind == Kind::Dir);
+            }
+        }
+    }
+
+    /// `meta` for every entry of `tree`.
+    fn tree(&self, tree: &mut Tree) {
+        let owners_only = Adjust {
+            chmod: None,
+            ..*self
+        };
+        if self.owner.is_some() {
+            owners_only.meta(&mut tree.root, Kind::Dir);
+            tree.for_each_mut(&mut |_, e| {
+                let kind = e.kind();
+                owners_only.meta(&mut e.meta, kind)
+            });
+        }
+        if let Some(rules) = self.chmod {
+            rules.apply(tree);
+        }
+    }
 }
 
 /// The live tree as it is on the volume, with hashes from its manifest where
@@ -666,46 +869,45 @@ fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()
     )
 }
 
+/// What the guards look at, from whole trees and their plan or from a
+/// streaming compare (which only ever finds a tree up to date).
+struct Totals<'a> {
+    /// The sources hold no entry.
+    empty: bool,
+    live_nonempty: bool,
+    deleted: u64,
+    /// The names at the top of the new tree, and of the live generation.
+    names: &'a [&'a [u8]],
+    live_names: Option<&'a [&'a [u8]]>,
+}
+
 /// Refusals that must come before anything is written: an empty source
 /// over a full tree, `--max-delete`, entries of other fanout slots (whose
 /// check also says what the fanout links need), a downgrade of `--label`.
 fn guards(
     cfg: &SyncConfig,
     vol: &Volume,
-    tree: &Tree,
-    plan: &Plan,
-    live: &Live,
+    t: &Totals<'_>,
+    gen: Option<&str>,
+    live_label: Option<&str>,
 ) -> Result<layout::Check> {
-    let live_nonempty = live.tree.as_ref().is_some_and(|t| !t.is_empty());
-    if tree.is_empty() && live_nonempty && !cfg.allow_empty {
+    if t.empty && t.live_nonempty && !cfg.allow_empty {
         return Err(error::refused(format!(
             "{}: refusing to replace a non-empty tree with an empty source (pass --allow-empty if that is intended)",
             vol.display
         )));
     }
     if let Some(max) = cfg.max_delete {
-        if plan.deleted > max {
+        if t.deleted > max {
             return Err(error::refused(format!(
                 "{}: refusing to delete {} entries, more than --max-delete {max}",
-                vol.display, plan.deleted
+                vol.display, t.deleted
             )));
         }
     }
     // The layout's own (fanout: other slots' entries, entries packsync did not make).
-    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
-    let live_names: Option<Vec<&[u8]>> = live
-        .tree
-        .as_ref()
-        .filter(|_| live.gen.is_some())
-        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
-    let check = layout::of(vol).check(vol, &names, live_names.as_deref(), cfg.adopt)?;
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
-    crate::label::guard(
-        &vol.display,
-        cfg.label.as_ref(),
-        live.gen.as_deref(),
-        live_label,
-    )?;
+    let check = layout::of(vol).check(vol, t.names, t.live_names, cfg.adopt)?;
+    crate::label::guard(&vol.display, cfg.label.as_ref(), gen, live_label)?;
     Ok(check)
 }
 
