@@ -499,6 +499,44 @@ mod tests {
     }
 
     #[test]
+    fn links_match_only_when_both_sides_share_the_same_inodes() {
+        let file = |ino: u64, nlink: u32| File {
+            dev: 1,
+            ino,
+            nlink,
+            ..Default::default()
+        };
+        let check = |pairs: &[(File, File)]| {
+            let mut l = Links::default();
+            let firsts: Vec<bool> = pairs.iter().map(|(s, v)| l.pair(s, v)).collect();
+            (l.consistent(), firsts)
+        };
+        // a, b one inode on both sides; c alone on both.
+        let both = [
+            (file(7, 2), file(70, 2)),
+            (file(7, 2), file(70, 2)),
+            (file(8, 1), file(80, 1)),
+        ];
+        assert_eq!(check(&both), (true, vec![true, false, true]));
+        // Linked in the source, two files live.
+        let split = [(file(7, 2), file(70, 1)), (file(7, 2), file(71, 1))];
+        assert!(!check(&split).0);
+        // Two files in the source, one inode live.
+        let joined = [(file(7, 1), file(70, 2)), (file(8, 1), file(70, 2))];
+        assert!(!check(&joined).0);
+        // Other links outside either tree (a previous generation) are no group.
+        let outside = [(file(7, 3), file(70, 2)), (file(8, 1), file(71, 2))];
+        assert_eq!(check(&outside), (true, vec![true, true]));
+        // A group of two live, one more path on that inode that the source has apart.
+        let more = [
+            (file(7, 2), file(70, 3)),
+            (file(7, 2), file(70, 3)),
+            (file(9, 1), file(70, 3)),
+        ];
+        assert!(!check(&more).0);
+    }
+
+    #[test]
     fn identical_trees_are_up_to_date_and_reuse_everything() {
         let live = t(vec![d("a", vec![f("x", 1, 1)]), f("y", 2, 2)]);
         let mut src = live.clone();

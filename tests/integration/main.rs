@@ -9,4 +9,5 @@ mod layouts;
 mod ops;
 mod property;
 mod sidecar;
+mod streaming;
 mod sync;
