@@ -200,6 +200,10 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
     }
 
+    if streams(cfg, &dest, &sources) {
+        return streamed_round(cfg, &vol, &dest, &sources, &adjust, console, start);
+    }
+
     // Scan the sources and the live generation at the same time.
     let warnings = Collected::default();
     let (tree, live) = rayon::join(
@@ -277,44 +281,186 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let staged = stage::run(&job, &mut tree, staging.dir())?;
     console.finish();
     let owners = owners && staged.owner_failures == 0;
-    let mut manifest = manifest_of(cfg, &sources, owners, &caps, tree);
+    let manifest = manifest_of(cfg, &sources, owners, &caps, tree);
     if cfg.verify {
         let rules = verify::Rules::of(&manifest);
         verify::staged(&staged.tree, &manifest.tree, rules)?;
     }
     note_staged(&mut summary, &staged, &console);
     drop(staged); // closes the staged tree before it moves into gen/
-
-    // Commit: name the tree by its digest and publish it in one rename.
-    let commit = commit::Commit {
+    let staged = Publish {
         vol: &vol,
         state: &state,
-        stage: &staging,
+        staging,
         was_live: live.gen.as_deref(),
-        flush: caps.flush,
-        opts: commit::Options {
-            fsync: cfg.fsync,
-            swap,
-            adopt: cfg.adopt,
-        },
+        caps,
+        swap,
+        spooled: None,
     };
-    let gen = commit::run(&commit, &mut manifest)?;
-    drop(staging);
-    for w in &gen.warnings {
-        console.warn(w);
+    staged.run(cfg, manifest, summary, console, start)
+}
+
+/// A staged tree and its manifest, to commit (`commit::run`), then retire.
+struct Publish<'a> {
+    vol: &'a Volume,
+    state: &'a State,
+    staging: Stage,
+    was_live: Option<&'a str>,
+    caps: crate::caps::Caps,
+    swap: Swap,
+    spooled: Option<&'a crate::manifest::Spooled>,
+}
+
+impl Publish<'_> {
+    fn run(
+        self,
+        cfg: &SyncConfig,
+        mut manifest: Manifest,
+        mut summary: Summary,
+        console: Console,
+        start: Instant,
+    ) -> Result<Round> {
+        let (vol, state) = (self.vol, self.state);
+        // Commit: name the tree by its digest and publish it in one rename.
+        let commit = commit::Commit {
+            vol,
+            state,
+            stage: &self.staging,
+            was_live: self.was_live,
+            flush: self.caps.flush,
+            opts: commit::Options {
+                fsync: cfg.fsync,
+                swap: self.swap,
+                adopt: cfg.adopt,
+            },
+            spooled: self.spooled,
+        };
+        let gen = commit::run(&commit, &mut manifest)?;
+        drop(self.staging);
+        for w in &gen.warnings {
+            console.warn(w);
+        }
+
+        // Retire what no reader may still need, then report.
+        summary.status = "synced";
+        summary.generation = Some(gen.name.clone());
+        summary.retired = collect(cfg, vol, state, &console);
+        let hook_failure = run_hook(cfg, vol, state, &gen.name, &mut summary);
+        Ok(Round {
+            summary,
+            console,
+            start,
+            hook_failure,
+        })
+    }
+}
+
+/// Whether a sync can be staged a directory at a time (`stage::stream`):
+/// a first sync (nothing at DEST) from sources that are all directories,
+/// without `--verify` (it compares with a whole manifest), `--itemize` (it
+/// lists every path) or `--dry-run`.
+fn streams(cfg: &SyncConfig, dest: &Dest, sources: &Sources) -> bool {
+    matches!(dest, Dest::Absent)
+        && !cfg.verify
+        && !cfg.itemize
+        && !cfg.dry_run
+        && sources.all.iter().all(|s| s.root().is_some())
+}
+
+/// A first sync staged a directory at a time: the sources are never held
+/// whole. The guards hold as before: nothing is live, so nothing is
+/// deleted and an empty source replaces nothing; the layout checks the
+/// names at the top, listed before anything is written.
+fn streamed_round(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    dest: &Dest,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+    console: Console,
+    start: Instant,
+) -> Result<Round> {
+    let refs = sources.refs();
+    let mut top: Vec<crate::tree::Entry> = Vec::new();
+    let mut root = Meta::default();
+    // What this listing skips is reported once, by the stage.
+    let quiet = Collected::default();
+    for (i, s) in refs.iter().enumerate() {
+        let r = s.root().expect("streams() checked");
+        let st = r
+            .fstat()
+            .with_context(|| format!("cannot stat {}", s.label()))?;
+        root = scan::meta_of(&st, 0);
+        let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
+        crate::tree::merge_entries(&mut top, listed);
+    }
+    adjust.meta(&mut root, Kind::Dir);
+    let names: Vec<&[u8]> = top.iter().map(|e| &*e.name).collect();
+    let totals = Totals {
+        empty: top.is_empty(),
+        live_nonempty: false,
+        deleted: 0,
+        names: &names,
+        live_names: None,
+    };
+    guards(cfg, vol, &totals, None, None)?;
+    drop(names);
+    drop(top);
+    for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), None, None, true) {
+        console.warn(&w);
     }
 
-    // Retire what no reader may still need, then report.
-    summary.status = "synced";
-    summary.generation = Some(gen.name.clone());
-    summary.retired = collect(cfg, &vol, &state, &console);
-    let hook_failure = run_hook(cfg, &vol, &state, &gen.name, &mut summary);
-    Ok(Round {
-        summary,
-        console,
-        start,
-        hook_failure,
-    })
+    // Stage into this writer's own directory, removed whatever happens next.
+    let fresh_state = vol.state(false)?.is_none();
+    let state = vol.state(true)?.expect("created");
+    let mut staging = Stage::new(&state)?;
+    let swap = swap_for(dest, cfg);
+    layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
+    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+        let at = format!("{}/stage/{}", state.path.display(), staging.name);
+        format!("cannot probe the volume at {at}")
+    })?;
+    console.begin(0, 0);
+    let job = stage::Job {
+        sources: &refs,
+        live: None,
+        owners: adjust.mirrored,
+        reporter: &console,
+        caps,
+        heartbeat: Some(staging.dir()),
+    };
+    let stream = stage::Stream {
+        job: &job,
+        filter: &cfg.filter,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        root,
+        label: cfg.label_text(),
+    };
+    let streamed = stage::stream(&stream, staging.dir())?;
+    console.finish();
+    let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
+    let manifest = manifest_of(cfg, sources, owners, &caps, Tree::default());
+    let mut summary = Summary {
+        dest: vol.display.clone(),
+        entries: streamed.body.entries,
+        bytes: streamed.body.bytes,
+        added: streamed.body.entries,
+        label: cfg.label_text().map(str::to_string),
+        ..Default::default()
+    };
+    note_staged(&mut summary, &streamed.staged, &console);
+    let stage::Streamed { staged, body } = streamed;
+    drop(staged); // closes the staged tree before it moves into gen/
+    let publish = Publish {
+        vol,
+        state: &state,
+        staging,
+        was_live: None,
+        caps,
+        swap,
+        spooled: Some(&body),
+    };
+    publish.run(cfg, manifest, summary, console, start)
 }
 
 /// A round decided before anything is staged: up to date, or a dry run.
