@@ -364,7 +364,10 @@ fn streams(cfg: &SyncConfig, dest: &Dest, sources: &Sources) -> bool {
         && !cfg.verify
         && !cfg.itemize
         && !cfg.dry_run
-        && sources.all.iter().all(|s| s.root().is_some())
+        && sources
+            .all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory())
 }
 
 /// A first sync staged a directory at a time: the sources are never held

@@ -3,6 +3,9 @@
 //! out (`Filter`); and file contents hashed on demand (`--checksum`,
 //! `verify`), read through each entry's source.
 //!
+//! `compare_live` compares the sources with the live generation a
+//! directory at a time instead, without building either tree.
+//!
 //! Scanning never writes. Special files are reported through
 //! `Reporter::skipped` and left out.
 
@@ -173,7 +176,8 @@ fn hash_dir(
 
 /// What `compare_live` compares: the sources with the live generation.
 pub struct Against<'a> {
-    /// Every SOURCE, in order; each has a `root` (a directory).
+    /// Every SOURCE, in order; each `lists_by_directory` (else nothing is
+    /// compared: `same` is false).
     pub sources: &'a [&'a dyn Source],
     /// The live generation's root, and how messages name it.
     pub live: &'a DirFd,
@@ -206,13 +210,13 @@ pub struct Compared {
 /// compared (one list of each side's entries, plus the names of their
 /// subdirectories while those are walked): never a whole tree. The walk
 /// stops at the first difference. Decides whether a sync is up to date
-/// without scanning anything into a `Tree`; sources without a `root` are
-/// not compared this way (`same` false).
+/// without scanning anything into a `Tree`; sources that do not
+/// `lists_by_directory` are not compared this way (`same` false).
 pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
     let mut roots = Vec::with_capacity(a.sources.len());
     let mut root_meta = Meta::default();
     for s in a.sources {
-        let Some(r) = s.root() else {
+        let Some(r) = s.root().filter(|_| s.lists_by_directory()) else {
             return Ok(Compared::default());
         };
         let st = r

@@ -1,4 +1,7 @@
 //! Stage: build the new tree inside this writer's private staging directory.
+//! `run` stages a planned `Tree`; `stream` stages a first sync a directory
+//! at a time, straight from the sources, writing the manifest's lines as it
+//! goes, so that no whole tree is held.
 //!
 //! Directories first, then their files in parallel; a file the plan marked
 //! `reuse` is hardlinked from the live generation (and checked: what the link

@@ -112,6 +112,10 @@ impl Source for Dir {
         Some(&self.root)
     }
 
+    fn lists_by_directory(&self) -> bool {
+        true
+    }
+
     fn open_file(&self, path: &[u8]) -> io::Result<OwnedFd> {
         let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
             Some(i) => (&path[..i], &path[i + 1..]),
