@@ -659,6 +659,128 @@ mod tests {
     }
 
     #[test]
+    fn fragments_in_any_order_assemble_to_the_body_and_digest_of_the_tree() {
+        // Files 1..: (name, inode, links); inode 7 has three paths in three
+        // directories, inode 8 one path here and one outside the tree.
+        let file = |name: &str, ino: u64, nlink: u32| Entry {
+            name: name.as_bytes().into(),
+            meta: Meta {
+                mode: 0o644,
+                size: ino,
+                mtime: (ino as i64, 5).into(),
+                ..Default::default()
+            },
+            node: Node::File(File {
+                dev: 1,
+                ino,
+                nlink,
+                hash: Some([ino as u8; 32]),
+                ..Default::default()
+            }),
+        };
+        let dir = |name: &str, entries: Vec<Entry>| Entry {
+            name: name.as_bytes().into(),
+            meta: Meta {
+                mode: 0o755,
+                ..Default::default()
+            },
+            node: Node::Dir(Dir { srcs: 1, entries }),
+        };
+        let mut tree = Tree {
+            root: Meta {
+                mode: 0o755,
+                ..Default::default()
+            },
+            root_srcs: 1,
+            entries: vec![
+                dir(
+                    "a",
+                    vec![file("x", 7, 3), dir("b c", vec![file("y", 9, 1)])],
+                ),
+                dir("a-b", vec![file("z", 7, 3)]),
+                Entry {
+                    name: b"l".as_slice().into(),
+                    meta: Meta::default(),
+                    node: Node::Symlink(b"a/x".as_slice().into()),
+                },
+                file("one", 8, 2),
+                file("w", 7, 3),
+            ],
+        };
+        tree.assign_groups();
+        // What staging writes: later links without a hash (the whole-tree
+        // path never hashes them either).
+        let mut leaders = std::collections::HashSet::new();
+        tree.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                if f.group.is_some_and(|g| !leaders.insert(g)) {
+                    f.hash = None;
+                }
+            }
+        });
+        let mut want = Vec::new();
+        for_each_line(&tree, &mut |l| want.extend_from_slice(l.as_bytes()));
+
+        // Fragments as `stage::stream` writes them, deepest directory first,
+        // the copy of inode 7 made at its last path (`w`).
+        let mut spool = Vec::new();
+        let mut frags = Fragments::default();
+        let mut dirs: Vec<(Vec<u8>, Vec<Entry>)> = vec![(Vec::new(), tree.entries.clone())];
+        tree.for_each(&mut |p, e| {
+            if let Node::Dir(d) = &e.node {
+                dirs.push((p.to_vec(), d.entries.clone()));
+            }
+        });
+        for (rel, entries) in dirs.iter().rev() {
+            let off = spool.len() as u64;
+            for e in entries {
+                let mut e = e.clone();
+                let path = if rel.is_empty() {
+                    e.name.to_vec()
+                } else {
+                    [rel.as_slice(), b"/", &e.name].concat()
+                };
+                if let Node::File(f) = &mut e.node {
+                    if f.nlink > 1 {
+                        *frags.links.entry((f.dev, f.ino)).or_default() += 1;
+                        spool.extend_from_slice(format!("{}:{} ", f.dev, f.ino).as_bytes());
+                        f.hash = (path == b"w" || f.ino != 7).then_some([f.ino as u8; 32]);
+                        if let Some(h) = f.hash {
+                            frags.hashes.insert((f.dev, f.ino), h);
+                        }
+                    } else {
+                        spool.extend_from_slice(b"- ");
+                    }
+                    f.group = None;
+                } else {
+                    spool.extend_from_slice(b"- ");
+                }
+                let mut line = String::new();
+                entry_line(&mut line, &path, &e);
+                spool.extend_from_slice(line.as_bytes());
+            }
+            let key = escape(rel).into_bytes();
+            frags
+                .index
+                .insert(key, (off, (spool.len() as u64 - off) as u32));
+        }
+        let read = |off: u64, len: u32| Ok(spool[off as usize..][..len as usize].to_vec());
+        let root = Entry {
+            name: Default::default(),
+            meta: tree.root,
+            node: Node::Dir(Dir::default()),
+        };
+        let mut got = Vec::new();
+        let body = assemble(&root, &frags, &read, Some("v1"), &mut got).unwrap();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            String::from_utf8(want).unwrap()
+        );
+        assert_eq!(body.digest, digest(&tree, Some("v1")));
+        assert_eq!((body.entries, body.bytes), (tree.count(), tree.bytes()));
+    }
+
+    #[test]
     fn preorder_puts_children_right_after_their_directory() {
         use std::cmp::Ordering::*;
         assert_eq!(cmp_preorder(b"a/b", b"a-c"), Less);
