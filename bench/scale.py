@@ -4,10 +4,14 @@ Run through bench/scale.sh. For each size N it builds (once, kept between
 runs) a tree of N small files, 100 to a directory, two directory levels
 deep, with fixed bytes and mtimes; then times, with the page cache warm and
 flushed before each run: packsync's full copy into an empty destination
-(durable, as it ships), its no-op re-sync, and the same two with
-`rsync -a --delete`. Peak RSS is ru_maxrss (what `/usr/bin/time -f %M`
-prints). Bytes per entry are the peak RSS above that of the same command on
-a 100-entry tree, divided by the entries.
+(durable, as it ships), its no-op re-sync, a 1% update (a fresh 1% of the
+files each round grow by a byte and get a new mtime; put back afterwards),
+and the no-op after it (the live generation's files then have two links,
+one in the previous generation); the same four with `rsync -a --delete`;
+and the no-op floor, bench/statwalk.c walking the source and the live tree
+(lstat of every entry, one thread). Peak RSS is ru_maxrss (what
+`/usr/bin/time -f %M` prints). Bytes per entry are the peak RSS above that
+of the same command on a 100-entry tree, divided by the entries.
 """
 
 import argparse
@@ -30,6 +34,7 @@ REPO = os.path.dirname(HERE)
 MTIME_NS = 1_700_000_000_123_456_789
 PER_DIR = 100
 VERSION = 1
+KINDS = ("full", "noop", "update", "noop2")
 
 
 def generate(path, n):
@@ -51,6 +56,31 @@ def generate(path, n):
     for dirpath, _, _ in os.walk(tmp, topdown=False):
         os.utime(dirpath, ns=(MTIME_NS, MTIME_NS))
     os.rename(tmp, path)
+
+
+def touch_one_percent(src, n, rnd):
+    """Grow a fresh 1% of the files by a byte, with a new mtime; returns
+    what `restore` needs to put them back."""
+    rng = random.Random(n * 1000 + rnd)
+    picked = rng.sample(range(n), max(1, n // 100))
+    saved = []
+    for i in picked:
+        leaf, k = divmod(i, PER_DIR)
+        p = os.path.join(src, f"d{leaf // PER_DIR:04d}", f"d{leaf % PER_DIR:03d}", f"f{k:03d}.txt")
+        with open(p, "ab") as f:
+            f.write(b"x")
+        os.utime(p, ns=(MTIME_NS, MTIME_NS + 1000 * (rnd + 1)))
+        saved.append(p)
+    return saved
+
+
+def restore(saved):
+    """Undo `touch_one_percent`: the same bytes and mtimes as generated
+    (directories keep theirs: no name was added or removed)."""
+    for p in saved:
+        with open(p, "rb+") as f:
+            f.truncate(os.fstat(f.fileno()).st_size - 1)
+        os.utime(p, ns=(MTIME_NS, MTIME_NS))
 
 
 def entries_of(n):
@@ -95,7 +125,8 @@ class Scale:
         work = os.path.join(self.root, "run", "scale")
         row = {"files": n, "entries": entries_of(n)}
         tools = ["packsync"] + ([] if self.args.no_rsync else ["rsync"])
-        runs = {(t, k): [] for t in tools for k in ("full", "noop")}
+        runs = {(t, k): [] for t in tools for k in KINDS}
+        runs[("floor", "noop")] = []
         # Tools alternate and their order rotates every round: the first run
         # to grow the page cache into memory the machine has not touched yet
         # pays for it (first-touch faults cost several µs a page in a VM).
@@ -111,6 +142,16 @@ class Scale:
                     argv = ["rsync", "-a", "--delete", src + "/", dest + "/"]
                 runs[(tool, "full")].append(self.run(argv, f"{tool}-full"))
                 runs[(tool, "noop")].append(self.run(argv, f"{tool}-noop"))
+                if tool == "packsync":
+                    live = os.path.realpath(dest)
+                    walk = [os.environ["STATWALK_BIN"], src, live]
+                    runs[("floor", "noop")].append(self.run(walk, "floor-noop"))
+                saved = touch_one_percent(src, n, rnd)
+                try:
+                    runs[(tool, "update")].append(self.run(argv, f"{tool}-update"))
+                    runs[(tool, "noop2")].append(self.run(argv, f"{tool}-noop2"))
+                finally:
+                    restore(saved)
         bench.rm_rf(work)
         for (tool, name), rs in runs.items():
             row[f"{tool}_{name}_s"] = statistics.median(r.seconds for r in rs)
@@ -142,9 +183,11 @@ def report(s, cmdline):
     L.append("µs/entry is seconds per entry; RSS is peak RSS (`time -f %M`); B/entry is the")
     L.append("RSS above the same command's on a 100-file tree, per entry.")
     L.append("")
-    tools = ["packsync"] + ([] if s.args.no_rsync else ["rsync"])
     for name, what in (("full", "Full copy into an empty destination"),
-                       ("noop", "No-op re-sync")):
+                       ("noop", "No-op re-sync (floor: bench/statwalk.c on the source and the live tree)"),
+                       ("update", "1% update"),
+                       ("noop2", "No-op after the update (live files with two links)")):
+        tools = ["packsync"] + ([] if s.args.no_rsync else ["rsync"]) + (["floor"] if name == "noop" else [])
         L.append(f"## {what}")
         L.append("")
         hdr = "| entries |"
@@ -167,7 +210,8 @@ def report(s, cmdline):
         L.append(f"Baseline (100 files): " + ", ".join(
             f"{t} {bench.fmt_kib(s.base[f'{t}_{name}_rss_kib'])}" for t in tools) + ".")
         L.append("")
-    others = [r[f"{t}_{n}_other"] for r in s.rows for t in tools for n in ("full", "noop")]
+    tools = ["packsync"] + ([] if s.args.no_rsync else ["rsync"])
+    others = [r[f"{t}_{n}_other"] for r in s.rows for t in tools for n in KINDS]
     L.append(f"Other processes used a median {statistics.median(others):.0%} of the machine's "
              "CPU during these runs (this counts the kernel's writeback, journal and loop")
     L.append("threads too, which work for a durable sync while it flushes).")

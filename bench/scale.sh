@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # How packsync's time and peak memory grow with the number of entries:
-# full copy and no-op re-sync of trees of 10^4, 10^5 and 10^6 small files,
-# next to rsync -a --delete.
+# full copy, no-op re-sync, 1% update and the no-op after it, on trees of
+# 10^4, 10^5 and 10^6 small files, next to rsync -a --delete and (no-op) a
+# bare stat walk of both trees (bench/statwalk.c).
 #
 #   bench/scale.sh [--sizes 10000,100000,1000000] [--rounds N] [--fs loop|dir]
 #                  [--no-rsync] [--out FILE]
@@ -19,7 +20,7 @@ fs_mode=""
 args=()
 while [ $# -gt 0 ]; do
     case "$1" in
-    -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --fs) fs_mode="${2:-}"; shift 2 ;;
     --fs=*) fs_mode="${1#--fs=}"; shift ;;
     *) args+=("$1"); shift ;;
@@ -38,7 +39,11 @@ bench_dir="$(cd "$bench_dir" && pwd)"
 if [ ! -x "$bench_dir/bin/measure" ] || [ "$here/measure.c" -nt "$bench_dir/bin/measure" ]; then
     "$cc" -O2 -Wall -Wextra -o "$bench_dir/bin/measure" "$here/measure.c"
 fi
+if [ ! -x "$bench_dir/bin/statwalk" ] || [ "$here/statwalk.c" -nt "$bench_dir/bin/statwalk" ]; then
+    "$cc" -O2 -Wall -Wextra -o "$bench_dir/bin/statwalk" "$here/statwalk.c"
+fi
 export MEASURE_BIN="$bench_dir/bin/measure" FLOOR_BIN="$bench_dir/bin/floor"
+export STATWALK_BIN="$bench_dir/bin/statwalk"
 
 # shellcheck source=bench/fs.sh
 . "$here/fs.sh"

@@ -29,7 +29,7 @@ use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
 use crate::sys::{self, DirFd};
-use crate::tree::{Node, Tree};
+use crate::tree::{Kind, Meta, Node, Tree};
 use crate::verify;
 use crate::volume::{Dest, State, Volume};
 
@@ -168,13 +168,57 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
         Console::new(output, bar)
     };
 
+    // A directory at a time, the sources against the live generation: a
+    // sync that finds nothing to do ends here, having held no whole tree.
+    let state = vol.state(false)?;
+    let adjust = Adjust::of(cfg);
+    if let Some(q) = state
+        .as_ref()
+        .and_then(|state| quick(cfg, &vol, state, &dest, &sources, &adjust))
+    {
+        let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
+        let totals = Totals {
+            empty: q.compared.entries == 0,
+            live_nonempty: q.compared.entries != 0,
+            deleted: 0,
+            names: &top,
+            live_names: Some(&top),
+        };
+        let check = guards(cfg, &vol, &totals, Some(&q.gen), q.header.label.as_deref())?;
+        let mut summary = Summary {
+            dest: vol.display.clone(),
+            entries: q.compared.entries,
+            bytes: q.compared.bytes,
+            previous: Some(q.gen.clone()),
+            generation: Some(q.gen.clone()),
+            label: cfg.label_text().map(str::to_string),
+            status: "up to date",
+            ..Default::default()
+        };
+        if cfg.itemize {
+            report::itemize(&Plan::default(), output, &mut summary);
+        }
+        let planned = Planned {
+            summary,
+            check,
+            warnings: q.warnings,
+            gen: Some(&q.gen),
+            live_label: q.header.label.as_deref(),
+            up_to_date: true,
+        };
+        return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
+    }
+
+    if streams(cfg, &dest, &sources) {
+        return streamed_round(cfg, &vol, &dest, &sources, &adjust, console, start);
+    }
+
     // Scan the sources and the live generation at the same time. A
     // streamed source (an archive) is first read into a spool inside this
     // writer's staging directory, so that comes first then; a state
     // directory made only for it goes again if the sync stops short of
     // staging (`MadeState`).
     let warnings = Collected::default();
-    let state = vol.state(false)?;
     let recorded = recorded_tree(cfg, &sources, state.as_ref(), &dest, shortcut)?;
     let noop = recorded.is_some();
     let fresh_state = state.is_none();
@@ -217,10 +261,8 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
-    let owners = assign_owners(&mut tree, cfg.chown);
-    if let Some(rules) = &cfg.chmod {
-        rules.apply(&mut tree);
-    }
+    let owners = adjust.mirrored;
+    adjust.tree(&mut tree);
 
     // The recorded tree is compared by the quick check: it is the drift check.
     let by_content = if noop { 0 } else { sources.by_content() };
@@ -230,41 +272,48 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
         drop((live, made));
         return round_with(cfg, pass, false);
     }
-    let check = guards(cfg, &vol, &tree, &plan, &live)?;
+    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+    let live_names: Option<Vec<&[u8]>> = live
+        .tree
+        .as_ref()
+        .filter(|_| live.gen.is_some())
+        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+    let totals = Totals {
+        empty: tree.is_empty(),
+        live_nonempty: live.tree.as_ref().is_some_and(|t| !t.is_empty()),
+        deleted: plan.deleted,
+        names: &names,
+        live_names: live_names.as_deref(),
+    };
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    let check = guards(cfg, &vol, &totals, live.gen.as_deref(), live_label)?;
     let up_to_date = up_to_date(cfg, &plan, &live);
     let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
     if cfg.itemize {
         report::itemize(&plan, output, &mut summary);
     }
+    if cfg.dry_run || up_to_date {
+        let planned = Planned {
+            summary,
+            check,
+            warnings,
+            gen: live.gen.as_deref(),
+            live_label,
+            up_to_date,
+        };
+        return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
+    }
     for w in warnings.take_warnings() {
         console.warn(&w);
     }
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     for w in crate::label::warnings(
         &vol.display,
         cfg.label.as_ref(),
         live.gen.as_deref(),
         live_label,
-        !up_to_date,
+        true,
     ) {
         console.warn(&w);
-    }
-    if cfg.dry_run || up_to_date {
-        return match &state {
-            Some(state) if !cfg.dry_run => settle(cfg, &vol, state, check, summary, console, pass)
-                .map(|(summary, console, hook_failure)| Round {
-                    summary,
-                    console,
-                    start,
-                    hook_failure,
-                }),
-            _ => Ok(Round {
-                summary,
-                console,
-                start,
-                hook_failure: None,
-            }),
-        };
     }
 
     // Stage into this writer's own directory, removed whatever happens next.
@@ -295,43 +344,316 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let staged = stage::run(&job, &mut tree, staging.dir())?;
     console.finish();
     let owners = owners && staged.owner_failures == 0;
-    let mut manifest = manifest_of(cfg, &sources, owners, &caps, tree);
+    let manifest = manifest_of(cfg, &sources, owners, &caps, tree);
     if cfg.verify {
         let rules = verify::Rules::of(&manifest);
         verify::staged(&staged.tree, &manifest.tree, rules)?;
     }
     note_staged(&mut summary, &staged, &console);
     drop(staged); // closes the staged tree before it moves into gen/
-
-    // Commit: name the tree by its digest and publish it in one rename.
-    let commit = commit::Commit {
+    let staged = Publish {
         vol: &vol,
         state: &state,
-        stage: &staging,
+        staging,
         was_live: live.gen.as_deref(),
-        flush: caps.flush,
-        opts: commit::Options {
-            fsync: cfg.fsync,
-            swap,
-            adopt: cfg.adopt,
-        },
+        caps,
+        swap,
+        spooled: None,
     };
-    let gen = commit::run(&commit, &mut manifest)?;
-    drop(staging);
-    for w in &gen.warnings {
-        console.warn(w);
+    staged.run(cfg, manifest, summary, console, start)
+}
+
+/// A staged tree and its manifest, to commit (`commit::run`), then retire.
+struct Publish<'a> {
+    vol: &'a Volume,
+    state: &'a State,
+    staging: Stage,
+    was_live: Option<&'a str>,
+    caps: crate::caps::Caps,
+    swap: Swap,
+    spooled: Option<&'a crate::manifest::Spooled>,
+}
+
+impl Publish<'_> {
+    fn run(
+        self,
+        cfg: &SyncConfig,
+        mut manifest: Manifest,
+        mut summary: Summary,
+        console: Console,
+        start: Instant,
+    ) -> Result<Round> {
+        let (vol, state) = (self.vol, self.state);
+        // Commit: name the tree by its digest and publish it in one rename.
+        let commit = commit::Commit {
+            vol,
+            state,
+            stage: &self.staging,
+            was_live: self.was_live,
+            flush: self.caps.flush,
+            opts: commit::Options {
+                fsync: cfg.fsync,
+                swap: self.swap,
+                adopt: cfg.adopt,
+            },
+            spooled: self.spooled,
+        };
+        let gen = commit::run(&commit, &mut manifest)?;
+        drop(self.staging);
+        for w in &gen.warnings {
+            console.warn(w);
+        }
+
+        // Retire what no reader may still need, then report.
+        summary.status = "synced";
+        summary.generation = Some(gen.name.clone());
+        summary.retired = collect(cfg, vol, state, &console);
+        let hook_failure = run_hook(cfg, vol, state, &gen.name, &mut summary);
+        Ok(Round {
+            summary,
+            console,
+            start,
+            hook_failure,
+        })
+    }
+}
+
+/// Whether a sync can be staged a directory at a time (`stage::stream`):
+/// a first sync (nothing at DEST) from sources that are all directories,
+/// without `--verify` (it compares with a whole manifest), `--itemize` (it
+/// lists every path) or `--dry-run`.
+fn streams(cfg: &SyncConfig, dest: &Dest, sources: &Sources) -> bool {
+    matches!(dest, Dest::Absent)
+        && !cfg.verify
+        && !cfg.itemize
+        && !cfg.dry_run
+        && sources
+            .all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory())
+}
+
+/// A first sync staged a directory at a time: the sources are never held
+/// whole. The guards hold as before: nothing is live, so nothing is
+/// deleted and an empty source replaces nothing; the layout checks the
+/// names at the top, listed before anything is written.
+fn streamed_round(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    dest: &Dest,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+    console: Console,
+    start: Instant,
+) -> Result<Round> {
+    let refs = sources.refs();
+    let mut top: Vec<crate::tree::Entry> = Vec::new();
+    let mut root = Meta::default();
+    // What this listing skips is reported once, by the stage.
+    let quiet = Collected::default();
+    for (i, s) in refs.iter().enumerate() {
+        let r = s.root().expect("streams() checked");
+        let st = r
+            .fstat()
+            .with_context(|| format!("cannot stat {}", s.label()))?;
+        root = scan::meta_of(&st, 0);
+        let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
+        crate::tree::merge_entries(&mut top, listed);
+    }
+    adjust.meta(&mut root, Kind::Dir);
+    let names: Vec<&[u8]> = top.iter().map(|e| &*e.name).collect();
+    let totals = Totals {
+        empty: top.is_empty(),
+        live_nonempty: false,
+        deleted: 0,
+        names: &names,
+        live_names: None,
+    };
+    guards(cfg, vol, &totals, None, None)?;
+    drop(names);
+    drop(top);
+    for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), None, None, true) {
+        console.warn(&w);
     }
 
-    // Retire what no reader may still need, then report.
-    summary.status = "synced";
-    summary.generation = Some(gen.name.clone());
-    summary.retired = collect(cfg, &vol, &state, &console);
-    let hook_failure = run_hook(cfg, &vol, &state, &gen.name, &mut summary);
-    Ok(Round {
-        summary,
-        console,
-        start,
-        hook_failure,
+    // Stage into this writer's own directory, removed whatever happens next.
+    let fresh_state = vol.state(false)?.is_none();
+    let state = vol.state(true)?.expect("created");
+    let mut staging = Stage::new(&state)?;
+    let swap = swap_for(dest, cfg);
+    layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
+    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+        let at = format!("{}/stage/{}", state.path.display(), staging.name);
+        format!("cannot probe the volume at {at}")
+    })?;
+    console.begin(0, 0);
+    let job = stage::Job {
+        sources: &refs,
+        live: None,
+        owners: adjust.mirrored,
+        reporter: &console,
+        caps,
+        heartbeat: Some(staging.dir()),
+    };
+    let stream = stage::Stream {
+        job: &job,
+        filter: &cfg.filter,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        root,
+        label: cfg.label_text(),
+    };
+    let streamed = stage::stream(&stream, staging.dir())?;
+    console.finish();
+    let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
+    let manifest = manifest_of(cfg, sources, owners, &caps, Tree::default());
+    let mut summary = Summary {
+        dest: vol.display.clone(),
+        entries: streamed.body.entries,
+        bytes: streamed.body.bytes,
+        added: streamed.body.entries,
+        label: cfg.label_text().map(str::to_string),
+        ..Default::default()
+    };
+    note_staged(&mut summary, &streamed.staged, &console);
+    let stage::Streamed { staged, body } = streamed;
+    drop(staged); // closes the staged tree before it moves into gen/
+    let publish = Publish {
+        vol,
+        state: &state,
+        staging,
+        was_live: None,
+        caps,
+        swap,
+        spooled: Some(&body),
+    };
+    publish.run(cfg, manifest, summary, console, start)
+}
+
+/// A round decided before anything is staged: up to date, or a dry run.
+struct Planned<'a> {
+    summary: Summary,
+    check: layout::Check,
+    /// What the scans reported, shown now.
+    warnings: Collected,
+    /// The live generation and its label.
+    gen: Option<&'a str>,
+    live_label: Option<&'a str>,
+    up_to_date: bool,
+}
+
+impl Planned<'_> {
+    /// Show the warnings; an up-to-date sync then settles (`settle`).
+    fn end(
+        self,
+        cfg: &SyncConfig,
+        vol: &Volume,
+        state: Option<&State>,
+        console: Console,
+        pass: Pass,
+        start: Instant,
+    ) -> Result<Round> {
+        for w in self.warnings.take_warnings() {
+            console.warn(&w);
+        }
+        for w in crate::label::warnings(
+            &vol.display,
+            cfg.label.as_ref(),
+            self.gen,
+            self.live_label,
+            !self.up_to_date,
+        ) {
+            console.warn(&w);
+        }
+        match state {
+            Some(state) if !cfg.dry_run => {
+                settle(cfg, vol, state, self.check, self.summary, console, pass).map(
+                    |(summary, console, hook_failure)| Round {
+                        summary,
+                        console,
+                        start,
+                        hook_failure,
+                    },
+                )
+            }
+            _ => Ok(Round {
+                summary: self.summary,
+                console,
+                start,
+                hook_failure: None,
+            }),
+        }
+    }
+}
+
+/// What the streaming compare found up to date.
+struct Quick {
+    gen: String,
+    /// The live manifest's header.
+    header: Manifest,
+    compared: scan::Compared,
+    warnings: Collected,
+}
+
+/// Whether the live generation already is what the sources give, decided
+/// a directory at a time (`scan::compare_live`) with nothing whole held:
+/// `None` where it is not, or where this compare does not apply and the
+/// whole trees are compared (`--dry-run` and `--checksum`, a DEST that is
+/// not a generation, a manifest that is missing or gives the hardlink
+/// groups itself, a label to change, a source that is not a directory, any
+/// error: the full path reports it).
+fn quick(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    dest: &Dest,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+) -> Option<Quick> {
+    let Dest::Live(gen) = dest else {
+        return None;
+    };
+    if cfg.dry_run || cfg.checksum {
+        return None;
+    }
+    let refs = sources.refs();
+    if !refs
+        .iter()
+        .all(|s| s.root().is_some() && s.lists_by_directory())
+    {
+        return None;
+    }
+    let header = state
+        .manifest_reader(gen)
+        .ok()
+        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())?;
+    if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
+        return None;
+    }
+    let live = layout::open_generation(vol, state, gen).ok()?;
+    let live_label = format!("{}/gen/{gen}", state.path.display());
+    let warnings = Collected::default();
+    let against = scan::Against {
+        sources: &refs,
+        live: &live,
+        live_label: &live_label,
+        filter: &cfg.filter,
+        reporter: &warnings,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        compare: Compare {
+            owners: adjust.mirrored,
+            checksum: false,
+            granularity_ns: header.granularity_ns,
+            link_meta: header.link_meta,
+            // Directories only: compared by metadata, as a directory sync is.
+            by_content: 0,
+        },
+    };
+    let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
+    Some(Quick {
+        gen: gen.clone(),
+        header,
+        compared,
+        warnings,
     })
 }
 
@@ -605,32 +927,70 @@ fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
     Ok(())
 }
 
-/// The owners the staged tree gets: `--chown`'s, the source's as root, else
-/// ours, with setuid/setgid bits dropped from files (they would mean
-/// something else on a file we cannot give its owner). Whether owners are
-/// mirrored (and so compared).
-fn assign_owners(tree: &mut Tree, chown: Option<Owner>) -> bool {
-    let (owner, mirrored) = match chown {
-        Some(o) => (o, true),
-        None if sys::euid() == 0 => return true,
-        None => (
-            Owner {
-                uid: sys::euid(),
-                gid: sys::egid(),
-            },
-            false,
-        ),
-    };
-    let own = |m: &mut crate::tree::Meta, is_dir: bool| {
-        m.uid = owner.uid;
-        m.gid = owner.gid;
-        if !mirrored && !is_dir {
-            m.mode &= !0o6000;
+/// The owners and modes the staged tree gets: `--chown`'s, the source's as
+/// root, else ours, with setuid/setgid bits dropped from files (they would
+/// mean something else on a file we cannot give its owner); then `--chmod`.
+/// Applied entry by entry, to a whole tree or to a directory being compared.
+#[derive(Clone, Copy)]
+struct Adjust<'a> {
+    owner: Option<Owner>,
+    /// Whether owners are mirrored (and so compared).
+    mirrored: bool,
+    chmod: Option<&'a crate::chmod::Rules>,
+}
+
+impl<'a> Adjust<'a> {
+    fn of(cfg: &'a SyncConfig) -> Adjust<'a> {
+        let (owner, mirrored) = match cfg.chown {
+            Some(o) => (Some(o), true),
+            None if sys::euid() == 0 => (None, true),
+            None => (
+                Some(Owner {
+                    uid: sys::euid(),
+                    gid: sys::egid(),
+                }),
+                false,
+            ),
+        };
+        Adjust {
+            owner,
+            mirrored,
+            chmod: cfg.chmod.as_ref(),
         }
-    };
-    own(&mut tree.root, true);
-    tree.for_each_mut(&mut |_, e| own(&mut e.meta, matches!(e.node, Node::Dir(_))));
-    mirrored
+    }
+
+    fn meta(&self, m: &mut Meta, kind: Kind) {
+        if let Some(owner) = self.owner {
+            m.uid = owner.uid;
+            m.gid = owner.gid;
+            if !self.mirrored && kind != Kind::Dir {
+                m.mode &= !0o6000;
+            }
+        }
+        if let Some(rules) = self.chmod {
+            if kind != Kind::Symlink {
+                m.mode = rules.mode(m.mode, kind == Kind::Dir);
+            }
+        }
+    }
+
+    /// `meta` for every entry of `tree`.
+    fn tree(&self, tree: &mut Tree) {
+        let owners_only = Adjust {
+            chmod: None,
+            ..*self
+        };
+        if self.owner.is_some() {
+            owners_only.meta(&mut tree.root, Kind::Dir);
+            tree.for_each_mut(&mut |_, e| {
+                let kind = e.kind();
+                owners_only.meta(&mut e.meta, kind)
+            });
+        }
+        if let Some(rules) = self.chmod {
+            rules.apply(tree);
+        }
+    }
 }
 
 /// The live tree as it is on the volume, with hashes from its manifest where
@@ -858,46 +1218,45 @@ fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()
     )
 }
 
+/// What the guards look at, from whole trees and their plan or from a
+/// streaming compare (which only ever finds a tree up to date).
+struct Totals<'a> {
+    /// The sources hold no entry.
+    empty: bool,
+    live_nonempty: bool,
+    deleted: u64,
+    /// The names at the top of the new tree, and of the live generation.
+    names: &'a [&'a [u8]],
+    live_names: Option<&'a [&'a [u8]]>,
+}
+
 /// Refusals that must come before anything is written: an empty source
 /// over a full tree, `--max-delete`, entries of other fanout slots (whose
 /// check also says what the fanout links need), a downgrade of `--label`.
 fn guards(
     cfg: &SyncConfig,
     vol: &Volume,
-    tree: &Tree,
-    plan: &Plan,
-    live: &Live,
+    t: &Totals<'_>,
+    gen: Option<&str>,
+    live_label: Option<&str>,
 ) -> Result<layout::Check> {
-    let live_nonempty = live.tree.as_ref().is_some_and(|t| !t.is_empty());
-    if tree.is_empty() && live_nonempty && !cfg.allow_empty {
+    if t.empty && t.live_nonempty && !cfg.allow_empty {
         return Err(error::refused(format!(
             "{}: refusing to replace a non-empty tree with an empty source (pass --allow-empty if that is intended)",
             vol.display
         )));
     }
     if let Some(max) = cfg.max_delete {
-        if plan.deleted > max {
+        if t.deleted > max {
             return Err(error::refused(format!(
                 "{}: refusing to delete {} entries, more than --max-delete {max}",
-                vol.display, plan.deleted
+                vol.display, t.deleted
             )));
         }
     }
     // The layout's own (fanout: other slots' entries, entries packsync did not make).
-    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
-    let live_names: Option<Vec<&[u8]>> = live
-        .tree
-        .as_ref()
-        .filter(|_| live.gen.is_some())
-        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
-    let check = layout::of(vol).check(vol, &names, live_names.as_deref(), cfg.adopt)?;
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
-    crate::label::guard(
-        &vol.display,
-        cfg.label.as_ref(),
-        live.gen.as_deref(),
-        live_label,
-    )?;
+    let check = layout::of(vol).check(vol, t.names, t.live_names, cfg.adopt)?;
+    crate::label::guard(&vol.display, cfg.label.as_ref(), gen, live_label)?;
     Ok(check)
 }
 

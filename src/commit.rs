@@ -43,6 +43,9 @@ pub struct Commit<'a> {
     /// file, or nothing at all with `--no-fsync`).
     pub flush: crate::caps::Flush,
     pub opts: Options,
+    /// The manifest's body is in the staging directory already (`body`,
+    /// written by `stage::stream`), and `Manifest::tree` is empty.
+    pub spooled: Option<&'a crate::manifest::Spooled>,
 }
 
 /// Durably store `manifest` and the tree staged in `stage/<me>/tree` as a
@@ -108,7 +111,18 @@ fn write_manifest(c: &Commit<'_>, stage: &DirFd, manifest: &mut Manifest) -> Res
     let mfd = stage.create_excl(b"manifest").with_context(in_stage)?;
     // The `File` only writes the descriptor `sys` created in staging.
     let mut w = std::io::BufWriter::with_capacity(256 * 1024, std::fs::File::from(mfd));
-    manifest.write(&mut w).with_context(in_stage)?;
+    match c.spooled {
+        None => manifest.write(&mut w).with_context(in_stage)?,
+        Some(body) => {
+            manifest.digest = body.digest.clone();
+            manifest
+                .write_header(&mut w, body.entries, body.bytes)
+                .with_context(in_stage)?;
+            let lines = stage.open_read(b"body").with_context(in_stage)?;
+            // The `File` only reads the descriptor `sys` opened in staging.
+            std::io::copy(&mut std::fs::File::from(lines), &mut w).with_context(in_stage)?;
+        }
+    }
     let file = w
         .into_inner()
         .map_err(|e| e.into_error())
@@ -147,7 +161,7 @@ fn converge<'s>(
         Ok(()) => Ok(name),
         // EEXIST/ENOTEMPTY, EPERM on sshfs, ENOTDIR for a planted non-directory.
         Err(_) if state.gen.exists(name.as_bytes()).unwrap_or(false) => {
-            if intact(state, &name, manifest) {
+            if intact(state, &name, manifest, c.spooled.is_some().then_some(stage)) {
                 state.stamp(&name, "used")?;
                 return Ok(name);
             }
@@ -177,10 +191,30 @@ fn fresh_name(name: &str) -> String {
     format!("{name}-{:08x}", sys::random_u64() as u32)
 }
 
-/// Whether generation `name` on the volume still holds exactly `manifest`'s tree.
-fn intact(state: &State, name: &str, manifest: &Manifest) -> bool {
+/// Whether generation `name` on the volume still holds exactly `manifest`'s
+/// tree; with `spooled`, the tree is read back from the staged manifest
+/// (held whole for this one check, which only a converging writer makes).
+fn intact(state: &State, name: &str, manifest: &Manifest, spooled: Option<&DirFd>) -> bool {
     let Ok(fd) = state.open_gen(name) else {
         return false;
+    };
+    let read_back;
+    let manifest = match spooled {
+        None => manifest,
+        Some(stage) => {
+            let Ok(m) = stage
+                .open_read(b"manifest")
+                .map_err(anyhow::Error::from)
+                .and_then(|mfd| {
+                    // The `File` only reads the descriptor `sys` opened in staging.
+                    Manifest::read(&mut std::io::BufReader::new(std::fs::File::from(mfd)))
+                })
+            else {
+                return false;
+            };
+            read_back = m;
+            &read_back
+        }
     };
     // Content too: a file edited in place with its size and mtime kept
     // passes every metadata check, and `sync --checksum` staged the fix.

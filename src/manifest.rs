@@ -100,7 +100,7 @@ fn unhex(s: &str) -> Result<[u8; 32]> {
     Ok(out)
 }
 
-fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
+pub(crate) fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
     use std::fmt::Write;
     let m = &e.meta;
     let (hash, group) = match &e.node {
@@ -169,6 +169,19 @@ impl Manifest {
     /// Fill in `digest` and write the manifest to `w`, a line at a time.
     pub fn write(&mut self, w: &mut dyn Write) -> std::io::Result<()> {
         self.digest = digest(&self.tree, self.label.as_deref());
+        self.write_header(w, self.tree.count(), self.tree.bytes())?;
+        let mut res = Ok(());
+        for_each_line(&self.tree, &mut |l| {
+            if res.is_ok() {
+                res = w.write_all(l.as_bytes());
+            }
+        });
+        res
+    }
+
+    /// The header, up to and including `---`, with `digest` as it is and
+    /// the counts given (a streamed body's: `Spooled`).
+    pub fn write_header(&self, w: &mut dyn Write, entries: u64, bytes: u64) -> std::io::Result<()> {
         writeln!(w, "{MAGIC} {VERSION}")?;
         if let Some(l) = &self.label {
             writeln!(w, "label {}", escape(l.as_bytes()))?;
@@ -183,16 +196,9 @@ impl Manifest {
         writeln!(w, "linkmeta {}", self.link_meta as u8)?;
         writeln!(w, "hardlinks {}", self.hardlinks as u8)?;
         writeln!(w, "digest {}", self.digest)?;
-        writeln!(w, "entries {}", self.tree.count())?;
-        writeln!(w, "bytes {}", self.tree.bytes())?;
-        writeln!(w, "---")?;
-        let mut res = Ok(());
-        for_each_line(&self.tree, &mut |l| {
-            if res.is_ok() {
-                res = w.write_all(l.as_bytes());
-            }
-        });
-        res
+        writeln!(w, "entries {entries}")?;
+        writeln!(w, "bytes {bytes}")?;
+        writeln!(w, "---")
     }
 
     /// Read a manifest: its header, then its entries into `tree`.
@@ -269,6 +275,143 @@ impl Manifest {
     pub fn parse(text: &str) -> Result<Manifest> {
         Manifest::read(&mut text.as_bytes())
     }
+}
+
+/// A manifest body written a directory at a time, in whatever order the
+/// directories were done: each directory's fragment (the lines of its own
+/// entries, in name order) is appended to one spool file and indexed by the
+/// directory's escaped path. `assemble` puts the fragments in pre-order.
+/// A fragment line is `K LINE`, where `K` is `-` or, for a file of more than
+/// one link, `dev:ino`: whether it is a hardlink group, and which path of
+/// it comes first (and keeps the hash), is known only once every directory
+/// is done.
+#[derive(Default)]
+pub struct Fragments {
+    /// Escaped directory path (empty: the root) → (offset, length).
+    pub index: std::collections::HashMap<Vec<u8>, (u64, u32)>,
+    /// Paths of each multiply-linked inode inside the tree.
+    pub links: std::collections::HashMap<Inode, u32>,
+    /// The content hash of each multiply-linked inode, from its copy.
+    pub hashes: std::collections::HashMap<Inode, [u8; 32]>,
+}
+
+/// A source inode: (dev, ino).
+pub type Inode = (u64, u64);
+
+/// What `assemble` wrote.
+pub struct Spooled {
+    pub digest: String,
+    pub entries: u64,
+    pub bytes: u64,
+}
+
+/// Write the body of a manifest whose fragments `read` hands out (by
+/// offset and length) in pre-order to `w`, after the root's own line:
+/// hardlink groups numbered in the order they first appear, the hash kept
+/// on that first path only, as `for_each_line` writes them. The digest is
+/// the one `digest` computes for the same tree.
+pub fn assemble(
+    root: &Entry,
+    frags: &Fragments,
+    read: &dyn Fn(u64, u32) -> std::io::Result<Vec<u8>>,
+    label: Option<&str>,
+    w: &mut dyn Write,
+) -> Result<Spooled> {
+    let mut h = Sha256::new();
+    let mut line = String::new();
+    entry_line(&mut line, b".", root);
+    h.update(line.as_bytes());
+    w.write_all(line.as_bytes())?;
+    let mut a = Assembly {
+        frags,
+        read,
+        h,
+        w,
+        groups: std::collections::HashMap::new(),
+        entries: 0,
+        bytes: 0,
+    };
+    a.dir(b"")?;
+    a.h.update(b"label ");
+    a.h.update(label.unwrap_or("").as_bytes());
+    Ok(Spooled {
+        digest: hex(&a.h.finalize()),
+        entries: a.entries,
+        bytes: a.bytes,
+    })
+}
+
+struct Assembly<'a> {
+    frags: &'a Fragments,
+    read: &'a dyn Fn(u64, u32) -> std::io::Result<Vec<u8>>,
+    h: Sha256,
+    w: &'a mut dyn Write,
+    /// Group number of each multiply-linked inode met so far.
+    groups: std::collections::HashMap<Inode, u32>,
+    entries: u64,
+    bytes: u64,
+}
+
+impl Assembly<'_> {
+    fn dir(&mut self, path: &[u8]) -> Result<()> {
+        let &(off, len) =
+            self.frags.index.get(path).with_context(|| {
+                format!("no staged lines for {}", String::from_utf8_lossy(path))
+            })?;
+        let text = (self.read)(off, len)?;
+        for raw in text.split_inclusive(|&b| b == b'\n') {
+            let (key, line) = split_key(raw).context("bad staged line")?;
+            let mut f: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            if f.len() < 9 {
+                bail!("bad staged line");
+            }
+            let kind = f[0];
+            let mut size: u64 = std::str::from_utf8(f[4])?.parse()?;
+            let (group, hash);
+            if let Some(k) = key.filter(|k| self.frags.links.get(k).is_some_and(|n| *n > 1)) {
+                let next = self.groups.len() as u32;
+                let id = *self.groups.entry(k).or_insert(next);
+                if id == next {
+                    let h = self
+                        .frags
+                        .hashes
+                        .get(&k)
+                        .context("a hardlinked file without a hash")?;
+                    hash = hex(h);
+                    f[6] = hash.as_bytes();
+                } else {
+                    f[6] = b"-";
+                    size = 0;
+                }
+                group = id.to_string();
+                f[7] = group.as_bytes();
+            }
+            let out = f.join(&b' ');
+            self.h.update(&out);
+            self.w.write_all(&out)?;
+            self.entries += 1;
+            if kind == b"f" {
+                self.bytes += size;
+            }
+            if kind == b"d" {
+                let p = f[8].strip_suffix(b"\n").unwrap_or(f[8]);
+                self.dir(p)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `K LINE` → (the inode of `K`, `LINE`).
+fn split_key(raw: &[u8]) -> Option<(Option<Inode>, &[u8])> {
+    let sp = raw.iter().position(|&b| b == b' ')?;
+    let (k, line) = (&raw[..sp], &raw[sp + 1..]);
+    if k == b"-" {
+        return Some((None, line));
+    }
+    let k = std::str::from_utf8(k).ok()?;
+    let (dev, ino) = k.split_once(':')?;
+    Some((Some((dev.parse().ok()?, ino.parse().ok()?)), line))
 }
 
 /// Reads the entries after the header one at a time, in pre-order.
@@ -513,6 +656,128 @@ mod tests {
         let mut streamed = Vec::new();
         m.write(&mut streamed).unwrap();
         assert_eq!(streamed, text.as_bytes());
+    }
+
+    #[test]
+    fn fragments_in_any_order_assemble_to_the_body_and_digest_of_the_tree() {
+        // Files 1..: (name, inode, links); inode 7 has three paths in three
+        // directories, inode 8 one path here and one outside the tree.
+        let file = |name: &str, ino: u64, nlink: u32| Entry {
+            name: name.as_bytes().into(),
+            meta: Meta {
+                mode: 0o644,
+                size: ino,
+                mtime: (ino as i64, 5).into(),
+                ..Default::default()
+            },
+            node: Node::File(File {
+                dev: 1,
+                ino,
+                nlink,
+                hash: Some([ino as u8; 32]),
+                ..Default::default()
+            }),
+        };
+        let dir = |name: &str, entries: Vec<Entry>| Entry {
+            name: name.as_bytes().into(),
+            meta: Meta {
+                mode: 0o755,
+                ..Default::default()
+            },
+            node: Node::Dir(Dir { srcs: 1, entries }),
+        };
+        let mut tree = Tree {
+            root: Meta {
+                mode: 0o755,
+                ..Default::default()
+            },
+            root_srcs: 1,
+            entries: vec![
+                dir(
+                    "a",
+                    vec![file("x", 7, 3), dir("b c", vec![file("y", 9, 1)])],
+                ),
+                dir("a-b", vec![file("z", 7, 3)]),
+                Entry {
+                    name: b"l".as_slice().into(),
+                    meta: Meta::default(),
+                    node: Node::Symlink(b"a/x".as_slice().into()),
+                },
+                file("one", 8, 2),
+                file("w", 7, 3),
+            ],
+        };
+        tree.assign_groups();
+        // What staging writes: later links without a hash (the whole-tree
+        // path never hashes them either).
+        let mut leaders = std::collections::HashSet::new();
+        tree.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                if f.group.is_some_and(|g| !leaders.insert(g)) {
+                    f.hash = None;
+                }
+            }
+        });
+        let mut want = Vec::new();
+        for_each_line(&tree, &mut |l| want.extend_from_slice(l.as_bytes()));
+
+        // Fragments as `stage::stream` writes them, deepest directory first,
+        // the copy of inode 7 made at its last path (`w`).
+        let mut spool = Vec::new();
+        let mut frags = Fragments::default();
+        let mut dirs: Vec<(Vec<u8>, Vec<Entry>)> = vec![(Vec::new(), tree.entries.clone())];
+        tree.for_each(&mut |p, e| {
+            if let Node::Dir(d) = &e.node {
+                dirs.push((p.to_vec(), d.entries.clone()));
+            }
+        });
+        for (rel, entries) in dirs.iter().rev() {
+            let off = spool.len() as u64;
+            for e in entries {
+                let mut e = e.clone();
+                let path = if rel.is_empty() {
+                    e.name.to_vec()
+                } else {
+                    [rel.as_slice(), b"/", &e.name].concat()
+                };
+                if let Node::File(f) = &mut e.node {
+                    if f.nlink > 1 {
+                        *frags.links.entry((f.dev, f.ino)).or_default() += 1;
+                        spool.extend_from_slice(format!("{}:{} ", f.dev, f.ino).as_bytes());
+                        f.hash = (path == b"w" || f.ino != 7).then_some([f.ino as u8; 32]);
+                        if let Some(h) = f.hash {
+                            frags.hashes.insert((f.dev, f.ino), h);
+                        }
+                    } else {
+                        spool.extend_from_slice(b"- ");
+                    }
+                    f.group = None;
+                } else {
+                    spool.extend_from_slice(b"- ");
+                }
+                let mut line = String::new();
+                entry_line(&mut line, &path, &e);
+                spool.extend_from_slice(line.as_bytes());
+            }
+            let key = escape(rel).into_bytes();
+            frags
+                .index
+                .insert(key, (off, (spool.len() as u64 - off) as u32));
+        }
+        let read = |off: u64, len: u32| Ok(spool[off as usize..][..len as usize].to_vec());
+        let root = Entry {
+            name: Default::default(),
+            meta: tree.root,
+            node: Node::Dir(Dir::default()),
+        };
+        let mut got = Vec::new();
+        let body = assemble(&root, &frags, &read, Some("v1"), &mut got).unwrap();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            String::from_utf8(want).unwrap()
+        );
+        assert_eq!(body.digest, digest(&tree, Some("v1")));
+        assert_eq!((body.entries, body.bytes), (tree.count(), tree.bytes()));
     }
 
     #[test]

@@ -150,6 +150,75 @@ fn same_content(src: &Entry, live: &Entry, c: &Compare) -> bool {
     }
 }
 
+/// Whether the entries of one directory equal the live directory's, name by
+/// name (`same_entry`): how a walk that holds one directory at a time
+/// (`scan::compare_live`) compares. The children of subdirectories are
+/// compared when the walk reaches them; hardlinks through `Links`.
+pub fn same_dir(src: &[Entry], live: &[Entry], c: &Compare) -> bool {
+    src.len() == live.len()
+        && src
+            .iter()
+            .zip(live)
+            .all(|(s, l)| s.name == l.name && same_entry(s, l, c))
+}
+
+/// The hardlink half of a compare made a directory at a time: whether the
+/// files that share an inode in the source are exactly those that share
+/// one in the live tree. Only pairs where either side has more than one
+/// link are remembered, in 12 bytes each (the live inode and an id for the
+/// source inode), plus one map entry per multiply-linked source inode.
+#[derive(Default)]
+pub struct Links {
+    /// Source inodes with more than one link, (dev, ino) → id.
+    ids: HashMap<(u64, u64), u32>,
+    /// Ids handed to source files of one link, from the top down.
+    singles: u32,
+    /// (live inode high, low, source id) of each such pair.
+    pairs: Vec<[u32; 3]>,
+}
+
+impl Links {
+    /// Note a source file and the live file at its path (equal one by one).
+    /// Whether the source file's content is counted here for the first
+    /// time: false for the second and later links of one inode.
+    pub fn pair(&mut self, src: &crate::tree::File, live: &crate::tree::File) -> bool {
+        if src.nlink <= 1 && live.nlink <= 1 {
+            return true;
+        }
+        let (id, first) = if src.nlink > 1 {
+            let next = self.ids.len() as u32;
+            let id = *self.ids.entry((src.dev, src.ino)).or_insert(next);
+            (id, id == next)
+        } else {
+            self.singles += 1;
+            (u32::MAX - self.singles, true)
+        };
+        self.pairs
+            .push([(live.ino >> 32) as u32, live.ino as u32, id]);
+        first
+    }
+
+    /// The two partitions into inodes are the same: each live inode holds
+    /// the paths of one source inode, and each source inode those of one
+    /// live inode.
+    pub fn consistent(mut self) -> bool {
+        let one_to_one =
+            |pairs: &[[u32; 3]], key: fn(&[u32; 3]) -> u64, val: fn(&[u32; 3]) -> u64| {
+                pairs
+                    .chunk_by(|a, b| key(a) == key(b))
+                    .all(|run| run.iter().all(|p| val(p) == val(&run[0])))
+            };
+        let live = |p: &[u32; 3]| (p[0] as u64) << 32 | p[1] as u64;
+        let src = |p: &[u32; 3]| p[2] as u64;
+        self.pairs.sort_unstable();
+        if !one_to_one(&self.pairs, live, src) {
+            return false;
+        }
+        self.pairs.sort_unstable_by_key(|p| (p[2], p[0], p[1]));
+        one_to_one(&self.pairs, src, live)
+    }
+}
+
 /// Compare `src` with `live` (absent on a first sync), marking reusable files
 /// in `src`, and list the changes (`--itemize`).
 pub fn build(src: &mut Tree, live: Option<&Tree>, c: &Compare) -> Plan {
@@ -447,6 +516,44 @@ mod tests {
             .iter()
             .map(|c| format!("{} {}", c.op.symbol(), String::from_utf8_lossy(&c.path)))
             .collect()
+    }
+
+    #[test]
+    fn links_match_only_when_both_sides_share_the_same_inodes() {
+        let file = |ino: u64, nlink: u32| File {
+            dev: 1,
+            ino,
+            nlink,
+            ..Default::default()
+        };
+        let check = |pairs: &[(File, File)]| {
+            let mut l = Links::default();
+            let firsts: Vec<bool> = pairs.iter().map(|(s, v)| l.pair(s, v)).collect();
+            (l.consistent(), firsts)
+        };
+        // a, b one inode on both sides; c alone on both.
+        let both = [
+            (file(7, 2), file(70, 2)),
+            (file(7, 2), file(70, 2)),
+            (file(8, 1), file(80, 1)),
+        ];
+        assert_eq!(check(&both), (true, vec![true, false, true]));
+        // Linked in the source, two files live.
+        let split = [(file(7, 2), file(70, 1)), (file(7, 2), file(71, 1))];
+        assert!(!check(&split).0);
+        // Two files in the source, one inode live.
+        let joined = [(file(7, 1), file(70, 2)), (file(8, 1), file(70, 2))];
+        assert!(!check(&joined).0);
+        // Other links outside either tree (a previous generation) are no group.
+        let outside = [(file(7, 3), file(70, 2)), (file(8, 1), file(71, 2))];
+        assert_eq!(check(&outside), (true, vec![true, true]));
+        // A group of two live, one more path on that inode that the source has apart.
+        let more = [
+            (file(7, 2), file(70, 3)),
+            (file(7, 2), file(70, 3)),
+            (file(9, 1), file(70, 3)),
+        ];
+        assert!(!check(&more).0);
     }
 
     #[test]

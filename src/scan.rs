@@ -3,19 +3,25 @@
 //! out (`Filter`); and file contents hashed on demand (`--checksum`,
 //! `verify`), read through each entry's source.
 //!
+//! `compare_live` compares the sources with the live generation a
+//! directory at a time instead, without building either tree.
+//!
 //! Scanning never writes. Special files are reported through
 //! `Reporter::skipped` and left out.
 
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+use crate::plan::{self, Compare};
 use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
-use crate::tree::{Entry, Meta, Node, Tree};
+use crate::tree::{Entry, Kind, Meta, Node, Tree};
 
 /// Which paths a scan leaves out (gitignore rules, in command-line order).
 #[derive(Default)]
@@ -166,6 +172,202 @@ fn hash_dir(
         }
         Ok(())
     })
+}
+
+/// What `compare_live` compares: the sources with the live generation.
+pub struct Against<'a> {
+    /// Every SOURCE, in order; each `lists_by_directory` (else nothing is
+    /// compared: `same` is false).
+    pub sources: &'a [&'a dyn Source],
+    /// The live generation's root, and how messages name it.
+    pub live: &'a DirFd,
+    pub live_label: &'a str,
+    pub filter: &'a Filter,
+    /// Where skipped entries (of either side) are reported.
+    pub reporter: &'a dyn Reporter,
+    /// What the sync does to a source entry's owner and mode before it is
+    /// staged (`--chown`, `--chmod`, dropping setuid without root).
+    pub adjust: &'a (dyn Fn(&mut Meta, Kind) + Sync),
+    pub compare: Compare,
+}
+
+/// What `compare_live` found.
+#[derive(Debug, Default)]
+pub struct Compared {
+    /// The sources, overlaid, equal the live generation entry by entry,
+    /// hardlinks included (only decided where the walk went to the end).
+    pub same: bool,
+    /// Entries below the root, and bytes of file content (each inode once):
+    /// the sources' when `same`.
+    pub entries: u64,
+    pub bytes: u64,
+    /// The names at the top of the tree, for the layout's check.
+    pub top: Vec<Vec<u8>>,
+}
+
+/// Compare the sources with the live generation a directory at a time, in
+/// parallel across directories, holding only the directories being
+/// compared (one list of each side's entries, plus the names of their
+/// subdirectories while those are walked): never a whole tree. The walk
+/// stops at the first difference. Decides whether a sync is up to date
+/// without scanning anything into a `Tree`; sources that do not
+/// `lists_by_directory` are not compared this way (`same` false).
+pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
+    let mut roots = Vec::with_capacity(a.sources.len());
+    let mut root_meta = Meta::default();
+    for s in a.sources {
+        let Some(r) = s.root().filter(|_| s.lists_by_directory()) else {
+            return Ok(Compared::default());
+        };
+        let st = r
+            .fstat()
+            .with_context(|| format!("cannot stat {}", s.label()))?;
+        root_meta = meta_of(&st, 0);
+        roots.push(Some(r));
+    }
+    (a.adjust)(&mut root_meta, Kind::Dir);
+    let st = a
+        .live
+        .fstat()
+        .with_context(|| format!("cannot stat {}", a.live_label))?;
+    let dir_entry = |meta| Entry {
+        name: Default::default(),
+        meta,
+        node: Node::Dir(Default::default()),
+    };
+    if !plan::same_entry(
+        &dir_entry(root_meta),
+        &dir_entry(meta_of(&st, 0)),
+        &a.compare,
+    ) {
+        return Ok(Compared::default());
+    }
+    let walk = Paired {
+        a,
+        differs: AtomicBool::new(false),
+        entries: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+        links: Mutex::new(plan::Links::default()),
+        top: Mutex::new(Vec::new()),
+    };
+    walk.dir(&roots, a.live, &[])?;
+    let same = !walk.differs.into_inner() && walk.links.into_inner().unwrap().consistent();
+    Ok(Compared {
+        same,
+        entries: walk.entries.into_inner(),
+        bytes: walk.bytes.into_inner(),
+        top: walk.top.into_inner().unwrap(),
+    })
+}
+
+/// `rel/name`, or `name` at the root.
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(rel.len() + 1 + name.len());
+    p.extend_from_slice(rel);
+    if !rel.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+/// The state of one `compare_live` walk, shared by its threads.
+struct Paired<'a> {
+    a: &'a Against<'a>,
+    /// A difference was found: every thread stops.
+    differs: AtomicBool,
+    entries: AtomicU64,
+    bytes: AtomicU64,
+    links: Mutex<plan::Links>,
+    top: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Paired<'_> {
+    /// Compare the directory at `rel`: `srcs` holds each source's handle on
+    /// it (where that source provides it), `live` the live generation's.
+    fn dir(&self, srcs: &[Option<&DirFd>], live: &DirFd, rel: &[u8]) -> Result<()> {
+        if self.differs.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let a = self.a;
+        let mut merged: Vec<Entry> = Vec::new();
+        for (i, fd) in srcs.iter().enumerate() {
+            let Some(fd) = fd else { continue };
+            let listed = source::Dir::list(
+                fd,
+                rel,
+                a.sources[i].label(),
+                i as u16,
+                a.filter,
+                a.reporter,
+            )?;
+            if merged.is_empty() {
+                merged = listed;
+            } else {
+                crate::tree::merge_entries(&mut merged, listed);
+            }
+        }
+        let live_entries =
+            source::Dir::list(live, rel, a.live_label, 0, &Filter::default(), a.reporter)?;
+        for e in merged.iter_mut() {
+            let kind = e.kind();
+            (a.adjust)(&mut e.meta, kind);
+        }
+        if !plan::same_dir(&merged, &live_entries, &a.compare) {
+            self.differs.store(true, Ordering::Relaxed);
+            return Ok(());
+        }
+        let mut bytes = 0;
+        {
+            let mut links = self.links.lock().unwrap();
+            for (s, l) in merged.iter().zip(&live_entries) {
+                if let (Node::File(sf), Node::File(lf)) = (&s.node, &l.node) {
+                    if links.pair(sf, lf) {
+                        bytes += s.meta.size;
+                    }
+                }
+            }
+        }
+        self.entries
+            .fetch_add(merged.len() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if rel.is_empty() {
+            *self.top.lock().unwrap() = merged.iter().map(|e| e.name.to_vec()).collect();
+        }
+        // Only the subdirectories' names and sources are held while they are walked.
+        let subdirs: Vec<(crate::tree::Name, u64)> = merged
+            .into_iter()
+            .filter_map(|e| match e.node {
+                Node::Dir(d) => Some((e.name, d.srcs)),
+                _ => None,
+            })
+            .collect();
+        drop(live_entries);
+        subdirs.into_par_iter().try_for_each(|(name, bits)| {
+            if self.differs.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            let path = join(rel, &name);
+            let mut subs = Vec::with_capacity(srcs.len());
+            for (i, fd) in srcs.iter().enumerate() {
+                subs.push(match fd {
+                    Some(fd) if bits & (1 << i) != 0 => {
+                        Some(fd.open_dir(&name).with_context(|| {
+                            format!(
+                                "cannot open directory {}",
+                                display(a.sources[i].label(), &path)
+                            )
+                        })?)
+                    }
+                    _ => None,
+                });
+            }
+            let sub_live = live.open_dir(&name).with_context(|| {
+                format!("cannot open directory {}", display(a.live_label, &path))
+            })?;
+            self.dir(&source::borrow(&subs), &sub_live, &path)
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,7 @@
 //! Stage: build the new tree inside this writer's private staging directory.
+//! `run` stages a planned `Tree`; `stream` stages a first sync a directory
+//! at a time, straight from the sources, writing the manifest's lines as it
+//! goes, so that no whole tree is held.
 //!
 //! Directories first, then their files in parallel; a file the plan marked
 //! `reuse` is hardlinked from the live generation (and checked: what the link
@@ -191,6 +194,307 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
         reused: ctx.reused.into_inner(),
         owner_failures: ctx.owner_failures.into_inner(),
     })
+}
+
+/// What a streamed stage works from besides its `Job`: the sources are
+/// read a directory at a time (each with a `root`), as `scan` would give
+/// them, never into a whole `Tree`.
+pub struct Stream<'a> {
+    pub job: &'a Job<'a>,
+    pub filter: &'a crate::scan::Filter,
+    /// Owners and modes as the sync gives them, applied to every entry.
+    pub adjust: &'a (dyn Fn(&mut Meta, crate::tree::Kind) + Sync),
+    /// The root's metadata, adjusted.
+    pub root: Meta,
+    pub label: Option<&'a str>,
+}
+
+/// What `stream` staged, and the manifest body it wrote.
+pub struct Streamed {
+    pub staged: Staged,
+    /// `body` in the staging directory: the manifest's entry lines.
+    pub body: crate::manifest::Spooled,
+}
+
+/// Stage a first sync (nothing live to compare with or link from) a
+/// directory at a time, in parallel across directories and files, holding
+/// only the directories in progress: each directory is listed, its files
+/// copied and hashed, its manifest lines appended to a spool (`lines` in
+/// staging, see `manifest::Fragments`), then its subdirectories done. What
+/// is held for the whole tree is one index entry per directory and one map
+/// entry per file of more than one link; the second and later links of an
+/// inode are linked once every directory is done, as `run` does. The body
+/// is then put in pre-order (`body` in staging) and its digest computed.
+pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
+    sys::pause_point("staging");
+    staging
+        .mkdir(b"tree", 0o700)
+        .context("cannot create the staging tree")?;
+    let out = staging
+        .open_dir(b"tree")
+        .context("cannot open the staging tree")?;
+    let in_stage = |what: &str| format!("cannot write the manifest's {what} in staging");
+    let spool = staging
+        .create_excl(b"lines")
+        .with_context(|| in_stage("lines"))?;
+    let w = Walker {
+        s,
+        ctx: Ctx {
+            job: s.job,
+            leaders: HashMap::new(),
+            late_dirs: HashSet::new(),
+            copied: AtomicU64::new(0),
+            copied_bytes: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+            owner_failures: AtomicU64::new(0),
+            start: std::time::Instant::now(),
+            last_beat: AtomicU64::new(0),
+        },
+        spool: std::sync::Mutex::new((spool, 0)),
+        frags: std::sync::Mutex::new(crate::manifest::Fragments::default()),
+        copies: std::sync::Mutex::new(HashMap::new()),
+        followers: std::sync::Mutex::new(Vec::new()),
+        late: std::sync::Mutex::new(HashMap::new()),
+    };
+    let srcs: Vec<Option<&DirFd>> = s.job.sources.iter().map(|src| src.root()).collect();
+    w.dir(&srcs, &out, &[])?;
+    w.link_followers(&out)?;
+    let ctx = &w.ctx;
+    apply_meta(ctx, out.as_fd(), &s.root).context("cannot set metadata of the staged root")?;
+    ctx.flush(out.as_fd())
+        .context("cannot flush the staged root to disk (nothing was published)")?;
+
+    let frags = w.frags.into_inner().unwrap();
+    let lines = staging
+        .open_read(b"lines")
+        .with_context(|| in_stage("lines"))?;
+    let read = |off: u64, len: u32| -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            let n = sys::pread(lines.as_fd(), &mut buf[got..], off + got as u64)?;
+            if n == 0 {
+                return Err(io::Error::other("staged lines cut short"));
+            }
+            got += n;
+        }
+        Ok(buf)
+    };
+    let body = staging
+        .create_excl(b"body")
+        .with_context(|| in_stage("body"))?;
+    // The `File` only writes the descriptor `sys` created in staging.
+    let mut bw = std::io::BufWriter::with_capacity(256 * 1024, std::fs::File::from(body));
+    let root = Entry {
+        name: Default::default(),
+        meta: s.root,
+        node: Node::Dir(Default::default()),
+    };
+    let spooled = crate::manifest::assemble(&root, &frags, &read, s.label, &mut bw)
+        .with_context(|| in_stage("body"))?;
+    use std::io::Write;
+    bw.flush().with_context(|| in_stage("body"))?;
+    drop(bw);
+    drop(frags);
+    let _ = staging.unlink(b"lines");
+    let ctx = w.ctx;
+    Ok(Streamed {
+        staged: Staged {
+            tree: out,
+            copied: ctx.copied.into_inner(),
+            copied_bytes: ctx.copied_bytes.into_inner(),
+            reused: ctx.reused.into_inner(),
+            owner_failures: ctx.owner_failures.into_inner(),
+        },
+        body: spooled,
+    })
+}
+
+/// The state of one `stream`, shared by its threads.
+struct Walker<'a> {
+    s: &'a Stream<'a>,
+    ctx: Ctx<'a>,
+    /// The spool of fragments and its length.
+    spool: std::sync::Mutex<(std::os::fd::OwnedFd, u64)>,
+    frags: std::sync::Mutex<crate::manifest::Fragments>,
+    /// Each multiply-linked source inode → the staged path of its copy.
+    copies: std::sync::Mutex<HashMap<crate::manifest::Inode, Vec<u8>>>,
+    /// (path, inode) of every later link of an inode, linked at the end.
+    followers: std::sync::Mutex<Vec<(Vec<u8>, crate::manifest::Inode)>>,
+    /// Directories holding such a link (their metadata is set after it), by path.
+    late: std::sync::Mutex<HashMap<Vec<u8>, Meta>>,
+}
+
+impl Walker<'_> {
+    /// Stage the directory at `rel` (made already, open as `out`): `srcs`
+    /// holds each source's handle on it, where that source provides it.
+    fn dir(&self, srcs: &[Option<&DirFd>], out: &DirFd, rel: &[u8]) -> Result<bool> {
+        let job = self.s.job;
+        let mut entries: Vec<Entry> = Vec::new();
+        for (i, fd) in srcs.iter().enumerate() {
+            let Some(fd) = fd else { continue };
+            let listed = crate::source::Dir::list(
+                fd,
+                rel,
+                job.sources[i].label(),
+                i as u16,
+                self.s.filter,
+                job.reporter,
+            )?;
+            if entries.is_empty() {
+                entries = listed;
+            } else {
+                crate::tree::merge_entries(&mut entries, listed);
+            }
+        }
+        for e in entries.iter_mut() {
+            let kind = e.kind();
+            (self.s.adjust)(&mut e.meta, kind);
+        }
+        let holds_follower = std::sync::atomic::AtomicBool::new(false);
+        // Files and symlinks first (their hashes go into the fragment).
+        entries.par_iter_mut().try_for_each(|e| -> Result<()> {
+            check_signal()?;
+            self.ctx.beat();
+            let path = join(rel, &e.name);
+            let bytes = match &e.node {
+                Node::Dir(_) => return Ok(()),
+                Node::Symlink(_) => stage_symlink(&self.ctx, e, out, &path).map(|()| 0)?,
+                Node::File(f) => {
+                    if f.nlink > 1 {
+                        let key = (f.dev, f.ino);
+                        *self.frags.lock().unwrap().links.entry(key).or_default() += 1;
+                        let mut copies = self.copies.lock().unwrap();
+                        if copies.contains_key(&key) {
+                            drop(copies);
+                            self.followers.lock().unwrap().push((path, key));
+                            holds_follower.store(true, Ordering::Relaxed);
+                            return Ok(());
+                        }
+                        copies.insert(key, path.clone());
+                    }
+                    let i = f.src as usize;
+                    let hash = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
+                    if let Node::File(f) = &mut e.node {
+                        f.hash = Some(hash);
+                        if f.nlink > 1 {
+                            let key = (f.dev, f.ino);
+                            self.frags.lock().unwrap().hashes.insert(key, hash);
+                        }
+                    }
+                    self.ctx.copied.fetch_add(1, Ordering::Relaxed);
+                    self.ctx
+                        .copied_bytes
+                        .fetch_add(e.meta.size, Ordering::Relaxed);
+                    e.meta.size
+                }
+            };
+            job.reporter.advance(bytes);
+            Ok(())
+        })?;
+        self.fragment(rel, &entries)?;
+        // Then the subdirectories, holding only their names, sources and metadata.
+        let subdirs: Vec<(crate::tree::Name, u64, Meta)> = entries
+            .into_iter()
+            .filter_map(|e| match e.node {
+                Node::Dir(d) => Some((e.name, d.srcs, e.meta)),
+                _ => None,
+            })
+            .collect();
+        subdirs
+            .into_par_iter()
+            .try_for_each(|(name, bits, meta)| -> Result<()> {
+                check_signal()?;
+                let path = join(rel, &name);
+                let shown = || escape(&path);
+                out.mkdir(&name, 0o700)
+                    .with_context(|| format!("cannot create directory {} in staging", shown()))?;
+                let sub_out = out
+                    .open_dir(&name)
+                    .with_context(|| format!("cannot open staged directory {}", shown()))?;
+                let sub_srcs = source::open_dirs(job.sources, srcs, bits, &name, &path)?;
+                let late = self.dir(&source::borrow(&sub_srcs), &sub_out, &path)?;
+                if late {
+                    self.late.lock().unwrap().insert(path, meta);
+                } else {
+                    apply_meta(&self.ctx, sub_out.as_fd(), &meta)
+                        .with_context(|| format!("cannot set metadata of staged {}", shown()))?;
+                    self.ctx
+                        .flush(sub_out.as_fd())
+                        .with_context(|| format!("cannot flush staged directory {}", shown()))?;
+                }
+                job.reporter.advance(0);
+                Ok(())
+            })?;
+        Ok(holds_follower.into_inner())
+    }
+
+    /// Append the manifest lines of one directory's entries to the spool.
+    fn fragment(&self, rel: &[u8], entries: &[Entry]) -> Result<()> {
+        let mut text = String::new();
+        let mut line = String::new();
+        for e in entries {
+            let path = join(rel, &e.name);
+            match &e.node {
+                Node::File(f) if f.nlink > 1 => {
+                    text.push_str(&format!("{}:{} ", f.dev, f.ino));
+                }
+                _ => text.push_str("- "),
+            }
+            line.clear();
+            crate::manifest::entry_line(&mut line, &path, e);
+            text.push_str(&line);
+        }
+        let mut spool = self.spool.lock().unwrap();
+        sys::write_all(spool.0.as_fd(), text.as_bytes())
+            .context("cannot write the manifest's lines in staging")?;
+        let off = spool.1;
+        spool.1 += text.len() as u64;
+        drop(spool);
+        let key = crate::manifest::escape(rel).into_bytes();
+        let key = if rel.is_empty() { Vec::new() } else { key };
+        self.frags
+            .lock()
+            .unwrap()
+            .index
+            .insert(key, (off, text.len() as u32));
+        Ok(())
+    }
+
+    /// Link every later link of an inode to its copy, then set the
+    /// metadata of the directories that hold one.
+    fn link_followers(&self, out: &DirFd) -> Result<()> {
+        let followers = std::mem::take(&mut *self.followers.lock().unwrap());
+        let copies = self.copies.lock().unwrap();
+        for (path, key) in &followers {
+            let leader = &copies[key];
+            let (dir, name) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
+            let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
+            let dfd = open_staged(out, dir)?;
+            open_staged(out, ldir)?
+                .link(lname, &dfd, name)
+                .with_context(|| {
+                    format!(
+                        "cannot hardlink {} to {} in staging",
+                        escape(path),
+                        escape(leader)
+                    )
+                })?;
+            self.s.job.reporter.advance(0);
+        }
+        let mut late: Vec<(Vec<u8>, Meta)> = self.late.lock().unwrap().drain().collect();
+        // Deepest first: setting a directory's metadata does not touch its parent's.
+        late.sort_by(|a, b| b.0.cmp(&a.0));
+        for (dir, meta) in late {
+            let dfd = open_staged(out, &dir)?;
+            apply_meta(&self.ctx, dfd.as_fd(), &meta)
+                .with_context(|| format!("cannot set metadata of staged {}", escape(&dir)))?;
+            self.ctx
+                .flush(dfd.as_fd())
+                .with_context(|| format!("cannot flush staged directory {}", escape(&dir)))?;
+        }
+        Ok(())
+    }
 }
 
 trait SplitByte {

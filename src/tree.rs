@@ -357,7 +357,8 @@ impl Tree {
     }
 }
 
-fn merge_entries(lower: &mut Vec<Entry>, upper: Vec<Entry>) {
+/// Overlay one directory's `upper` entries on its `lower` ones (`Tree::overlay`).
+pub fn merge_entries(lower: &mut Vec<Entry>, upper: Vec<Entry>) {
     let old = std::mem::take(lower);
     let mut out = Vec::with_capacity(old.len().max(upper.len()));
     let mut a = old.into_iter().peekable();

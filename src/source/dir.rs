@@ -51,6 +51,26 @@ impl Dir {
             path: None,
         }
     }
+
+    /// One directory of a tree walked a directory at a time (`scan::Walk`):
+    /// the entries of `dir`, at `rel` below the root of the tree `label`
+    /// names, as `scan` gives them, each directory without its children.
+    pub fn list(
+        dir: &DirFd,
+        rel: &[u8],
+        label: &str,
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        let walk = Walk {
+            label,
+            src,
+            filter,
+            reporter,
+        };
+        walk.list(dir, &mut rel.to_vec())
+    }
 }
 
 impl Source for Dir {
@@ -92,6 +112,10 @@ impl Source for Dir {
         Some(&self.root)
     }
 
+    fn lists_by_directory(&self) -> bool {
+        true
+    }
+
     fn open_file(&self, path: &[u8]) -> io::Result<OwnedFd> {
         let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
             Some(i) => (&path[..i], &path[i + 1..]),
@@ -130,20 +154,16 @@ impl Walk<'_> {
     /// The entries of `dir` (at `rel` below the root), sorted by name;
     /// subdirectories are read in parallel, each owning its handle.
     fn dir(&self, dir: &DirFd, rel: &mut Vec<u8>) -> Result<Vec<Entry>> {
-        let listed = dir
-            .list()
-            .with_context(|| format!("cannot read directory {}", display(self.label, rel)))?;
-        let mut entries = Vec::with_capacity(listed.len());
+        let mut entries = self.list(dir, rel)?;
         let mut subdirs: Vec<(usize, DirFd, Vec<u8>)> = Vec::new();
-        for l in listed {
-            let base = rel.len();
-            if base > 0 {
-                rel.push(b'/');
+        for (i, e) in entries.iter().enumerate() {
+            if let Node::Dir(_) = e.node {
+                let path = join(rel, &e.name);
+                let fd = dir.open_dir(&e.name).with_context(|| {
+                    format!("cannot open directory {}", display(self.label, &path))
+                })?;
+                subdirs.push((i, fd, path));
             }
-            rel.extend_from_slice(&l.name);
-            let res = self.entry(dir, l.name, rel, &mut entries, &mut subdirs);
-            rel.truncate(base);
-            res?;
         }
         let results: Vec<Result<(usize, Vec<Entry>)>> = subdirs
             .into_par_iter()
@@ -155,30 +175,44 @@ impl Walk<'_> {
                 d.entries = children;
             }
         }
+        Ok(entries)
+    }
+
+    /// The entries of `dir` alone, sorted by name, directories without
+    /// their children.
+    fn list(&self, dir: &DirFd, rel: &mut Vec<u8>) -> Result<Vec<Entry>> {
+        let listed = dir
+            .list()
+            .with_context(|| format!("cannot read directory {}", display(self.label, rel)))?;
+        let mut entries = Vec::with_capacity(listed.len());
+        for l in listed {
+            let base = rel.len();
+            if base > 0 {
+                rel.push(b'/');
+            }
+            rel.extend_from_slice(&l.name);
+            let res = self.entry(dir, l.name, rel);
+            rel.truncate(base);
+            if let Some(e) = res? {
+                entries.push(e);
+            }
+        }
         entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         Ok(entries)
     }
 
-    /// Stat one listed name and add what it is to `entries`; a directory
-    /// is opened and queued in `subdirs`.
-    fn entry(
-        &self,
-        dir: &DirFd,
-        name: Vec<u8>,
-        rel: &[u8],
-        entries: &mut Vec<Entry>,
-        subdirs: &mut Vec<(usize, DirFd, Vec<u8>)>,
-    ) -> Result<()> {
+    /// Stat one listed name: what it is, or `None` for what the tree leaves out.
+    fn entry(&self, dir: &DirFd, name: Vec<u8>, rel: &[u8]) -> Result<Option<Entry>> {
         let shown = || display(self.label, rel);
         let st = match dir.stat(&name) {
             Ok(st) => st,
             // Vanished between listing and stat: it is simply not part of the tree.
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e).with_context(|| format!("cannot stat {}", shown())),
         };
         let kind = sys::kind_of(&st);
         if !self.filter.is_empty() && self.filter.excludes(rel, kind == StatKind::Dir) {
-            return Ok(());
+            return Ok(None);
         }
         let (node, size) = match kind {
             StatKind::File => (
@@ -213,10 +247,6 @@ impl Walk<'_> {
                 (Node::Symlink(target.into()), size)
             }
             StatKind::Dir => {
-                let fd = dir
-                    .open_dir(&name)
-                    .with_context(|| format!("cannot open directory {}", shown()))?;
-                subdirs.push((entries.len(), fd, rel.to_vec()));
                 let node = Node::Dir(DirNode {
                     srcs: 1 << self.src,
                     entries: Vec::new(),
@@ -225,20 +255,30 @@ impl Walk<'_> {
             }
             StatKind::Other(what) => {
                 self.reporter.skipped(self.label, rel, what);
-                return Ok(());
+                return Ok(None);
             }
         };
         let name: Name = name.into();
-        entries.push(Entry {
+        Ok(Some(Entry {
             name,
             meta: Meta {
                 size,
                 ..meta_of(&st, 0)
             },
             node,
-        });
-        Ok(())
+        }))
     }
+}
+
+/// `rel/name`, or `name` at the root.
+fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(rel.len() + 1 + name.len());
+    p.extend_from_slice(rel);
+    if !rel.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
 }
 
 #[cfg(test)]

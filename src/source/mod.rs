@@ -71,6 +71,16 @@ pub trait Source: Send + Sync {
     /// a kind without `root`; a directory source opens it beneath its root.
     fn open_file(&self, path: &[u8]) -> io::Result<OwnedFd>;
 
+    /// Whether `root` can be read a directory at a time with
+    /// `Dir::list` and give, directory by directory, what `scan` gives (a
+    /// directory source): then a no-op is compared and a first sync staged
+    /// without a whole `Tree` (`scan::compare_live`, `stage::stream`). A
+    /// kind whose `root` is a spool of its own, or that has none, keeps the
+    /// default: its tree is scanned whole.
+    fn lists_by_directory(&self) -> bool {
+        false
+    }
+
     /// Whether `fd` still holds the file the scan saw as `seen`: checked
     /// when it is opened and after it is read, so that a file replaced or
     /// written to meanwhile is never staged. Content a stream delivers and

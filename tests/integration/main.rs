@@ -12,4 +12,5 @@ mod sidecar;
 mod source_archive;
 mod source_http;
 mod source_oci;
+mod streaming;
 mod sync;

@@ -1,0 +1,227 @@
+//! Trees compared and staged a directory at a time: wide directories,
+//! entries that change kind in the middle of the walk (where a directory's
+//! children come in pre-order, `m/x` before `m-x`), hardlinks across
+//! directories, and generations made before this way of walking existed.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+
+use crate::fixture::{is_root, mirror, set_mtime, write_at, Fixture, Run};
+
+fn summary(run: &Run) -> serde_json::Value {
+    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+}
+
+fn itemized(v: &serde_json::Value) -> Vec<String> {
+    v["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no changes in {v}"))
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["change"].as_str().unwrap(),
+                c["path"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
+    let f = Fixture::new();
+    let wide = f.src().join("wide");
+    fs::create_dir_all(&wide).unwrap();
+    for i in 0..100_000 {
+        write_at(
+            &wide.join(format!("f{i:06}")),
+            &[(i % 251) as u8; 3],
+            1_700_000_000,
+            0,
+        );
+    }
+    f.file("wide-after/x", "x");
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(v["entries"], 100_003, "{v}");
+    assert_eq!(v["copied"], 100_001, "{v}");
+
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+    assert_eq!(
+        (v["entries"].as_u64(), v["bytes"].as_u64()),
+        (Some(100_003), Some(300_001))
+    );
+
+    // The very last file of the wide directory: found however far the walk goes.
+    write_at(&wide.join("f099999"), b"new", 1_700_000_001, 0);
+    let v = summary(&f.sync(&["--json", "--itemize"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(itemized(&v), ["~ wide/f099999"]);
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(1), Some(100_000))
+    );
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+}
+
+/// `mid/m` a directory with children and `mid/n` a file, between siblings
+/// that sort around them bytewise but not in pre-order (`m-x`, `m.txt`).
+fn kinds_tree(f: &Fixture, m_is_dir: bool) {
+    let _ = fs::remove_dir_all(f.src());
+    fs::create_dir(f.src()).unwrap();
+    f.file("a/first", "1");
+    f.file("mid/l", "l");
+    f.file("mid/m-x", "m-x");
+    f.file("mid/m.txt", "m.txt");
+    f.file("mid/o/p", "p");
+    f.file("z/last", "z");
+    if m_is_dir {
+        f.file("mid/m/deep/x", "x");
+        f.file("mid/m/y", "y");
+        f.file("mid/n", "n as a file");
+    } else {
+        f.file("mid/m", "m as a file");
+        f.file("mid/n/deep/x", "x");
+        f.file("mid/n/y", "y");
+    }
+    // Only kinds and contents differ between the two trees, never a time.
+    fn settle(dir: &std::path::Path) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                settle(&p);
+            }
+            set_mtime(&p, 1_700_000_000, 0);
+        }
+    }
+    settle(&f.src());
+    set_mtime(&f.src(), 1_700_000_000, 0);
+}
+
+#[test]
+fn a_directory_that_becomes_a_file_and_a_file_that_becomes_a_directory_mid_tree() {
+    let f = Fixture::new();
+    kinds_tree(&f, true);
+    f.sync(&[]).ok();
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+
+    kinds_tree(&f, false);
+    let v = summary(&f.sync(&["--json", "--itemize"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(
+        itemized(&v),
+        [
+            "~ mid/m",
+            "- mid/m/deep/",
+            "- mid/m/deep/x",
+            "- mid/m/y",
+            "~ mid/n/",
+            "+ mid/n/deep/",
+            "+ mid/n/deep/x",
+            "+ mid/n/y",
+        ]
+    );
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+
+    // And back again.
+    kinds_tree(&f, true);
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+}
+
+#[test]
+fn hardlinks_across_directories_decide_whether_a_tree_is_up_to_date() {
+    let f = Fixture::new();
+    for d in ["a", "b", "c"] {
+        write_at(&f.src().join(format!("{d}.txt")), b"same", 1_700_000_000, 0);
+    }
+    fs::create_dir_all(f.src().join("x/y")).unwrap();
+    fs::create_dir_all(f.src().join("z")).unwrap();
+    fs::hard_link(f.src().join("a.txt"), f.src().join("x/y/a-link")).unwrap();
+    fs::hard_link(f.src().join("a.txt"), f.src().join("z/a-link")).unwrap();
+    f.sync(&[]).ok();
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+    // Content counted once per inode.
+    assert_eq!(v["bytes"], 12, "{v}");
+
+    // One link becomes a file of its own, equal in every other way.
+    let z = f.src().join("z/a-link");
+    fs::remove_file(&z).unwrap();
+    write_at(&z, b"same", 1_700_000_000, 0);
+    set_mtime(&f.src().join("z"), 1_700_000_000, 0);
+    let live_z = mirror(&f.dest());
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_ne!(mirror(&f.dest()), live_z);
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+
+    // Two separate files join one inode.
+    fs::remove_file(f.src().join("c.txt")).unwrap();
+    fs::hard_link(f.src().join("b.txt"), f.src().join("c.txt")).unwrap();
+    set_mtime(&f.src(), 1_700_000_000, 0);
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    let v = summary(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+}
+
+#[test]
+fn a_generation_made_before_streaming_keeps_its_name_and_is_up_to_date() {
+    if !is_root() {
+        eprintln!("skipped: needs root (owners are part of the digest)");
+        return;
+    }
+    // Every field of every manifest line fixed: modes, owners, times, content.
+    let f = Fixture::new();
+    let t = 1_700_000_000;
+    f.file("pack/actions/run.py", "print('hi')\n");
+    f.file("pack/pack.yaml", "name: pack\n");
+    f.file("pack/a b%c", "escaped\n");
+    f.file("other/x", "");
+    fs::create_dir_all(f.src().join("pack/empty")).unwrap();
+    std::os::unix::fs::symlink("../pack.yaml", f.src().join("pack/actions/meta")).unwrap();
+    fs::hard_link(
+        f.src().join("pack/pack.yaml"),
+        f.src().join("other/pack-link"),
+    )
+    .unwrap();
+    for p in [
+        "pack/actions/run.py",
+        "pack/pack.yaml",
+        "pack/a b%c",
+        "other/x",
+        "pack/actions/meta",
+        "pack/empty",
+        "pack/actions",
+        "pack",
+        "other",
+        "",
+    ] {
+        let path = f.src().join(p);
+        if !path.is_symlink() {
+            let mode = match p {
+                "pack/actions/run.py" => 0o751,
+                _ if path.is_dir() => 0o755,
+                _ => 0o644,
+            };
+            fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+        }
+        set_mtime(&path, t, 123_456_789);
+    }
+    let v = summary(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
+    // The name the binary of main (before this change) gives this tree.
+    assert_eq!(v["generation"], "d1217733c0e6face", "{v}");
+    let v = summary(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+}
