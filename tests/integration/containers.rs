@@ -545,7 +545,17 @@ fn the_stackstorm_example_in_real_containers() {
     while !seen("0.5.0 new") {
         assert!(
             std::time::Instant::now() < deadline,
-            "{}",
+            "the reader never saw 1.3.0 (running: {}); its reads: {:?}{}",
+            rig.running(reader),
+            {
+                let mut r: Vec<String> = fs::read_to_string(signal.join("reads"))
+                    .unwrap_or_default()
+                    .lines()
+                    .map(str::to_string)
+                    .collect();
+                r.dedup();
+                r
+            },
             rig.logs(&[reader])
         );
         std::thread::sleep(Duration::from_millis(100));
@@ -716,6 +726,18 @@ fn stackstorm_images(rig: &Rig, bin: &Path, work: &Path) {
             let meta = tree.join("packs/examples_ops/pack.yaml");
             let text = fs::read_to_string(&meta).unwrap();
             fs::write(&meta, text.replace("version: 0.4.1", "version: 0.5.0")).unwrap();
+            // The image keeps whole seconds, and both versions are built in
+            // the same one: as an edit made later would, it gets a later
+            // mtime. (A directory source is compared by size and mtime; an
+            // image build that gives every file one mtime needs --checksum,
+            // or an oci:// source, which compares by content.)
+            let later = std::time::SystemTime::now() + Duration::from_secs(3600);
+            fs::File::options()
+                .write(true)
+                .open(&meta)
+                .unwrap()
+                .set_modified(later)
+                .unwrap();
         }
         rig.build(
             &format!("localhost/st2packs-example:{v}"),
@@ -765,7 +787,7 @@ spec:
 /// each read enters the pack once (`cd` resolves the links once) and notes
 /// which version its pack.yaml names and whether the action that 1.3.0
 /// dropped is there ("old", "new"; a mix would be "0.5.0 old" or
-/// "0.4.1 new"), until SIGNAL/stop.
+/// "0.4.1 new"; a read that fails notes "failed"), until SIGNAL/stop.
 const READER_POD: &str = r#"apiVersion: v1
 kind: Pod
 metadata:
@@ -780,7 +802,7 @@ spec:
         - |
           touch /signal/reading
           while [ ! -e /signal/stop ]; do
-            (cd /opt/stackstorm/packs/examples_ops && v=$(sed -n 's/^version: //p' pack.yaml) && if [ -e actions/load_average.yaml ]; then echo "$v old"; else echo "$v new"; fi) >> /signal/reads
+            (cd /opt/stackstorm/packs/examples_ops && v=$(sed -n 's/^version: //p' pack.yaml) && if [ -e actions/load_average.yaml ]; then echo "$v old"; else echo "$v new"; fi) >> /signal/reads || echo "failed $?" >> /signal/reads
           done
       volumeMounts:
         - name: packs
