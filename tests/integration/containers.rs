@@ -11,7 +11,9 @@
 //! a replica of the old version is refused (exit 3) with the volume
 //! unchanged. OPA: three replicas started at once leave one generation,
 //! which every OPA (a stand-in that prints what it loads) reads. Two pack
-//! images: both slots are published and the consumer starts.
+//! images: both slots are published and the consumer starts. The loop
+//! examples (native sidecars run as containers) and the ones that read a
+//! registry or a bundle server (on the host's network) are played too.
 //!
 //! The harness maps image names to the local ones, plays a Deployment's or
 //! Job's pod template as a Pod with `restartPolicy: Never` (podman 4.3
@@ -259,6 +261,45 @@ fn drop_blocks(lines: Vec<String>, keys: &[&str]) -> Vec<String> {
     out
 }
 
+/// Native sidecars (init containers with `restartPolicy: Always`, which
+/// Kubernetes starts in order and keeps running) as ordinary containers:
+/// podman 4.3 runs every init container to its end, so a sidecar loop would
+/// hold the pod in Init for ever. `spec` is a pod spec's lines, keys at
+/// two spaces, list items at four.
+fn sidecars_as_containers(spec: Vec<String>) -> Vec<String> {
+    let Some(init) = spec.iter().position(|l| l == "  initContainers:") else {
+        return spec;
+    };
+    let end = init
+        + 1
+        + spec[init + 1..]
+            .iter()
+            .position(|l| indent(l) <= 2)
+            .unwrap_or(spec.len() - init - 1);
+    let mut items: Vec<Vec<String>> = Vec::new();
+    for l in &spec[init + 1..end] {
+        if l.starts_with("    - ") || items.is_empty() {
+            items.push(Vec::new());
+        }
+        items.last_mut().unwrap().push(l.clone());
+    }
+    let (sidecars, init_items): (Vec<_>, Vec<_>) = items
+        .into_iter()
+        .partition(|item| item.iter().any(|l| l == "      restartPolicy: Always"));
+    let mut out: Vec<String> = spec[..init].to_vec();
+    if !init_items.is_empty() {
+        out.push(spec[init].clone());
+        out.extend(init_items.into_iter().flatten());
+    }
+    for l in &spec[end..] {
+        out.push(l.clone());
+        if l == "  containers:" {
+            out.extend(sidecars.iter().flatten().cloned());
+        }
+    }
+    out
+}
+
 /// The Pods a manifest's documents become: `(name, Pod YAML)` for each
 /// Deployment, Job or Pod, with images mapped by `images`.
 fn pods(manifest: &str, images: &HashMap<&str, String>) -> Vec<(String, String)> {
@@ -287,11 +328,16 @@ fn pods(manifest: &str, images: &HashMap<&str, String>) -> Vec<(String, String)>
         let spec: Vec<String> = lines[at + 1..]
             .iter()
             .take_while(|l| l.trim().is_empty() || indent(l) > depth)
-            .filter(|l| !l.trim().is_empty())
+            .filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
             .map(|l| l[depth..].to_string())
+            .collect();
+        let spec: Vec<String> = sidecars_as_containers(spec)
+            .into_iter()
             .filter(|l| !l.trim_start().starts_with("restartPolicy:"))
             .map(|l| match l.trim_start().strip_prefix("image: ") {
                 Some(img) => {
+                    // A YAML comment may follow the name.
+                    let img = img.split(" #").next().unwrap_or(img);
                     let local = images
                         .get(img.trim())
                         .unwrap_or_else(|| panic!("no local image for {img}"));
@@ -1448,5 +1494,283 @@ fn the_opa_http_example_keeps_the_last_good_bundle_in_real_containers() {
         "containers: OPA over HTTP: three replicas at once, one generation; with the server \
          gone a fourth started on the last good bundle: {}",
         lines[1]
+    );
+}
+
+/// stackstorm-publisher.yaml: a publisher Deployment whose packsync loop
+/// (`sync --every`) follows a git checkout. git-sync, a native sidecar, runs
+/// as an ordinary container (`sidecars_as_containers`); its stand-in makes
+/// the first checkout the way git-sync lays one out (`/git/current ->
+/// rev-1`) and stays; the loop, whose first rounds may find no checkout
+/// yet and back off, publishes it into the packs slot. The test then plays git-sync's next
+/// round itself (a new revision beside the old, `current` swapped by one
+/// rename), sends SIGHUP (a round at once, rather than in 30 s) and sees the
+/// volume follow; SIGTERM then stops the loop with 143 and no staging left.
+#[test]
+fn the_stackstorm_publisher_example_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    stackstorm_images(rig, bin, work);
+    let busybox = rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
+    let gitsync = work.join("git-sync");
+    fs::write(
+        &gitsync,
+        "#!/bin/sh\nset -e\nfor a; do case $a in --root=*) root=${a#--root=};; --link=*) link=${a#--link=};; esac; done\n\
+         mkdir -p \"$root/rev-1\" && cp -a /seed/. \"$root/rev-1/\" && ln -sfn rev-1 \"$root/$link\"\n\
+         exec sleep 2147483647\n",
+    )
+    .unwrap();
+    fs::set_permissions(
+        &gitsync,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let seed = work.join("seed");
+    copy_tree(&repo().join("examples/packs"), &seed.join("packs"));
+    rig.build(
+        "localhost/git-sync-standin:1",
+        &busybox,
+        &[(&gitsync, "/bin/git-sync"), (&seed, "/seed")],
+        &["--entrypoint", r#"["/bin/git-sync"]"#],
+    );
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/git-sync:v4.4.0",
+            "localhost/git-sync-standin:1",
+        ),
+        (
+            "registry.example.com/st2packs-example:1.2.0",
+            "localhost/st2packs-example:1.2.0",
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/stackstorm-publisher.yaml")).unwrap();
+    let all = pods(&manifest, &images);
+    assert_eq!(all.len(), 1, "one Deployment");
+    let pod = work.join("publisher.yaml");
+    fs::write(&pod, &all[0].1).unwrap();
+    rig.ok("podman", &["volume", "create", "-o", "nocopy", "st2-packs"]);
+    let (code, err) = rig.play(&pod);
+    assert_eq!(code, Some(0), "publisher: {err}");
+    let publisher = "st2-packs-publisher-publish-packs";
+    let packs = rig.volume("st2-packs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let until = |what: &str, cond: &dyn Fn() -> bool| {
+        while !cond() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}{}",
+                rig.logs(&[publisher])
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    until("the first round never published", &|| {
+        packs
+            .join("examples_ops/actions/load_average.yaml")
+            .exists()
+    });
+    assert_published(&packs, "examples/packs");
+
+    // git-sync's next round: a new revision, `current` swapped in one rename.
+    let git = rig.volume("git");
+    let rev2 = git.join("rev-2");
+    copy_tree(&git.join("rev-1"), &rev2);
+    for f in ["load_average.py", "load_average.yaml"] {
+        fs::remove_file(rev2.join("packs/examples_ops/actions").join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink("rev-2", git.join("current.new")).unwrap();
+    fs::rename(git.join("current.new"), git.join("current")).unwrap();
+    rig.ok("podman", &["kill", "--signal", "HUP", publisher]);
+    until("SIGHUP did not publish the new revision", &|| {
+        !packs
+            .join("examples_ops/actions/load_average.yaml")
+            .exists()
+    });
+    assert!(packs.join("examples_ops/actions/disk_usage.yaml").exists());
+    assert!(packs.join("hello_st2/pack.yaml").exists());
+
+    // The kubelet's SIGTERM: the loop ends with 143, leaving no staging.
+    rig.ok("podman", &["stop", "-t", "20", publisher]);
+    assert_eq!(
+        rig.exit_code(publisher),
+        "143",
+        "{}",
+        rig.logs(&[publisher])
+    );
+    let stage = packs.join("..packsync/slots/packs/stage");
+    let left: Vec<_> = fs::read_dir(&stage)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "staging left: {left:?}");
+    rig.down(&pod);
+    eprintln!(
+        "containers: the publisher example: the loop published the checkout, followed a new \
+         revision on SIGHUP, and stopped with 143 on SIGTERM, no staging left"
+    );
+}
+
+/// opa-bundles-sidecar.yaml: git-sync and the packsync loop are native
+/// sidecars beside OPA, run here as ordinary containers
+/// (`sidecars_as_containers`), with the git-sync stand-in of the publisher
+/// test. The OPA stand-in waits for the bundle (the startup probe's job,
+/// which podman ignores), prints what it loads, and, as `--watch` would,
+/// loads again when /shared/policies moves to a new generation. The test
+/// plays git-sync's next round (a changed policy), sends SIGHUP, and sees
+/// OPA load the new policy; SIGTERM stops the loop with 143.
+#[test]
+fn the_opa_sidecar_example_in_real_containers() {
+    let Some(setup) = setup() else { return };
+    let (rig, bin) = (&setup.rig, &setup.bin);
+    let work = tempfile::Builder::new()
+        .prefix("packsync-containers")
+        .tempdir()
+        .unwrap();
+    let work = work.path();
+    let busybox = base_images(rig, bin);
+    rig.build(
+        "localhost/packsync-busybox:1.36",
+        &busybox,
+        &[(bin, "/usr/local/bin/packsync")],
+        &[],
+    );
+    let gitsync = work.join("git-sync");
+    fs::write(
+        &gitsync,
+        "#!/bin/sh\nset -e\nfor a; do case $a in --root=*) root=${a#--root=};; --link=*) link=${a#--link=};; esac; done\n\
+         mkdir -p \"$root/rev-1\" && cp -a /seed/. \"$root/rev-1/\" && ln -sfn rev-1 \"$root/$link\"\n\
+         exec sleep 2147483647\n",
+    )
+    .unwrap();
+    fs::set_permissions(
+        &gitsync,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let seed = work.join("seed");
+    copy_tree(
+        &repo().join("examples/opa-bundle"),
+        &seed.join("opa-bundle"),
+    );
+    rig.build(
+        "localhost/git-sync-standin:1",
+        &busybox,
+        &[(&gitsync, "/bin/git-sync"), (&seed, "/seed")],
+        &["--entrypoint", r#"["/bin/git-sync"]"#],
+    );
+    let opa = work.join("opa");
+    fs::write(
+        &opa,
+        "#!/bin/sh\nfor a; do dir=$a; done\n\
+         load() { echo \"loaded: $(cd \"$dir\" && find . -type f | sort | xargs cat | md5sum | cut -c1-8)\"; }\n\
+         until [ -e \"$dir/authz/policy.rego\" ]; do sleep 0.1; done\n\
+         was=$(readlink \"$dir\"); load\n\
+         while [ \"$(readlink \"$dir\")\" = \"$was\" ]; do sleep 0.1; done\n\
+         load\n",
+    )
+    .unwrap();
+    fs::set_permissions(&opa, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    rig.build(
+        "localhost/opa-watch-standin:1",
+        &busybox,
+        &[(&opa, "/bin/opa")],
+        &["--entrypoint", r#"["/bin/opa"]"#],
+    );
+    let images: HashMap<&str, String> = [
+        (
+            "registry.example.com/git-sync:v4.4.0",
+            "localhost/git-sync-standin:1",
+        ),
+        (
+            "registry.example.com/packsync-busybox:1.36",
+            "localhost/packsync-busybox:1.36",
+        ),
+        ("openpolicyagent/opa:1.4.2", "localhost/opa-watch-standin:1"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k, v.to_string()))
+    .collect();
+    let manifest =
+        fs::read_to_string(repo().join("examples/kubernetes/opa-bundles-sidecar.yaml")).unwrap();
+    let all = pods(&manifest, &images);
+    assert_eq!(all.len(), 1, "one Deployment");
+    let pod = work.join("opa-sidecar.yaml");
+    fs::write(&pod, &all[0].1).unwrap();
+    rig.ok(
+        "podman",
+        &["volume", "create", "-o", "nocopy", "opa-policies"],
+    );
+    let (code, err) = rig.play(&pod);
+    assert_eq!(code, Some(0), "opa: {err}");
+    let (keep, opa_c) = ("opa-keep-policies", "opa-opa");
+    let digest = |dir: &Path| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg("find . -type f | sort | xargs cat | md5sum | cut -c1-8")
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        format!("loaded: {}", String::from_utf8_lossy(&out.stdout).trim())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    let until = |what: &str, cond: &dyn Fn() -> bool| {
+        while !cond() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}{}",
+                rig.logs(&[keep, opa_c])
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let opa_log = || {
+        rig.tool("podman")
+            .args(["logs", opa_c])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    };
+    let v1 = digest(&repo().join("examples/opa-bundle"));
+    until("OPA never loaded the first bundle", &|| {
+        opa_log().lines().count() == 1
+    });
+    assert_eq!(opa_log().trim(), v1);
+    let shared = rig.volume("opa-policies");
+    assert_eq!(
+        listing(&shared.join("policies")),
+        listing(&repo().join("examples/opa-bundle"))
+    );
+
+    // git-sync's next round: the policy changes; SIGHUP instead of 30 s.
+    let git = rig.volume("git");
+    let rev2 = git.join("rev-2");
+    copy_tree(&git.join("rev-1"), &rev2);
+    let rego = rev2.join("opa-bundle/authz/policy.rego");
+    let text = fs::read_to_string(&rego).unwrap();
+    fs::write(&rego, format!("{text}\n# revision 2\n")).unwrap();
+    std::os::unix::fs::symlink("rev-2", git.join("current.new")).unwrap();
+    fs::rename(git.join("current.new"), git.join("current")).unwrap();
+    rig.ok("podman", &["kill", "--signal", "HUP", keep]);
+    until("OPA never loaded the new bundle", &|| {
+        opa_log().lines().count() == 2
+    });
+    let v2 = digest(&rev2.join("opa-bundle"));
+    assert_ne!(v1, v2);
+    assert_eq!(opa_log().lines().nth(1), Some(v2.as_str()));
+    assert_eq!(rig.exit_code(opa_c), "0");
+    rig.ok("podman", &["stop", "-t", "20", keep]);
+    assert_eq!(rig.exit_code(keep), "143", "{}", rig.logs(&[keep]));
+    rig.down(&pod);
+    eprintln!(
+        "containers: the OPA sidecar example: OPA loaded the bundle the loop published, and the \
+         next revision after SIGHUP; the loop stopped with 143"
     );
 }
