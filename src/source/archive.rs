@@ -259,7 +259,15 @@ impl Stream for Archive {
             hash: Sha256::new(),
             bytes: 0,
         };
-        spool.apply(&mut r, false, &self.label, reporter)?;
+        // Decompressed on a thread of its own while the spool writes, as a
+        // bundle over HTTP is; the rest of the file is read to the end for
+        // its hash.
+        super::oci_fetch::pipelined(
+            &mut r,
+            &self.label,
+            |h| std::io::copy(h, &mut std::io::sink()).map(|_| ()),
+            |plain| spool.apply(plain, false, &self.label, reporter).map(|_| ()),
+        )?;
         let hex: String = r
             .hash
             .finalize()
