@@ -206,6 +206,21 @@ impl Rig {
         out
     }
 
+    /// Poll `cond` every 100 ms for two minutes at most; failing, the
+    /// message says `what` and what the `containers` printed.
+    #[track_caller]
+    fn until(&self, containers: &[&str], what: &str, cond: impl Fn() -> bool) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while !cond() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}{}",
+                self.logs(containers)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn running(&self, name: &str) -> bool {
         self.tool("podman")
             .args([
@@ -356,6 +371,11 @@ fn pods(manifest: &str, images: &HashMap<&str, String>) -> Vec<(String, String)>
     out
 }
 
+/// Image names as the manifest writes them, mapped to the local ones.
+fn image_map<'a>(pairs: &[(&'a str, &str)]) -> HashMap<&'a str, String> {
+    pairs.iter().map(|(k, v)| (*k, v.to_string())).collect()
+}
+
 /// `expect` of examples.rs, in the volume's own directory on the host.
 #[track_caller]
 fn assert_published(vol: &Path, repo_dir: &str) {
@@ -426,7 +446,7 @@ fn the_stackstorm_example_in_real_containers() {
 
     // The images, with no registry from outside.
     stackstorm_images(rig, bin, work);
-    let images: HashMap<&str, String> = [
+    let images = image_map(&[
         (
             "registry.example.com/st2packs-example:1.2.0",
             "localhost/st2packs-example:1.2.0",
@@ -443,10 +463,7 @@ fn the_stackstorm_example_in_real_containers() {
             "stackstorm/st2api:3.8",
             "localhost/st2actionrunner-packsync:3.8",
         ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k, v.to_string()))
-    .collect();
+    ]);
 
     let manifest =
         fs::read_to_string(repo().join("examples/kubernetes/stackstorm-packs.yaml")).unwrap();
@@ -555,7 +572,9 @@ fn the_stackstorm_example_in_real_containers() {
     let (code, err) = rig.play(&exec_pod);
     assert_eq!(code, Some(0), "st2-execution: {err}");
     let execution = "st2-execution-run";
-    await_file(rig, &signal.join("started"), execution);
+    rig.until(&[execution], "SIGNAL/started never appeared", || {
+        signal.join("started").exists()
+    });
     // A reader in another pod, reading through DEST over and over during the upgrade.
     let reader_pod = work.join("st2-reader.yaml");
     fs::write(
@@ -566,7 +585,9 @@ fn the_stackstorm_example_in_real_containers() {
     let (code, err) = rig.play(&reader_pod);
     assert_eq!(code, Some(0), "st2-reader: {err}");
     let reader = "st2-reader-read";
-    await_file(rig, &signal.join("reading"), reader);
+    rig.until(&[reader], "SIGNAL/reading never appeared", || {
+        signal.join("reading").exists()
+    });
 
     // The upgrade: image tag and PACK_VERSION bumped; the dropped action is gone.
     rig.down(&v1["st2api"]);
@@ -866,20 +887,6 @@ spec:
         type: Directory
 "#;
 
-/// Wait until `file` exists, while container `name` runs (two minutes at most).
-fn await_file(rig: &Rig, file: &Path, name: &str) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while !file.exists() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{} never appeared{}",
-            file.display(),
-            rig.logs(&[name])
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// Build the packsync image (the Dockerfile's final stage); the rig's
 /// busybox image, the base of the others.
 fn base_images(rig: &Rig, bin: &Path) -> String {
@@ -917,16 +924,13 @@ fn opa_pod(rig: &Rig, bin: &Path, busybox: &str, work: &Path) -> String {
         &[(&opa, "/bin/opa")],
         &["--entrypoint", r#"["/bin/opa"]"#],
     );
-    let images: HashMap<&str, String> = [
+    let images = image_map(&[
         (
             "registry.example.com/opa-policies:1.4.0",
             "localhost/opa-policies:1.4.0",
         ),
         ("openpolicyagent/opa:1.4.2", "localhost/opa-standin:1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k, v.to_string()))
-    .collect();
+    ]);
     let manifest = fs::read_to_string(repo().join("examples/kubernetes/opa-bundles.yaml")).unwrap();
     let pods_of = pods(&manifest, &images);
     assert_eq!(pods_of.len(), 1, "one Deployment");
@@ -1143,7 +1147,7 @@ fn the_opa_and_two_image_examples_in_real_containers() {
         &[(bin, "/usr/local/bin/packsync")],
         &[],
     );
-    let images: HashMap<&str, String> = [
+    let images = image_map(&[
         (
             "registry.example.com/st2packs-hello:1.2.0",
             "localhost/st2packs-hello:1.2.0",
@@ -1160,10 +1164,7 @@ fn the_opa_and_two_image_examples_in_real_containers() {
             "stackstorm/st2api:3.8",
             "localhost/st2actionrunner-packsync:3.8",
         ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k, v.to_string()))
-    .collect();
+    ]);
     let manifest =
         fs::read_to_string(repo().join("examples/kubernetes/two-images-slots.yaml")).unwrap();
     let files: BTreeMap<String, PathBuf> = pods(&manifest, &images)
@@ -1229,12 +1230,10 @@ fn the_stackstorm_registry_example_in_real_containers() {
             ],
         );
     }
-    let images: HashMap<&str, String> = [(
+    let images = image_map(&[(
         "registry.example.com/packsync:0.1.0",
-        "localhost/packsync-image:test".to_string(),
-    )]
-    .into_iter()
-    .collect();
+        "localhost/packsync-image:test",
+    )]);
     let manifest =
         fs::read_to_string(repo().join("examples/kubernetes/stackstorm-from-registry.yaml"))
             .unwrap();
@@ -1378,16 +1377,13 @@ fn the_opa_http_example_keeps_the_last_good_bundle_in_real_containers() {
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     });
 
-    let images: HashMap<&str, String> = [
+    let images = image_map(&[
         (
             "registry.example.com/packsync-busybox:1.36",
             "localhost/packsync-busybox:1.36",
         ),
         ("openpolicyagent/opa:1.4.2", "localhost/opa-standin:1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k, v.to_string()))
-    .collect();
+    ]);
     let manifest =
         fs::read_to_string(repo().join("examples/kubernetes/opa-bundles-http.yaml")).unwrap();
     let all = pods(&manifest, &images);
@@ -1497,6 +1493,44 @@ fn the_opa_http_example_keeps_the_last_good_bundle_in_real_containers() {
     );
 }
 
+/// A stand-in for git-sync, `localhost/git-sync-standin:1`: it reads
+/// `--root` and `--link`, makes the first checkout the way git-sync lays
+/// one out (`ROOT/rev-1`, `ROOT/LINK -> rev-1`) holding the repository
+/// directory `from` as `name`, and stays, as the sidecar does.
+fn git_sync_standin(rig: &Rig, busybox: &str, work: &Path, from: &str, name: &str) {
+    let gitsync = work.join("git-sync");
+    fs::write(
+        &gitsync,
+        "#!/bin/sh\nset -e\nfor a; do case $a in --root=*) root=${a#--root=};; --link=*) link=${a#--link=};; esac; done\n\
+         mkdir -p \"$root/rev-1\" && cp -a /seed/. \"$root/rev-1/\" && ln -sfn rev-1 \"$root/$link\"\n\
+         exec sleep 2147483647\n",
+    )
+    .unwrap();
+    fs::set_permissions(
+        &gitsync,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let seed = work.join("seed");
+    copy_tree(&repo().join(from), &seed.join(name));
+    rig.build(
+        "localhost/git-sync-standin:1",
+        busybox,
+        &[(&gitsync, "/bin/git-sync"), (&seed, "/seed")],
+        &["--entrypoint", r#"["/bin/git-sync"]"#],
+    );
+}
+
+/// git-sync's next round in the checkout volume `git`: `rev-2`, a copy of
+/// `rev-1` changed by `edit`, then `current` swapped to it by one rename.
+fn git_sync_round(git: &Path, edit: impl FnOnce(&Path)) {
+    let rev2 = git.join("rev-2");
+    copy_tree(&git.join("rev-1"), &rev2);
+    edit(&rev2);
+    std::os::unix::fs::symlink("rev-2", git.join("current.new")).unwrap();
+    fs::rename(git.join("current.new"), git.join("current")).unwrap();
+}
+
 /// stackstorm-publisher.yaml: a publisher Deployment whose packsync loop
 /// (`sync --every`) follows a git checkout. git-sync, a native sidecar, runs
 /// as an ordinary container (`sidecars_as_containers`); its stand-in makes
@@ -1517,28 +1551,8 @@ fn the_stackstorm_publisher_example_in_real_containers() {
     let work = work.path();
     stackstorm_images(rig, bin, work);
     let busybox = rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
-    let gitsync = work.join("git-sync");
-    fs::write(
-        &gitsync,
-        "#!/bin/sh\nset -e\nfor a; do case $a in --root=*) root=${a#--root=};; --link=*) link=${a#--link=};; esac; done\n\
-         mkdir -p \"$root/rev-1\" && cp -a /seed/. \"$root/rev-1/\" && ln -sfn rev-1 \"$root/$link\"\n\
-         exec sleep 2147483647\n",
-    )
-    .unwrap();
-    fs::set_permissions(
-        &gitsync,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let seed = work.join("seed");
-    copy_tree(&repo().join("examples/packs"), &seed.join("packs"));
-    rig.build(
-        "localhost/git-sync-standin:1",
-        &busybox,
-        &[(&gitsync, "/bin/git-sync"), (&seed, "/seed")],
-        &["--entrypoint", r#"["/bin/git-sync"]"#],
-    );
-    let images: HashMap<&str, String> = [
+    git_sync_standin(rig, &busybox, work, "examples/packs", "packs");
+    let images = image_map(&[
         (
             "registry.example.com/git-sync:v4.4.0",
             "localhost/git-sync-standin:1",
@@ -1547,10 +1561,7 @@ fn the_stackstorm_publisher_example_in_real_containers() {
             "registry.example.com/st2packs-example:1.2.0",
             "localhost/st2packs-example:1.2.0",
         ),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k, v.to_string()))
-    .collect();
+    ]);
     let manifest =
         fs::read_to_string(repo().join("examples/kubernetes/stackstorm-publisher.yaml")).unwrap();
     let all = pods(&manifest, &images);
@@ -1562,17 +1573,8 @@ fn the_stackstorm_publisher_example_in_real_containers() {
     assert_eq!(code, Some(0), "publisher: {err}");
     let publisher = "st2-packs-publisher-publish-packs";
     let packs = rig.volume("st2-packs");
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let until = |what: &str, cond: &dyn Fn() -> bool| {
-        while !cond() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}{}",
-                rig.logs(&[publisher])
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let logs = [publisher];
+    let until = |what: &str, cond: &dyn Fn() -> bool| rig.until(&logs, what, cond);
     until("the first round never published", &|| {
         packs
             .join("examples_ops/actions/load_average.yaml")
@@ -1581,14 +1583,11 @@ fn the_stackstorm_publisher_example_in_real_containers() {
     assert_published(&packs, "examples/packs");
 
     // git-sync's next round: a new revision, `current` swapped in one rename.
-    let git = rig.volume("git");
-    let rev2 = git.join("rev-2");
-    copy_tree(&git.join("rev-1"), &rev2);
-    for f in ["load_average.py", "load_average.yaml"] {
-        fs::remove_file(rev2.join("packs/examples_ops/actions").join(f)).unwrap();
-    }
-    std::os::unix::fs::symlink("rev-2", git.join("current.new")).unwrap();
-    fs::rename(git.join("current.new"), git.join("current")).unwrap();
+    git_sync_round(&rig.volume("git"), |rev| {
+        for f in ["load_average.py", "load_average.yaml"] {
+            fs::remove_file(rev.join("packs/examples_ops/actions").join(f)).unwrap();
+        }
+    });
     rig.ok("podman", &["kill", "--signal", "HUP", publisher]);
     until("SIGHUP did not publish the new revision", &|| {
         !packs
@@ -1642,30 +1641,7 @@ fn the_opa_sidecar_example_in_real_containers() {
         &[(bin, "/usr/local/bin/packsync")],
         &[],
     );
-    let gitsync = work.join("git-sync");
-    fs::write(
-        &gitsync,
-        "#!/bin/sh\nset -e\nfor a; do case $a in --root=*) root=${a#--root=};; --link=*) link=${a#--link=};; esac; done\n\
-         mkdir -p \"$root/rev-1\" && cp -a /seed/. \"$root/rev-1/\" && ln -sfn rev-1 \"$root/$link\"\n\
-         exec sleep 2147483647\n",
-    )
-    .unwrap();
-    fs::set_permissions(
-        &gitsync,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let seed = work.join("seed");
-    copy_tree(
-        &repo().join("examples/opa-bundle"),
-        &seed.join("opa-bundle"),
-    );
-    rig.build(
-        "localhost/git-sync-standin:1",
-        &busybox,
-        &[(&gitsync, "/bin/git-sync"), (&seed, "/seed")],
-        &["--entrypoint", r#"["/bin/git-sync"]"#],
-    );
+    git_sync_standin(rig, &busybox, work, "examples/opa-bundle", "opa-bundle");
     let opa = work.join("opa");
     fs::write(
         &opa,
@@ -1684,7 +1660,7 @@ fn the_opa_sidecar_example_in_real_containers() {
         &[(&opa, "/bin/opa")],
         &["--entrypoint", r#"["/bin/opa"]"#],
     );
-    let images: HashMap<&str, String> = [
+    let images = image_map(&[
         (
             "registry.example.com/git-sync:v4.4.0",
             "localhost/git-sync-standin:1",
@@ -1694,10 +1670,7 @@ fn the_opa_sidecar_example_in_real_containers() {
             "localhost/packsync-busybox:1.36",
         ),
         ("openpolicyagent/opa:1.4.2", "localhost/opa-watch-standin:1"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k, v.to_string()))
-    .collect();
+    ]);
     let manifest =
         fs::read_to_string(repo().join("examples/kubernetes/opa-bundles-sidecar.yaml")).unwrap();
     let all = pods(&manifest, &images);
@@ -1720,17 +1693,8 @@ fn the_opa_sidecar_example_in_real_containers() {
             .unwrap();
         format!("loaded: {}", String::from_utf8_lossy(&out.stdout).trim())
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    let until = |what: &str, cond: &dyn Fn() -> bool| {
-        while !cond() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "{what}{}",
-                rig.logs(&[keep, opa_c])
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    };
+    let logs = [keep, opa_c];
+    let until = |what: &str, cond: &dyn Fn() -> bool| rig.until(&logs, what, cond);
     let opa_log = || {
         rig.tool("podman")
             .args(["logs", opa_c])
@@ -1751,13 +1715,12 @@ fn the_opa_sidecar_example_in_real_containers() {
 
     // git-sync's next round: the policy changes; SIGHUP instead of 30 s.
     let git = rig.volume("git");
+    git_sync_round(&git, |rev| {
+        let rego = rev.join("opa-bundle/authz/policy.rego");
+        let text = fs::read_to_string(&rego).unwrap();
+        fs::write(&rego, format!("{text}\n# revision 2\n")).unwrap();
+    });
     let rev2 = git.join("rev-2");
-    copy_tree(&git.join("rev-1"), &rev2);
-    let rego = rev2.join("opa-bundle/authz/policy.rego");
-    let text = fs::read_to_string(&rego).unwrap();
-    fs::write(&rego, format!("{text}\n# revision 2\n")).unwrap();
-    std::os::unix::fs::symlink("rev-2", git.join("current.new")).unwrap();
-    fs::rename(git.join("current.new"), git.join("current")).unwrap();
     rig.ok("podman", &["kill", "--signal", "HUP", keep]);
     until("OPA never loaded the new bundle", &|| {
         opa_log().lines().count() == 2

@@ -202,6 +202,35 @@ impl Fixture {
         snapshot(&self.path("vol"), true)
     }
 
+    /// `unchanged_by`, where the only trace a spooling writer may leave is
+    /// the mtime of the state directory's `stage/` (its own staging
+    /// directory, made and removed there as every writer's is).
+    #[track_caller]
+    pub fn unchanged_but_staging(&self, run: impl FnOnce() -> Run) -> Run {
+        let look = || {
+            let mut v: Vec<String> = self
+                .volume()
+                .into_iter()
+                .map(|l| {
+                    if l.starts_with("\".packs.packsync/stage\" d") {
+                        let cut = l.find(" mtime=").unwrap();
+                        let rest = &l[cut + 7..];
+                        let end = rest.find(' ').unwrap();
+                        format!("{}{}", &l[..cut], &rest[end..])
+                    } else {
+                        l
+                    }
+                })
+                .collect();
+            v.push(format!("vol/ itself: {:?}", mtime(&self.path("vol"))));
+            v
+        };
+        let before = look();
+        let out = run();
+        assert_eq!(look(), before, "the volume changed; stderr: {}", out.stderr);
+        out
+    }
+
     /// Run `run`, and check that it left the whole volume (DEST, the state
     /// directory and everything else below vol/, vol/ itself: a name made
     /// and removed again shows in its mtime) and the source as they were,

@@ -148,38 +148,6 @@ impl Fixture {
         args.push("vol/packs");
         self.packsync(&args)
     }
-
-    /// `unchanged_by`, where the only trace a spooling writer may leave is
-    /// the mtime of the state directory's `stage/` (its staging directory,
-    /// made and removed there as every writer's is).
-    #[track_caller]
-    fn unchanged_but_staging(&self, run: impl FnOnce() -> Run) -> Run {
-        let look = || {
-            let mut v: Vec<String> = self
-                .volume()
-                .into_iter()
-                .map(|l| {
-                    if l.starts_with("\".packs.packsync/stage\" d") {
-                        let cut = l.find(" mtime=").unwrap();
-                        let rest = &l[cut + 7..];
-                        let end = rest.find(' ').unwrap();
-                        format!("{}{}", &l[..cut], &rest[end..])
-                    } else {
-                        l
-                    }
-                })
-                .collect();
-            v.push(format!(
-                "vol/ itself: {:?}",
-                crate::fixture::mtime(&self.path("vol"))
-            ));
-            v
-        };
-        let before = look();
-        let out = run();
-        assert_eq!(look(), before, "the volume changed; stderr: {}", out.stderr);
-        out
-    }
 }
 
 fn ino(p: &Path) -> u64 {

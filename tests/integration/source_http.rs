@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::fixture::Fixture;
-use crate::source_oci::{first_line, have, python, tree, unchanged_but_staging, Helper};
+use crate::source_oci::{first_line, have, python, tree, Helper};
 
 /// Serves `DIR` (argv[1]) and logs each request as one line to argv[2]:
 /// `PATH if-none-match=VALUE`. The ETag is the content's SHA-256.
@@ -285,7 +285,7 @@ fn a_bundle_server_that_fails_keeps_the_last_good_tree() {
         (srv.url("/missing.tar.gz"), "404 Not Found"),
     ];
     for (url, needle) in cases {
-        unchanged_but_staging(&f, || {
+        f.unchanged_but_staging(|| {
             f.packsync(&["sync", "--grace", "0", "--timeout", "1s", &url, "vol/packs"])
                 .fails(1, needle)
         });
@@ -293,7 +293,7 @@ fn a_bundle_server_that_fails_keeps_the_last_good_tree() {
     }
     // Not an archive: the server's answer is refused.
     fs::write(srv.www.join("page.html"), "<html>hello</html>").unwrap();
-    unchanged_but_staging(&f, || {
+    f.unchanged_but_staging(|| {
         f.packsync(&["sync", &srv.url("/page.html"), "vol/packs"])
             .fails(1, "page.html")
     });

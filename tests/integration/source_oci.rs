@@ -94,38 +94,6 @@ pub(crate) fn python(code: &str, args: &[&str]) -> Helper {
     )
 }
 
-/// `unchanged_by`, where the only trace a spooling writer may leave is
-/// the mtime of the state directory's `stage/` (its own staging
-/// directory, made and removed there as every writer's is).
-#[track_caller]
-pub(crate) fn unchanged_but_staging(f: &Fixture, run: impl FnOnce() -> Run) -> Run {
-    let look = || {
-        let mut v: Vec<String> = f
-            .volume()
-            .into_iter()
-            .map(|l| {
-                if l.starts_with("\".packs.packsync/stage\" d") {
-                    let cut = l.find(" mtime=").unwrap();
-                    let rest = &l[cut + 7..];
-                    let end = rest.find(' ').unwrap();
-                    format!("{}{}", &l[..cut], &rest[end..])
-                } else {
-                    l
-                }
-            })
-            .collect();
-        v.push(format!(
-            "vol/ itself: {:?}",
-            crate::fixture::mtime(&f.path("vol"))
-        ));
-        v
-    };
-    let before = look();
-    let out = run();
-    assert_eq!(look(), before, "the volume changed; stderr: {}", out.stderr);
-    out
-}
-
 /// What a reader sees below `root`: `path=content`, `path/`, `path -> target`.
 pub(crate) fn tree(root: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
@@ -505,7 +473,7 @@ fn an_image_lands_as_its_merged_root_filesystem() {
         ]
     );
     let absent = format!("{src}//opt/nothing");
-    unchanged_but_staging(&f, || {
+    f.unchanged_but_staging(|| {
         f.packsync(&["sync", "--platform", "linux/amd64", &absent, "vol/packs"])
             .fails(1, "//opt/nothing")
     });
@@ -672,7 +640,7 @@ fn registry_failures_exit_1_and_change_nothing() {
     bytes[mid] ^= 0x55;
     fs::write(&stored, bytes).unwrap();
     let bad = format!("oci://{}/app:9", reg.host());
-    unchanged_but_staging(&f, || {
+    f.unchanged_but_staging(|| {
         f.packsync(&["sync", "--platform", "linux/amd64", &bad, "vol/packs"])
             .fails(1, "digest mismatch")
     });
