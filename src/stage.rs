@@ -89,7 +89,21 @@ struct Ctx<'a> {
     last_beat: AtomicU64,
 }
 
-impl Ctx<'_> {
+impl<'a> Ctx<'a> {
+    fn new(job: &'a Job<'a>) -> Ctx<'a> {
+        Ctx {
+            job,
+            leaders: HashMap::new(),
+            late_dirs: HashSet::new(),
+            copied: AtomicU64::new(0),
+            copied_bytes: AtomicU64::new(0),
+            reused: AtomicU64::new(0),
+            owner_failures: AtomicU64::new(0),
+            start: std::time::Instant::now(),
+            last_beat: AtomicU64::new(0),
+        }
+    }
+
     /// Refresh the staging directory's mtime if `HEARTBEAT` has passed.
     fn beat(&self) {
         let Some(dir) = self.job.heartbeat else {
@@ -148,17 +162,7 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     let out = staging
         .open_dir(b"tree")
         .context("cannot open the staging tree")?;
-    let mut ctx = Ctx {
-        job,
-        leaders: HashMap::new(),
-        late_dirs: HashSet::new(),
-        copied: AtomicU64::new(0),
-        copied_bytes: AtomicU64::new(0),
-        reused: AtomicU64::new(0),
-        owner_failures: AtomicU64::new(0),
-        start: std::time::Instant::now(),
-        last_beat: AtomicU64::new(0),
-    };
+    let mut ctx = Ctx::new(job);
     tree.for_each(&mut |path, e| {
         if let Node::File(f) = &e.node {
             if let Some(g) = f.group {
@@ -239,17 +243,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
         .with_context(|| in_stage("lines"))?;
     let w = Walker {
         s,
-        ctx: Ctx {
-            job: s.job,
-            leaders: HashMap::new(),
-            late_dirs: HashSet::new(),
-            copied: AtomicU64::new(0),
-            copied_bytes: AtomicU64::new(0),
-            reused: AtomicU64::new(0),
-            owner_failures: AtomicU64::new(0),
-            start: std::time::Instant::now(),
-            last_beat: AtomicU64::new(0),
-        },
+        ctx: Ctx::new(s.job),
         spool: std::sync::Mutex::new((spool, 0)),
         frags: std::sync::Mutex::new(crate::manifest::Fragments::default()),
         copies: std::sync::Mutex::new(HashMap::new()),
