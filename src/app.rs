@@ -209,8 +209,16 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
         return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
     }
 
-    if streams(cfg, &dest, &sources) {
-        return streamed_round(cfg, &vol, &dest, &sources, &adjust, console, start);
+    if let Some(recorded) = streams(cfg, &vol, state.as_ref(), &dest, &sources) {
+        let s = StreamedRound {
+            cfg,
+            vol: &vol,
+            dest: &dest,
+            sources: &sources,
+            adjust: &adjust,
+            recorded,
+        };
+        return s.run(console, start);
     }
 
     // Scan the sources and the live generation at the same time. A
@@ -419,114 +427,197 @@ impl Publish<'_> {
 }
 
 /// Whether a sync can be staged a directory at a time (`stage::stream`):
-/// a first sync (nothing at DEST) from sources that are all directories,
-/// without `--verify` (it compares with a whole manifest), `--itemize` (it
-/// lists every path) or `--dry-run`.
-fn streams(cfg: &SyncConfig, dest: &Dest, sources: &Sources) -> bool {
-    matches!(dest, Dest::Absent)
-        && !cfg.verify
+/// sources that are all directories, without `--verify` (it compares with
+/// a whole manifest), `--itemize` (it lists every path), `--dry-run` or
+/// `--checksum` (both compare whole trees), onto nothing (a first sync:
+/// `Some(None)`) or a live generation whose manifest indexes (an update:
+/// `Some(Some(..))`; not where the volume does not show hardlinks, whose
+/// groups come from the manifest). `None`: whole trees are compared.
+fn streams(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: Option<&State>,
+    dest: &Dest,
+    sources: &Sources,
+) -> Option<Option<Recorded>> {
+    let plain = !cfg.verify
         && !cfg.itemize
         && !cfg.dry_run
         && sources
             .all
             .iter()
-            .all(|s| s.root().is_some() && s.lists_by_directory())
+            .all(|s| s.root().is_some() && s.lists_by_directory());
+    match dest {
+        Dest::Absent if plain => Some(None),
+        Dest::Live(gen) if plain && !cfg.checksum => {
+            let state = state?;
+            let (mut r, shown) = state.manifest_reader(gen).ok()?;
+            let header = Manifest::read_header(&mut r).ok()?;
+            if !header.hardlinks {
+                return None;
+            }
+            let live = layout::open_generation(vol, state, gen).ok()?;
+            let file = r.get_ref().try_clone().ok()?;
+            // A manifest that does not index costs the streaming only.
+            let index = crate::index::Index::build(r, file.into(), shown).ok()?;
+            Some(Some(Recorded {
+                gen: gen.clone(),
+                header,
+                index,
+                live,
+            }))
+        }
+        _ => None,
+    }
 }
 
-/// A first sync staged a directory at a time: the sources are never held
-/// whole. The guards hold as before: nothing is live, so nothing is
-/// deleted and an empty source replaces nothing; the layout checks the
-/// names at the top, listed before anything is written.
-fn streamed_round(
-    cfg: &SyncConfig,
-    vol: &Volume,
-    dest: &Dest,
-    sources: &Sources,
-    adjust: &Adjust<'_>,
-    console: Console,
-    start: Instant,
-) -> Result<Round> {
-    let refs = sources.refs();
-    let mut top: Vec<crate::tree::Entry> = Vec::new();
-    let mut root = Meta::default();
-    // What this listing skips is reported once, by the stage.
-    let quiet = Collected::default();
-    for (i, s) in refs.iter().enumerate() {
-        let r = s.root().expect("streams() checked");
-        let st = r
-            .fstat()
-            .with_context(|| format!("cannot stat {}", s.label()))?;
-        root = scan::meta_of(&st, 0);
-        let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
-        crate::tree::merge_entries(&mut top, listed);
-    }
-    adjust.meta(&mut root, Kind::Dir);
-    let names: Vec<&[u8]> = top.iter().map(|e| &*e.name).collect();
-    let totals = Totals {
-        empty: top.is_empty(),
-        live_nonempty: false,
-        deleted: 0,
-        names: &names,
-        live_names: None,
-    };
-    guards(cfg, vol, &totals, None, None)?;
-    drop(names);
-    drop(top);
-    for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), None, None, true) {
-        console.warn(&w);
-    }
+/// The live generation a streamed update stages against.
+struct Recorded {
+    gen: String,
+    /// Its manifest's header, and its entries by directory.
+    header: Manifest,
+    index: crate::index::Index,
+    /// Its root, to hardlink unchanged files from.
+    live: DirFd,
+}
 
-    // Stage into this writer's own directory, removed whatever happens next.
-    let fresh_state = vol.state(false)?.is_none();
-    let state = vol.state(true)?.expect("created");
-    let mut staging = Stage::new(&state)?;
-    let swap = swap_for(dest, cfg);
-    layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
-    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
-        let at = format!("{}/stage/{}", state.path.display(), staging.name);
-        format!("cannot probe the volume at {at}")
-    })?;
-    console.begin(0, 0);
-    let job = stage::Job {
-        sources: &refs,
-        live: None,
-        owners: adjust.mirrored,
-        reporter: &console,
-        caps,
-        heartbeat: Some(staging.dir()),
-    };
-    let stream = stage::Stream {
-        job: &job,
-        filter: &cfg.filter,
-        adjust: &|m, kind| adjust.meta(m, kind),
-        root,
-        label: cfg.label_text(),
-    };
-    let streamed = stage::stream(&stream, staging.dir())?;
-    console.finish();
-    let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
-    let manifest = manifest_of(cfg, sources, owners, &caps, Tree::default());
-    let mut summary = Summary {
-        dest: vol.display.clone(),
-        entries: streamed.body.entries,
-        bytes: streamed.body.bytes,
-        added: streamed.body.entries,
-        label: cfg.label_text().map(str::to_string),
-        ..Default::default()
-    };
-    note_staged(&mut summary, &streamed.staged, &console);
-    let stage::Streamed { staged, body } = streamed;
-    drop(staged); // closes the staged tree before it moves into gen/
-    let publish = Publish {
-        vol,
-        state: &state,
-        staging,
-        was_live: None,
-        caps,
-        swap,
-        spooled: Some(&body),
-    };
-    publish.run(cfg, manifest, summary, console, start)
+/// A sync staged a directory at a time: the sources are never held whole,
+/// nor is the live generation's tree. The guards hold as before, before
+/// anything is written: the names at the top and whether either side is
+/// empty are listed first, and `--max-delete` counts what goes with one
+/// walk of the sources beside the live manifest (`scan::count_deleted`).
+struct StreamedRound<'a> {
+    cfg: &'a SyncConfig,
+    vol: &'a Volume,
+    dest: &'a Dest,
+    sources: &'a Sources,
+    adjust: &'a Adjust<'a>,
+    /// An update: what is live.
+    recorded: Option<Recorded>,
+}
+
+impl StreamedRound<'_> {
+    fn run(self, console: Console, start: Instant) -> Result<Round> {
+        let (cfg, vol) = (self.cfg, self.vol);
+        let refs = self.sources.refs();
+        let mut top: Vec<crate::tree::Entry> = Vec::new();
+        let mut root = Meta::default();
+        // What this listing skips is reported once, by the stage.
+        let quiet = Collected::default();
+        for (i, s) in refs.iter().enumerate() {
+            let r = s.root().expect("streams() checked");
+            let st = r
+                .fstat()
+                .with_context(|| format!("cannot stat {}", s.label()))?;
+            root = scan::meta_of(&st, 0);
+            let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
+            crate::tree::merge_entries(&mut top, listed);
+        }
+        self.adjust.meta(&mut root, Kind::Dir);
+        let rec = self.recorded.as_ref();
+        let gen = rec.map(|r| r.gen.as_str());
+        let live_label = rec.and_then(|r| r.header.label.as_deref());
+        // Only `--max-delete` needs to know what goes before staging: one
+        // more walk of the sources, beside the live manifest.
+        let deleted = match (rec, cfg.max_delete) {
+            (Some(r), Some(_)) => scan::count_deleted(&refs, &cfg.filter, &quiet, &r.index)?,
+            _ => 0,
+        };
+        {
+            let live_top = rec.map(|r| r.index.top()).transpose()?;
+            let names: Vec<&[u8]> = top.iter().map(|e| &*e.name).collect();
+            let live_names: Option<Vec<&[u8]>> = live_top
+                .as_ref()
+                .map(|t| t.iter().map(Vec::as_slice).collect());
+            let totals = Totals {
+                empty: top.is_empty(),
+                live_nonempty: rec.is_some_and(|r| r.index.entries > 0),
+                deleted,
+                names: &names,
+                live_names: live_names.as_deref(),
+            };
+            guards(cfg, vol, &totals, gen, live_label)?;
+        }
+        drop(top);
+        for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), gen, live_label, true) {
+            console.warn(&w);
+        }
+
+        // Stage into this writer's own directory, removed whatever happens next.
+        let fresh_state = vol.state(false)?.is_none();
+        let state = vol.state(true)?.expect("created");
+        let mut staging = Stage::new(&state)?;
+        let swap = swap_for(self.dest, cfg);
+        layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
+        let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+            let at = format!("{}/stage/{}", state.path.display(), staging.name);
+            format!("cannot probe the volume at {at}")
+        })?;
+        // An update's bar counts towards the live tree's size; a first sync's has no total.
+        match rec {
+            Some(r) => console.begin(r.index.entries, 0),
+            None => console.begin(0, 0),
+        }
+        let job = stage::Job {
+            sources: &refs,
+            live: rec.map(|r| &r.live),
+            owners: self.adjust.mirrored,
+            reporter: &console,
+            caps,
+            heartbeat: Some(staging.dir()),
+        };
+        let adjust = self.adjust;
+        let stream = stage::Stream {
+            job: &job,
+            filter: &cfg.filter,
+            adjust: &|m, kind| adjust.meta(m, kind),
+            root,
+            label: cfg.label_text(),
+            recorded: rec.map(|r| {
+                let compare = Compare {
+                    owners: adjust.mirrored,
+                    checksum: false,
+                    // Recorded as the source gave them: equal exactly.
+                    granularity_ns: 1,
+                    link_meta: r.header.link_meta,
+                    by_content: 0,
+                };
+                (&r.index, compare)
+            }),
+        };
+        let streamed = stage::stream(&stream, staging.dir())?;
+        console.finish();
+        let changes = &streamed.changes;
+        // Counted again as staged: a source that changed since is refused now,
+        // before the commit (staging is private and goes).
+        max_delete(cfg, vol, changes.deleted)?;
+        let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
+        let manifest = manifest_of(cfg, self.sources, owners, &caps, Tree::default());
+        let mut summary = Summary {
+            dest: vol.display.clone(),
+            entries: streamed.body.entries,
+            bytes: streamed.body.bytes,
+            added: changes.added,
+            changed: changes.changed,
+            deleted: changes.deleted,
+            previous: gen.map(str::to_string),
+            label: cfg.label_text().map(str::to_string),
+            ..Default::default()
+        };
+        note_staged(&mut summary, &streamed.staged, &console);
+        let stage::Streamed { staged, body, .. } = streamed;
+        drop(staged); // closes the staged tree before it moves into gen/
+        let publish = Publish {
+            vol,
+            state: &state,
+            staging,
+            was_live: gen,
+            caps,
+            swap,
+            spooled: Some(&body),
+        };
+        publish.run(cfg, manifest, summary, console, start)
+    }
 }
 
 /// A round decided before anything is staged: up to date, or a dry run.
@@ -1246,18 +1337,22 @@ fn guards(
             vol.display
         )));
     }
-    if let Some(max) = cfg.max_delete {
-        if t.deleted > max {
-            return Err(error::refused(format!(
-                "{}: refusing to delete {} entries, more than --max-delete {max}",
-                vol.display, t.deleted
-            )));
-        }
-    }
+    max_delete(cfg, vol, t.deleted)?;
     // The layout's own (fanout: other slots' entries, entries packsync did not make).
     let check = layout::of(vol).check(vol, t.names, t.live_names, cfg.adopt)?;
     crate::label::guard(&vol.display, cfg.label.as_ref(), gen, live_label)?;
     Ok(check)
+}
+
+/// `--max-delete`: refuse to delete more than that many entries.
+fn max_delete(cfg: &SyncConfig, vol: &Volume, deleted: u64) -> Result<()> {
+    match cfg.max_delete {
+        Some(max) if deleted > max => Err(error::refused(format!(
+            "{}: refusing to delete {deleted} entries, more than --max-delete {max}",
+            vol.display
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// How the commit replaces DEST: a real directory there is exchanged for

@@ -26,6 +26,7 @@ pub(crate) mod config;
 pub(crate) mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub(crate) mod index;
 pub(crate) mod label;
 pub(crate) mod layout;
 pub(crate) mod manifest;

@@ -288,7 +288,7 @@ impl Manifest {
 #[derive(Default)]
 pub struct Fragments {
     /// Escaped directory path (empty: the root) → (offset, length).
-    pub index: std::collections::HashMap<Vec<u8>, (u64, u32)>,
+    pub index: FragmentIndex,
     /// Paths of each multiply-linked inode inside the tree.
     pub links: std::collections::HashMap<Inode, u32>,
     /// The content hash of each multiply-linked inode, from its copy.
@@ -297,6 +297,45 @@ pub struct Fragments {
 
 /// A source inode: (dev, ino).
 pub type Inode = (u64, u64);
+
+/// Where each directory's fragment is: its key (the escaped path) and
+/// (offset, length), 24 bytes and the key per directory, sorted by key
+/// once every directory is done (`sort`) and then found by binary search.
+#[derive(Default)]
+pub struct FragmentIndex {
+    keys: Vec<u8>,
+    /// (key offset, key length, offset, length).
+    recs: Vec<(u64, u32, u64, u32)>,
+    sorted: bool,
+}
+
+impl FragmentIndex {
+    pub fn insert(&mut self, key: &[u8], at: (u64, u32)) {
+        self.recs
+            .push((self.keys.len() as u64, key.len() as u32, at.0, at.1));
+        self.keys.extend_from_slice(key);
+        self.sorted = false;
+    }
+
+    fn key(&self, r: &(u64, u32, u64, u32)) -> &[u8] {
+        &self.keys[r.0 as usize..r.0 as usize + r.1 as usize]
+    }
+
+    fn sort(&mut self) {
+        let mut recs = std::mem::take(&mut self.recs);
+        recs.sort_by(|a, b| self.key(a).cmp(self.key(b)));
+        self.recs = recs;
+        self.sorted = true;
+    }
+
+    /// The fragment of `key`; `sort` first.
+    fn get(&self, key: &[u8]) -> Option<(u64, u32)> {
+        debug_assert!(self.sorted);
+        let i = self.recs.binary_search_by(|r| self.key(r).cmp(key)).ok()?;
+        let r = &self.recs[i];
+        Some((r.2, r.3))
+    }
+}
 
 /// What `assemble` wrote.
 pub struct Spooled {
@@ -312,11 +351,13 @@ pub struct Spooled {
 /// the one `digest` computes for the same tree.
 pub fn assemble(
     root: &Entry,
-    frags: &Fragments,
+    frags: &mut Fragments,
     read: &dyn Fn(u64, u32) -> std::io::Result<Vec<u8>>,
     label: Option<&str>,
     w: &mut dyn Write,
 ) -> Result<Spooled> {
+    frags.index.sort();
+    let frags = &*frags;
     let mut h = Sha256::new();
     let mut line = String::new();
     entry_line(&mut line, b".", root);
@@ -354,7 +395,7 @@ struct Assembly<'a> {
 
 impl Assembly<'_> {
     fn dir(&mut self, path: &[u8]) -> Result<()> {
-        let &(off, len) =
+        let (off, len) =
             self.frags.index.get(path).with_context(|| {
                 format!("no staged lines for {}", String::from_utf8_lossy(path))
             })?;
@@ -474,7 +515,7 @@ fn parse_time(s: &str) -> Result<(i64, u32)> {
     Ok((a.parse().context("bad time")?, ns))
 }
 
-fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
+pub(crate) fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
     let f: Vec<&str> = line.split(' ').collect();
     if f.len() < 9 {
         bail!("too few fields");
@@ -762,7 +803,7 @@ mod tests {
             let key = escape(rel).into_bytes();
             frags
                 .index
-                .insert(key, (off, (spool.len() as u64 - off) as u32));
+                .insert(&key, (off, (spool.len() as u64 - off) as u32));
         }
         let read = |off: u64, len: u32| Ok(spool[off as usize..][..len as usize].to_vec());
         let root = Entry {
@@ -771,7 +812,7 @@ mod tests {
             node: Node::Dir(Dir::default()),
         };
         let mut got = Vec::new();
-        let body = assemble(&root, &frags, &read, Some("v1"), &mut got).unwrap();
+        let body = assemble(&root, &mut frags, &read, Some("v1"), &mut got).unwrap();
         assert_eq!(
             String::from_utf8(got).unwrap(),
             String::from_utf8(want).unwrap()

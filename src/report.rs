@@ -223,14 +223,19 @@ impl Progress {
     }
 
     /// `copied/total bytes, rate`, for the bar and the log lines.
+    /// Without a total (a sync staged as it lists: `begin(0, 0)`), only
+    /// what was copied.
     fn bytes_line(&self, copied: u64) -> String {
         let secs = self.start.elapsed().as_secs_f64().max(0.001);
-        format!(
-            "{}/{} copied, {}/s",
-            human_bytes(copied),
-            human_bytes(self.total_bytes.load(Ordering::Relaxed)),
-            human_bytes((copied as f64 / secs) as u64)
-        )
+        let rate = human_bytes((copied as f64 / secs) as u64);
+        match self.total_bytes.load(Ordering::Relaxed) {
+            0 => format!("{} copied, {rate}/s", human_bytes(copied)),
+            total => format!(
+                "{}/{} copied, {rate}/s",
+                human_bytes(copied),
+                human_bytes(total)
+            ),
+        }
     }
 }
 
@@ -239,6 +244,13 @@ impl Progress {
         self.total.store(entries, Ordering::Relaxed);
         self.total_bytes.store(bytes, Ordering::Relaxed);
         if let Some(b) = &self.bar {
+            if entries == 0 {
+                // Entries are counted as they are staged: no total, no ETA.
+                b.set_style(
+                    indicatif::ProgressStyle::with_template("{spinner} {pos} entries  {msg}")
+                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+                );
+            }
             b.set_length(entries);
             b.set_message(self.bytes_line(0));
         }
@@ -258,9 +270,12 @@ impl Progress {
         let mut last = self.last_line.lock().unwrap();
         if last.elapsed() >= Duration::from_secs(10) {
             *last = Instant::now();
+            let of = match self.total.load(Ordering::Relaxed) {
+                0 => String::new(),
+                total => format!("/{total}"),
+            };
             eprintln!(
-                "packsync: {done}/{} entries, {}, {:.0}s",
-                self.total.load(Ordering::Relaxed),
+                "packsync: {done}{of} entries, {}, {:.0}s",
                 self.bytes_line(b),
                 self.start.elapsed().as_secs_f64()
             );

@@ -290,23 +290,7 @@ impl Paired<'_> {
             return Ok(());
         }
         let a = self.a;
-        let mut merged: Vec<Entry> = Vec::new();
-        for (i, fd) in srcs.iter().enumerate() {
-            let Some(fd) = fd else { continue };
-            let listed = source::Dir::list(
-                fd,
-                rel,
-                a.sources[i].label(),
-                i as u16,
-                a.filter,
-                a.reporter,
-            )?;
-            if merged.is_empty() {
-                merged = listed;
-            } else {
-                crate::tree::merge_entries(&mut merged, listed);
-            }
-        }
+        let mut merged = source::list_merged(a.sources, srcs, rel, a.filter, a.reporter)?;
         let live_entries =
             source::Dir::list(live, rel, a.live_label, 0, &Filter::default(), a.reporter)?;
         for e in merged.iter_mut() {
@@ -367,6 +351,66 @@ impl Paired<'_> {
             })?;
             self.dir(&source::borrow(&subs), &sub_live, &path)
         })
+    }
+}
+
+/// What a sync would delete from the live generation `ix` records,
+/// counted as `stage::stream` counts while it stages: the sources listed a
+/// directory at a time beside the recorded entries of the same directory,
+/// in parallel across directories. For `--max-delete`, which refuses
+/// before anything is written.
+pub fn count_deleted(
+    sources: &[&dyn Source],
+    filter: &Filter,
+    reporter: &dyn Reporter,
+    ix: &crate::index::Index,
+) -> Result<u64> {
+    let c = Counting {
+        sources,
+        filter,
+        reporter,
+        ix,
+    };
+    let roots: Vec<Option<&DirFd>> = sources.iter().map(|s| s.root()).collect();
+    c.dir(&roots, b"")
+}
+
+/// One `count_deleted` walk, shared by its threads.
+struct Counting<'a> {
+    sources: &'a [&'a dyn Source],
+    filter: &'a Filter,
+    reporter: &'a dyn Reporter,
+    ix: &'a crate::index::Index,
+}
+
+impl Counting<'_> {
+    /// What goes at and below the directory at `rel`.
+    fn dir(&self, srcs: &[Option<&DirFd>], rel: &[u8]) -> Result<u64> {
+        // Names and kinds decide what goes: no metadata to adjust.
+        let mut entries = source::list_merged(self.sources, srcs, rel, self.filter, self.reporter)?;
+        let live = self.ix.entries(rel)?;
+        let mut deleted = 0;
+        let mut subdirs = Vec::new();
+        crate::index::pair(&mut entries, &live, |e, l| {
+            if let Some(l) = l {
+                deleted += self.ix.gone(rel, l, e.as_deref());
+            }
+            if let (Some(e), Some(l)) = (e, l) {
+                if let (Node::Dir(d), Node::Dir(_)) = (&e.node, &l.node) {
+                    subdirs.push((e.name.clone(), d.srcs));
+                }
+            }
+        });
+        drop(live);
+        let below = subdirs
+            .into_par_iter()
+            .map(|(name, bits)| {
+                let path = join(rel, &name);
+                let subs = source::open_dirs(self.sources, srcs, bits, &name, &path)?;
+                self.dir(&source::borrow(&subs), &path)
+            })
+            .try_reduce(|| 0, |a, b| Ok(a + b))?;
+        Ok(deleted + below)
     }
 }
 

@@ -211,6 +211,9 @@ pub struct Stream<'a> {
     /// The root's metadata, adjusted.
     pub root: Meta,
     pub label: Option<&'a str>,
+    /// An update: the live generation's manifest (its root is `job.live`)
+    /// and how its entries are compared with the sources'.
+    pub recorded: Option<(&'a crate::index::Index, crate::plan::Compare)>,
 }
 
 /// What `stream` staged, and the manifest body it wrote.
@@ -218,19 +221,34 @@ pub struct Streamed {
     pub staged: Staged,
     /// `body` in the staging directory: the manifest's entry lines.
     pub body: crate::manifest::Spooled,
+    /// Against the live generation's manifest (all added on a first sync).
+    pub changes: Changes,
 }
 
-/// Stage a first sync (nothing live to compare with or link from) a
-/// directory at a time, in parallel across directories and files, holding
-/// only the directories in progress: each directory is listed, its files
-/// copied and hashed, its manifest lines appended to a spool (`lines` in
-/// staging, see `manifest::Fragments`), then its subdirectories done. What
-/// is held for the whole tree is one index entry per directory and one map
-/// entry per file of more than one link; the second and later links of an
-/// inode are linked once every directory is done, as `run` does. The body
-/// is then put in pre-order (`body` in staging) and its digest computed.
+/// Entries added, changed and deleted, counted as `plan` counts them: a
+/// deleted directory with everything below it, a file that became a
+/// directory as one change (what was below the old one deleted).
+#[derive(Debug, Default)]
+pub struct Changes {
+    pub added: u64,
+    pub changed: u64,
+    pub deleted: u64,
+}
+
+/// Stage a sync a directory at a time, in parallel across directories and
+/// files, holding only the directories in progress: each directory is
+/// listed, its files copied and hashed, its manifest lines appended to a
+/// spool (`lines` in staging, see `manifest::Fragments`), then its
+/// subdirectories done. An update (`Stream::recorded`) reads the live
+/// manifest's entries of the same directory beside it: a file recorded
+/// with the same metadata is hardlinked from the live generation and keeps
+/// its recorded hash (checked as `run` checks a reuse), anything else is
+/// copied. What is held for the whole tree is one index entry per
+/// directory and one map entry per file of more than one link; the second
+/// and later links of an inode are linked once every directory is done, as
+/// `run` does. The body is then put in pre-order (`body` in staging) and
+/// its digest computed.
 pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
-    sys::pause_point("staging");
     staging
         .mkdir(b"tree", 0o700)
         .context("cannot create the staging tree")?;
@@ -249,16 +267,31 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
         copies: std::sync::Mutex::new(HashMap::new()),
         followers: std::sync::Mutex::new(Vec::new()),
         late: std::sync::Mutex::new(HashMap::new()),
+        claimed: std::sync::Mutex::new(HashMap::new()),
+        added: AtomicU64::new(0),
+        changed: AtomicU64::new(0),
+        deleted: AtomicU64::new(0),
     };
     let srcs: Vec<Option<&DirFd>> = s.job.sources.iter().map(|src| src.root()).collect();
-    w.dir(&srcs, &out, &[])?;
+    if let Some((ix, c)) = &s.recorded {
+        let dir = |meta| Entry {
+            name: Default::default(),
+            meta,
+            node: Node::Dir(Default::default()),
+        };
+        if !crate::plan::same_entry(&dir(s.root), &dir(ix.root), c) {
+            w.changed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let live = s.recorded.as_ref().and(s.job.live);
+    w.dir(&srcs, live, s.recorded.is_some(), &out, &[])?;
     w.link_followers(&out)?;
     let ctx = &w.ctx;
     apply_meta(ctx, out.as_fd(), &s.root).context("cannot set metadata of the staged root")?;
     ctx.flush(out.as_fd())
         .context("cannot flush the staged root to disk (nothing was published)")?;
 
-    let frags = w.frags.into_inner().unwrap();
+    let mut frags = w.frags.into_inner().unwrap();
     let lines = staging
         .open_read(b"lines")
         .with_context(|| in_stage("lines"))?;
@@ -284,15 +317,21 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
         meta: s.root,
         node: Node::Dir(Default::default()),
     };
-    let spooled = crate::manifest::assemble(&root, &frags, &read, s.label, &mut bw)
+    let spooled = crate::manifest::assemble(&root, &mut frags, &read, s.label, &mut bw)
         .with_context(|| in_stage("body"))?;
     use std::io::Write;
     bw.flush().with_context(|| in_stage("body"))?;
     drop(bw);
     drop(frags);
     let _ = staging.unlink(b"lines");
+    let changes = Changes {
+        added: w.added.into_inner(),
+        changed: w.changed.into_inner(),
+        deleted: w.deleted.into_inner(),
+    };
     let ctx = w.ctx;
     Ok(Streamed {
+        changes,
         staged: Staged {
             tree: out,
             copied: ctx.copied.into_inner(),
@@ -317,34 +356,38 @@ struct Walker<'a> {
     followers: std::sync::Mutex<Vec<(Vec<u8>, crate::manifest::Inode)>>,
     /// Directories holding such a link (their metadata is set after it), by path.
     late: std::sync::Mutex<HashMap<Vec<u8>, Meta>>,
+    /// An update: each live hardlink group reused → the source inode that
+    /// reuses it (one only, or two source inodes would become one).
+    claimed: std::sync::Mutex<HashMap<u32, crate::manifest::Inode>>,
+    added: AtomicU64,
+    changed: AtomicU64,
+    deleted: AtomicU64,
 }
 
 impl Walker<'_> {
     /// Stage the directory at `rel` (made already, open as `out`): `srcs`
-    /// holds each source's handle on it, where that source provides it.
-    fn dir(&self, srcs: &[Option<&DirFd>], out: &DirFd, rel: &[u8]) -> Result<bool> {
+    /// holds each source's handle on it, where that source provides it;
+    /// `live` the live generation's, where it has one; `recorded`: the live
+    /// manifest lists a directory here (an update).
+    fn dir(
+        &self,
+        srcs: &[Option<&DirFd>],
+        live: Option<&DirFd>,
+        recorded: bool,
+        out: &DirFd,
+        rel: &[u8],
+    ) -> Result<bool> {
         let job = self.s.job;
-        let mut entries: Vec<Entry> = Vec::new();
-        for (i, fd) in srcs.iter().enumerate() {
-            let Some(fd) = fd else { continue };
-            let listed = crate::source::Dir::list(
-                fd,
-                rel,
-                job.sources[i].label(),
-                i as u16,
-                self.s.filter,
-                job.reporter,
-            )?;
-            if entries.is_empty() {
-                entries = listed;
-            } else {
-                crate::tree::merge_entries(&mut entries, listed);
-            }
+        let mut entries = source::list_merged(job.sources, srcs, rel, self.s.filter, job.reporter)?;
+        if rel.is_empty() {
+            // Where `run` pauses: listed (here the top only), nothing copied.
+            sys::pause_point("staging");
         }
         for e in entries.iter_mut() {
             let kind = e.kind();
             (self.s.adjust)(&mut e.meta, kind);
         }
+        let was_dir = self.against_recorded(rel, recorded, &mut entries)?;
         let holds_follower = std::sync::atomic::AtomicBool::new(false);
         // Files and symlinks first (their hashes go into the fragment).
         entries.par_iter_mut().try_for_each(|e| -> Result<()> {
@@ -367,20 +410,37 @@ impl Walker<'_> {
                         }
                         copies.insert(key, path.clone());
                     }
-                    let i = f.src as usize;
-                    let hash = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
+                    let granularity = self.ctx.job.caps.granularity_ns;
+                    let owners = job.owners;
+                    let reused = f.reuse
+                        && live.is_some_and(|l| {
+                            reuse(l, out, &e.name, &e.meta, granularity, owners).unwrap_or(false)
+                        });
+                    let (hash, bytes) = if reused {
+                        self.ctx.reused.fetch_add(1, Ordering::Relaxed);
+                        (f.hash.expect("recorded"), 0)
+                    } else {
+                        if f.reuse {
+                            // Changed on the volume since it was published.
+                            self.changed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let i = f.src as usize;
+                        let hash = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
+                        self.ctx.copied.fetch_add(1, Ordering::Relaxed);
+                        self.ctx
+                            .copied_bytes
+                            .fetch_add(e.meta.size, Ordering::Relaxed);
+                        (hash, e.meta.size)
+                    };
                     if let Node::File(f) = &mut e.node {
                         f.hash = Some(hash);
+                        f.reuse = false;
                         if f.nlink > 1 {
                             let key = (f.dev, f.ino);
                             self.frags.lock().unwrap().hashes.insert(key, hash);
                         }
                     }
-                    self.ctx.copied.fetch_add(1, Ordering::Relaxed);
-                    self.ctx
-                        .copied_bytes
-                        .fetch_add(e.meta.size, Ordering::Relaxed);
-                    e.meta.size
+                    bytes
                 }
             };
             job.reporter.advance(bytes);
@@ -388,16 +448,17 @@ impl Walker<'_> {
         })?;
         self.fragment(rel, &entries)?;
         // Then the subdirectories, holding only their names, sources and metadata.
-        let subdirs: Vec<(crate::tree::Name, u64, Meta)> = entries
+        let subdirs: Vec<(crate::tree::Name, u64, Meta, bool)> = entries
             .into_iter()
-            .filter_map(|e| match e.node {
-                Node::Dir(d) => Some((e.name, d.srcs, e.meta)),
+            .zip(was_dir)
+            .filter_map(|(e, was_dir)| match e.node {
+                Node::Dir(d) => Some((e.name, d.srcs, e.meta, was_dir)),
                 _ => None,
             })
             .collect();
         subdirs
             .into_par_iter()
-            .try_for_each(|(name, bits, meta)| -> Result<()> {
+            .try_for_each(|(name, bits, meta, was_dir)| -> Result<()> {
                 check_signal()?;
                 let path = join(rel, &name);
                 let shown = || escape(&path);
@@ -407,7 +468,17 @@ impl Walker<'_> {
                     .open_dir(&name)
                     .with_context(|| format!("cannot open staged directory {}", shown()))?;
                 let sub_srcs = source::open_dirs(job.sources, srcs, bits, &name, &path)?;
-                let late = self.dir(&source::borrow(&sub_srcs), &sub_out, &path)?;
+                // Gone or replaced on the volume: nothing to reuse below.
+                let sub_live = live
+                    .filter(|_| was_dir)
+                    .and_then(|l| l.open_dir(&name).ok());
+                let late = self.dir(
+                    &source::borrow(&sub_srcs),
+                    sub_live.as_ref(),
+                    was_dir,
+                    &sub_out,
+                    &path,
+                )?;
                 if late {
                     self.late.lock().unwrap().insert(path, meta);
                 } else {
@@ -421,6 +492,76 @@ impl Walker<'_> {
                 Ok(())
             })?;
         Ok(holds_follower.into_inner())
+    }
+
+    /// An update: compare one directory's entries with the live manifest's
+    /// (`recorded`: it lists this directory), name by name. Count what was
+    /// added, changed and deleted; mark each file recorded with the same
+    /// metadata and a hash for reuse (`File::reuse`, the recorded hash
+    /// with it). Returns, per entry, whether the live manifest has a
+    /// directory of that name (its entries are compared when the walk
+    /// gets there).
+    fn against_recorded(
+        &self,
+        rel: &[u8],
+        recorded: bool,
+        entries: &mut [Entry],
+    ) -> Result<Vec<bool>> {
+        let mut was_dir = vec![false; entries.len()];
+        let Some((ix, c)) = self.s.recorded.as_ref().filter(|_| recorded) else {
+            self.added
+                .fetch_add(entries.len() as u64, Ordering::Relaxed);
+            return Ok(was_dir);
+        };
+        let live = ix.entries(rel)?;
+        let (mut added, mut changed, mut deleted) = (0, 0, 0);
+        let mut i = 0;
+        crate::index::pair(entries, &live, |e, l| {
+            if let Some(l) = l {
+                deleted += ix.gone(rel, l, e.as_deref());
+            }
+            let Some(e) = e else { return };
+            i += 1;
+            let Some(l) = l else {
+                added += 1;
+                return;
+            };
+            if l.kind() != e.kind() {
+                changed += 1;
+                return;
+            }
+            let same = crate::plan::same_entry(e, l, c);
+            changed += u64::from(!same);
+            match (&mut e.node, &l.node) {
+                (Node::Dir(_), Node::Dir(_)) => was_dir[i - 1] = true,
+                (Node::File(f), Node::File(lf)) if same && lf.hash.is_some() => {
+                    f.reuse = self.may_reuse(f, lf);
+                    f.hash = lf.hash.filter(|_| f.reuse);
+                    // Equal but for the inodes it shares: a change of hardlinks.
+                    changed += u64::from(!f.reuse);
+                }
+                _ => {}
+            }
+        });
+        self.added.fetch_add(added, Ordering::Relaxed);
+        self.changed.fetch_add(changed, Ordering::Relaxed);
+        self.deleted.fetch_add(deleted, Ordering::Relaxed);
+        Ok(was_dir)
+    }
+
+    /// Whether a live file recorded as `lf` may be hardlinked for source
+    /// file `f`: a file of one link never takes a live file that has
+    /// others (the two would share an inode in the new tree), and one live
+    /// group goes to one source inode only.
+    fn may_reuse(&self, f: &crate::tree::File, lf: &crate::tree::File) -> bool {
+        match (f.nlink > 1, lf.group) {
+            (_, None) => true,
+            (false, Some(_)) => false,
+            (true, Some(g)) => {
+                let key = (f.dev, f.ino);
+                *self.claimed.lock().unwrap().entry(g).or_insert(key) == key
+            }
+        }
     }
 
     /// Append the manifest lines of one directory's entries to the spool.
@@ -451,7 +592,7 @@ impl Walker<'_> {
             .lock()
             .unwrap()
             .index
-            .insert(key, (off, text.len() as u32));
+            .insert(&key, (off, text.len() as u32));
         Ok(())
     }
 
@@ -631,7 +772,9 @@ fn stage_file(
     }
     let granularity = ctx.job.caps.granularity_ns;
     if f.reuse
-        && live.is_some_and(|l| reuse(l, out, &e.name, &e.meta, granularity).unwrap_or(false))
+        && live.is_some_and(|l| {
+            reuse(l, out, &e.name, &e.meta, granularity, ctx.job.owners).unwrap_or(false)
+        })
     {
         ctx.reused.fetch_add(1, Ordering::Relaxed);
         return Ok(Some(0));
@@ -660,6 +803,7 @@ fn reuse(
     name: &[u8],
     meta: &Meta,
     granularity_ns: u64,
+    owners: bool,
 ) -> io::Result<bool> {
     if live.link(name, out, name).is_err() {
         return Ok(false);
@@ -668,6 +812,7 @@ fn reuse(
     let ok = sys::kind_of(&st) == sys::StatKind::File
         && st.st_size as u64 == meta.size
         && st.st_mode & 0o7777 == meta.mode
+        && (!owners || (st.st_uid, st.st_gid) == (meta.uid, meta.gid))
         && crate::plan::mtime_eq(meta.mtime, sys::mtime_of(&st).into(), granularity_ns);
     if !ok {
         out.unlink(name)?;

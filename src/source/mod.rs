@@ -217,6 +217,29 @@ pub fn spool_all(sources: &[&dyn Source], staging: &DirFd, reporter: &dyn Report
 /// directory holds (`srcs`, a bit per source index), `None` for the others
 /// and for sources without a root. How stage and hash walk every source at
 /// once, one `openat` per directory and source.
+/// The entries of the directory at `rel` as the sources give it, overlaid
+/// (a later source's entry wins, directories merge): `dirs` holds each
+/// source's handle on it, where that source provides it.
+pub fn list_merged(
+    sources: &[&dyn Source],
+    dirs: &[Option<&DirFd>],
+    rel: &[u8],
+    filter: &Filter,
+    reporter: &dyn Reporter,
+) -> Result<Vec<Entry>> {
+    let mut merged: Vec<Entry> = Vec::new();
+    for (i, fd) in dirs.iter().enumerate() {
+        let Some(fd) = fd else { continue };
+        let listed = Dir::list(fd, rel, sources[i].label(), i as u16, filter, reporter)?;
+        if merged.is_empty() {
+            merged = listed;
+        } else {
+            crate::tree::merge_entries(&mut merged, listed);
+        }
+    }
+    Ok(merged)
+}
+
 pub fn open_dirs(
     sources: &[&dyn Source],
     parents: &[Option<&DirFd>],

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use crate::fixture::{mirror, set_mtime, Fixture};
 
 #[derive(Debug, Clone)]
-enum Op {
+pub(crate) enum Op {
     AddFile(u16, u32),
     AddDir(u16),
     AddLink(u16, u32),
@@ -25,7 +25,7 @@ enum Op {
     BreakHardlink(u16),
 }
 
-fn op() -> impl Strategy<Value = Op> {
+pub(crate) fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (any::<u16>(), any::<u32>()).prop_map(|(a, b)| Op::AddFile(a, b)),
         1 => any::<u16>().prop_map(Op::AddDir),
@@ -72,7 +72,7 @@ fn dirs(root: &Path, i: u16) -> PathBuf {
         .unwrap_or_else(|| root.to_path_buf())
 }
 
-fn apply(root: &Path, op: &Op, n: usize) {
+pub(crate) fn apply(root: &Path, op: &Op, n: usize) {
     let file = |m: &fs::Metadata| m.is_file();
     match *op {
         Op::AddFile(d, v) => {

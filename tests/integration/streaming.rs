@@ -2,9 +2,14 @@
 //! entries that change kind in the middle of the walk (where a directory's
 //! children come in pre-order, `m/x` before `m-x`), hardlinks across
 //! directories, and generations made before this way of walking existed.
+//! An update is staged a directory at a time beside the live manifest
+//! (without `--itemize`, `--dry-run`, `--verify`, `--checksum`, which
+//! compare whole trees): it must find what the whole-tree plan finds.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
+
+use proptest::prelude::*;
 
 use crate::fixture::{is_root, mirror, set_mtime, write_at, Fixture, Run};
 
@@ -224,4 +229,133 @@ fn a_generation_made_before_streaming_keeps_its_name_and_is_up_to_date() {
     assert_eq!(v["generation"], "d1217733c0e6face", "{v}");
     let v = summary(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
+}
+
+/// Whether any file below `root` has more than one link (the plan and
+/// the stage count hardlinked files differently: the plan every path, the
+/// stage each inode once).
+fn hardlinked(root: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir(root).unwrap().any(|e| {
+        let p = e.unwrap().path();
+        let m = fs::symlink_metadata(&p).unwrap();
+        (m.is_file() && m.nlink() > 1) || (m.is_dir() && hardlinked(&p))
+    })
+}
+
+/// Sync, and check what a user would: exit 0, the mirror equal to the
+/// source, `verify` content with the live tree, a second sync up to date.
+fn synced(f: &Fixture, args: &[&str]) -> serde_json::Value {
+    let v = summary(&f.sync(args).ok());
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()), "{v}");
+    f.packsync(&["verify", "vol/packs"]).ok();
+    let again = summary(&f.sync(&["--json", "--allow-empty"]).ok());
+    assert_eq!(again["status"], "up to date", "{again}");
+    v
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random updates, each planned whole (`--dry-run`) and then synced
+    /// streamed: the same counts, the same tree.
+    #[test]
+    fn a_streamed_update_finds_what_the_whole_tree_plan_finds(
+        rounds in prop::collection::vec(
+            prop::collection::vec(crate::property::op(), 1..8), 2..6)
+    ) {
+        let f = Fixture::new();
+        let mut n = 0;
+        for ops in &rounds {
+            for o in ops {
+                n += 1;
+                crate::property::apply(&f.src(), o, n);
+            }
+            let planned = summary(&f.sync(&["--json", "--dry-run", "--allow-empty"]).ok());
+            let done = synced(&f, &["--json", "--allow-empty"]);
+            if planned["status"] == "up to date" {
+                prop_assert_eq!(&done["status"], "up to date", "{}", done);
+                continue;
+            }
+            prop_assert_eq!(&done["status"], "synced", "{}", done);
+            let mut keys = vec!["entries", "bytes", "added", "deleted"];
+            if !hardlinked(&f.src()) {
+                keys.extend(["changed", "copied", "copied_bytes", "reused"]);
+            }
+            for k in keys {
+                prop_assert_eq!(&done[k], &planned[k], "{}: planned {} done {}", k, planned, done);
+            }
+        }
+    }
+}
+
+#[test]
+fn an_update_staged_by_directory_reuses_the_live_files_and_counts_its_changes() {
+    let f = Fixture::new();
+    for d in 0..20 {
+        fs::create_dir_all(f.src().join(format!("d{d:02}"))).unwrap();
+        for i in 0..50 {
+            write_at(
+                &f.src().join(format!("d{d:02}/f{i:02}")),
+                format!("{d} {i}").as_bytes(),
+                1_700_000_000,
+                0,
+            );
+        }
+    }
+    f.file("kind/was-file", "file");
+    f.file("kind/was-dir/a", "a");
+    f.file("kind/was-dir/deep/b", "b");
+    synced(&f, &["--json"]);
+    let ino = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(f.dest().join(p)).unwrap().ino()
+    };
+    let before = ino("d07/f07");
+
+    // 1% changed, a directory removed, one added, two kinds swapped.
+    for d in 0..10 {
+        write_at(
+            &f.src().join(format!("d{d:02}/f00")),
+            b"new",
+            1_700_000_001,
+            0,
+        );
+    }
+    fs::remove_dir_all(f.src().join("d19")).unwrap();
+    f.file("d20/new", "new");
+    fs::remove_file(f.src().join("kind/was-file")).unwrap();
+    f.file("kind/was-file/now", "dir");
+    fs::remove_dir_all(f.src().join("kind/was-dir")).unwrap();
+    f.file("kind/was-dir", "now a file");
+    let v = synced(&f, &["--json", "--max-delete", "54"]);
+    assert_eq!(v["status"], "synced", "{v}");
+    // 50 files and their directory, and what was below was-dir (a, deep, deep/b).
+    assert_eq!(v["deleted"], 54, "{v}");
+    // d20, d20/new, was-file/now.
+    assert_eq!(v["added"], 3, "{v}");
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(13), Some(940)),
+        "{v}"
+    );
+    assert_eq!(
+        ino("d07/f07"),
+        before,
+        "an unchanged file is the live one, linked"
+    );
+}
+
+#[test]
+fn max_delete_refuses_a_streamed_update_before_anything_is_written() {
+    let f = Fixture::new();
+    for i in 0..10 {
+        f.file(&format!("pack/f{i}"), "x");
+    }
+    f.sync(&[]).ok();
+    fs::remove_dir_all(f.src().join("pack")).unwrap();
+    f.file("other", "y");
+    f.unchanged_by(|| f.sync_refused(&["--max-delete", "10"], 3, "refusing to delete 11 entries"));
+    let v = synced(&f, &["--json", "--max-delete", "11"]);
+    assert_eq!(v["deleted"], 11, "{v}");
 }
