@@ -299,18 +299,18 @@ impl Manifest {
     }
 }
 
-/// Longest `layers` record taken (an image of a thousand layers fits).
-const MAX_LAYERS_LINE: usize = 128 << 10;
+/// Longest `layers` record taken, unescaped (a thousand layers fit).
+pub const MAX_LAYERS_RECORD: usize = 96 << 10;
 
 /// `<index> <escaped record>`, or `None` if malformed (ignored).
 fn layers_line(v: &str) -> Option<(usize, String)> {
-    if v.len() > MAX_LAYERS_LINE {
+    if v.len() > 3 * MAX_LAYERS_RECORD + 8 {
         return None;
     }
     let (i, r) = v.split_once(' ')?;
     let i: u16 = i.parse().ok()?;
     let r = String::from_utf8(unescape(r).ok()?).ok()?;
-    Some((i.into(), r))
+    (r.len() <= MAX_LAYERS_RECORD).then_some((i.into(), r))
 }
 
 /// A manifest body written a directory at a time, in whatever order the

@@ -15,7 +15,7 @@
 mod archive;
 mod dir;
 mod http;
-mod oci;
+pub(crate) mod oci;
 pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;

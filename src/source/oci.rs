@@ -160,7 +160,7 @@ impl Record {
     /// The record `text` holds, or `None` for anything else (another
     /// version, a malformed field): that only costs the shortcut.
     pub fn parse(text: &str) -> Option<Record> {
-        if text.len() > 128 << 10 {
+        if text.len() > crate::manifest::MAX_LAYERS_RECORD {
             return None;
         }
         let mut t = text.split(' ');
@@ -441,5 +441,59 @@ impl Stream for Image {
             reporter.fetched(n)
         })?;
         Ok(identity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            base: "oci://registry.example:5000/st2 packs".into(),
+            subpath: Some(b"opt/stack storm".to_vec()),
+            platform: "linux/arm64/v8".into(),
+            shape: "0123456789abcdef".into(),
+            newest: Time { s: -3, ns: 7 },
+            root_given: true,
+            layers: vec![
+                format!("sha256:{}", "a".repeat(64)),
+                format!("sha512:{}", "0".repeat(128)),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let r = record();
+        let text = r.to_string();
+        assert!(text.starts_with("oci-layers 1 oci://registry.example:5000/st2%20packs //opt/stack%20storm linux/arm64/v8 "), "{text}");
+        assert_eq!(Record::parse(&text), Some(r.clone()));
+        let none = Record {
+            subpath: None,
+            layers: vec![],
+            ..r
+        };
+        assert_eq!(Record::parse(&none.to_string()), Some(none));
+    }
+
+    #[test]
+    fn a_malformed_record_is_no_record() {
+        let good = record().to_string();
+        let digest = format!("sha256:{}", "a".repeat(64));
+        for bad in [
+            String::new(),
+            good.replace("oci-layers 1", "oci-layers 2"),
+            good.replace("-3.000000007", "-3.7"),
+            good.replace("-3.000000007", "1.1000000000"),
+            good.replace(" 1 sha256", " 2 sha256"),
+            good.replace(&digest, "sha256:zz"),
+            good.replace(&digest, "sha256"),
+            good.replace(" //opt", " opt"),
+            format!("{good} "),
+            format!("{good} {}", vec![digest.as_str(); 1100].join(" ")),
+        ] {
+            assert_eq!(Record::parse(&bad), None, "{bad}");
+        }
     }
 }

@@ -116,7 +116,7 @@ pub struct Base {
 /// by parent directory (a path from the spool's root), then by name.
 #[derive(Default)]
 struct Borrowed {
-    files: HashMap<Vec<u8>, BTreeMap<Name, Entry>>,
+    files: Listed,
     /// Something a later layer needed of a borrowed file (a hardlink to
     /// it): the spool is not what the layers give, only a full apply is.
     incomplete: bool,
@@ -148,6 +148,9 @@ impl Borrowed {
             .retain(|k, _| k.as_slice() != path && !k.starts_with(&under));
     }
 }
+
+/// Borrowed files by parent directory, then by name.
+type Listed = HashMap<Vec<u8>, BTreeMap<Name, Entry>>;
 
 /// `a/b/c` → (`a/b`, `c`); `c` → (``, `c`).
 fn split(path: &[u8]) -> (&[u8], &[u8]) {
@@ -812,7 +815,7 @@ pub struct Spooled {
     label: String,
     identity: String,
     /// The borrowed files (`Spool::seed`), until the scan puts them on its tree.
-    borrowed: std::sync::Mutex<Option<HashMap<Vec<u8>, BTreeMap<Name, Entry>>>>,
+    borrowed: std::sync::Mutex<Option<Listed>>,
     incomplete: bool,
     seeded: bool,
 }
@@ -861,7 +864,7 @@ impl Spooled {
         entries: &mut Vec<Entry>,
         key: &mut Vec<u8>,
         rel: &mut Vec<u8>,
-        borrowed: &mut HashMap<Vec<u8>, BTreeMap<Name, Entry>>,
+        borrowed: &mut Listed,
         src: u16,
         filter: &Filter,
     ) {
@@ -1354,6 +1357,162 @@ mod tests {
         ]);
         apply(&mut s, &a, false).unwrap();
         assert_eq!(paths(s), vec![("x".into(), Some(sha(b"3")), 0o644)]);
+    }
+
+    /// Every entry of a scanned spool as a user sees it: path, kind,
+    /// metadata, content hash, symlink target (no inode numbers).
+    fn seen(src: &Spooled) -> Vec<String> {
+        let mut tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        tree.assign_groups();
+        let mut out = vec![format!("root {:?}", tree.root)];
+        tree.for_each(&mut |p, e| {
+            let what = match &e.node {
+                Node::File(f) => format!("f {:?} {:?}", f.hash.map(|h| h[0]), f.group.is_some()),
+                Node::Dir(_) => "d".into(),
+                Node::Symlink(t) => format!("l {}", escape(t)),
+            };
+            out.push(format!("{} {what} {:?}", escape(p), e.meta));
+        });
+        out
+    }
+
+    /// The lower layers spooled and scanned, as the base a seeded spool starts from.
+    fn base_of(lower: &[&[u8]], prefix: Option<&[u8]>) -> Base {
+        let (_t, mut s) = spool();
+        for l in lower {
+            apply(&mut s, l, true).unwrap();
+        }
+        let src = s.finish("x".into(), "id".into(), prefix).unwrap();
+        let mut tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        tree.assign_groups();
+        Base {
+            tree,
+            newest: src.newest(),
+            root_given: src.root_given(),
+        }
+    }
+
+    fn lower_layers() -> Vec<Vec<u8>> {
+        vec![
+            archive(&[
+                (header(b"app/", b'5', 0, b""), b""),
+                (header(b"app/lib/a", b'0', 1, b""), b"a"),
+                (header(b"app/lib/b", b'0', 1, b""), b"b"),
+                (header(b"app/h", b'0', 1, b""), b"h"),
+                (header(b"app/h2", b'1', 0, b"app/h"), b""),
+                (header(b"app/cache/old", b'0', 1, b""), b"o"),
+                (header(b"app/l", b'2', 0, b"lib/a"), b""),
+                (header(b"etc/motd", b'0', 2, b""), b"hi"),
+            ]),
+            archive(&[
+                (header(b"app/gone", b'0', 1, b""), b"g"),
+                (header(b"app/file-then-dir", b'0', 1, b""), b"f"),
+            ]),
+        ]
+    }
+
+    #[test]
+    fn a_seeded_spool_gives_what_applying_every_layer_gives() {
+        let upper = archive(&[
+            (header(b"app/lib/b", b'0', 2, b""), b"b2"),
+            (header(b"app/lib/new", b'0', 1, b""), b"n"),
+            (header(b"app/.wh.gone", b'0', 0, b""), b""),
+            (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
+            (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
+            (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
+            (header(b"etc/.wh.motd", b'0', 0, b""), b""),
+        ]);
+        // Without a file in the way: `app/file-then-dir/x` is refused below.
+        let upper_ok = archive(&[
+            (header(b"app/lib/b", b'0', 2, b""), b"b2"),
+            (header(b"app/lib/new", b'0', 1, b""), b"n"),
+            (header(b"app/.wh.gone", b'0', 0, b""), b""),
+            (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
+            (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
+            (header(b"app/.wh.file-then-dir", b'0', 0, b""), b""),
+            (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
+            (header(b"etc/.wh.motd", b'0', 0, b""), b""),
+        ]);
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        for prefix in [None, Some(&b"app"[..])] {
+            let (_t, mut full) = spool();
+            for l in &lower {
+                apply(&mut full, l, true).unwrap();
+            }
+            apply(&mut full, &upper_ok, true).unwrap();
+            let want = seen(&full.finish("x".into(), "id".into(), prefix).unwrap());
+
+            let (_t, mut seeded) = spool();
+            seeded
+                .seed(base_of(&lower, prefix), prefix.unwrap_or_default())
+                .unwrap();
+            apply(&mut seeded, &upper_ok, true).unwrap();
+            assert!(!seeded.incomplete());
+            let got = seeded.finish("x".into(), "id".into(), prefix).unwrap();
+            assert!(got.seeded());
+            assert_eq!(seen(&got), want, "prefix {prefix:?}");
+
+            // Through a borrowed file: refused, as it is over the file itself.
+            let (_t, mut seeded) = spool();
+            seeded
+                .seed(base_of(&lower, prefix), prefix.unwrap_or_default())
+                .unwrap();
+            let e = format!("{:#}", apply(&mut seeded, &upper, true).unwrap_err());
+            assert!(
+                e.contains("reached through the non-directory app/file-then-dir"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hardlink_to_a_borrowed_file_leaves_the_spool_incomplete() {
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        let (_t, mut s) = spool();
+        s.seed(base_of(&lower, None), b"").unwrap();
+        let upper = archive(&[(header(b"app/again", b'1', 0, b"app/lib/a"), b"")]);
+        apply(&mut s, &upper, true).unwrap();
+        assert!(s.incomplete());
+        let src = s.finish("x".into(), "id".into(), None).unwrap();
+        let tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        assert!(!src.intact(&tree), "only a full apply can make it");
+    }
+
+    #[test]
+    fn a_seeded_spool_is_intact_only_when_every_borrowed_file_is_reused() {
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        let (_t, mut s) = spool();
+        s.seed(base_of(&lower, None), b"").unwrap();
+        let src = s.finish("x".into(), "id".into(), None).unwrap();
+        let mut tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        tree.assign_groups();
+        assert!(!src.intact(&tree), "nothing reused yet");
+        let mut leaders = std::collections::HashSet::new();
+        tree.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                assert_eq!(f.dev, BORROWED_DEV);
+                // The stage links the other paths of a group to its first.
+                f.reuse = f.group.is_none_or(|g| leaders.insert(g));
+            }
+        });
+        assert!(src.intact(&tree));
+        // Listed files are nowhere on disk: nothing to move by mistake.
+        assert!(src.open_file(b"app/lib/a").is_err());
+        // A second scan would miss them: refused.
+        assert!(src
+            .scan(0, &Filter::default(), &Collected::default())
+            .is_err());
     }
 
     #[test]
