@@ -229,6 +229,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let warnings = Collected::default();
     let recorded = recorded_tree(cfg, &sources, state.as_ref(), &dest, shortcut)?;
     let noop = recorded.is_some();
+    let resumed = !noop && resume_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -278,6 +279,12 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     if noop && !up_to_date(cfg, &plan, &live) {
         // Drift (or a new label): fetch after all.
         drop((live, made));
+        return round_with(cfg, pass, false);
+    }
+    if resumed && !sources.all.iter().all(|s| s.intact(&tree)) {
+        // A file taken from the live generation drifted there (or a new
+        // layer needed a lower one's file): fetch every layer after all.
+        drop((live, made, early, scratch));
         return round_with(cfg, pass, false);
     }
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
@@ -800,6 +807,64 @@ fn recorded_tree(
     Ok(Some(m.tree))
 }
 
+/// After `recorded_tree` said no: whether the one SOURCE can start from
+/// the live generation (`Source::resume`: an image whose layers begin with
+/// the ones the live generation applied, under the same platform, `//PATH`
+/// and `shape_of`), so that only the layers above are fetched, onto the
+/// live tree as its manifest records it. Asked before anything is written
+/// (reading the image manifest is one request). `false` where the
+/// whole-image shortcut does not apply, for several sources, `--dry-run`,
+/// a filter, or a volume without hardlinks. The plan must then reuse every
+/// file taken from the live generation (`Source::intact`), else the round
+/// starts again without the shortcut: a drifted file is repaired.
+fn resume_live(
+    cfg: &SyncConfig,
+    sources: &Sources,
+    state: Option<&State>,
+    dest: &Dest,
+    shortcut: bool,
+) -> Result<bool> {
+    let (Dest::Live(gen), Some(state)) = (dest, state) else {
+        return Ok(false);
+    };
+    if !shortcut || cfg.checksum || cfg.dry_run || sources.all.len() != 1 {
+        return Ok(false);
+    }
+    let Some(shape) = shape_of(cfg) else {
+        return Ok(false);
+    };
+    let header = state
+        .manifest_reader(gen)
+        .ok()
+        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok());
+    let Some(header) = header.filter(|h| h.hardlinks && h.sources.len() == 1) else {
+        return Ok(false);
+    };
+    let Some(record) = header.layers_of(0) else {
+        return Ok(false);
+    };
+    let base = || {
+        let (mut r, _) = state.manifest_reader(gen).ok()?;
+        Manifest::read_checked(&mut r).ok().map(|m| m.tree)
+    };
+    sources.all[0].resume(record, &shape, &base)
+}
+
+/// What shapes a generation's tree besides its sources (owners, `--chmod`),
+/// as a short name a source's record keeps (`Source::record`). `None` with
+/// `--exclude`/`--include`: their rules are not kept, so a tree made under
+/// them is never resumed from.
+fn shape_of(cfg: &SyncConfig) -> Option<String> {
+    use sha2::Digest;
+    if !cfg.filter.is_empty() {
+        return None;
+    }
+    let a = Adjust::of(cfg);
+    let text = format!("{:?} {:?} {}", a.owner, a.chmod, a.mirrored);
+    let h = crate::manifest::hex(&sha2::Sha256::digest(text.as_bytes()));
+    Some(h[..16].to_string())
+}
+
 /// Nothing to stage: the live generation is the planned tree, under the
 /// same label (a new label on the same content is a new generation).
 /// A live generation whose manifest is missing or unreadable is not up to
@@ -865,6 +930,13 @@ fn manifest_of(
         granularity_ns: caps.granularity_ns,
         link_meta: caps.link_meta,
         hardlinks: caps.hardlinks,
+        layers: shape_of(cfg).map_or_else(Vec::new, |shape| {
+            let records = sources.all.iter().map(|s| s.record(&shape));
+            records
+                .enumerate()
+                .filter_map(|(i, r)| Some((i, r?)))
+                .collect()
+        }),
         digest: String::new(),
         tree,
     }

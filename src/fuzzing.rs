@@ -413,6 +413,28 @@ pub fn tar(data: &[u8]) {
     }
 }
 
+/// `source::oci::Record::parse`, on the record a generation's manifest (a
+/// volume) keeps for an image: one that parses writes back to text that
+/// parses to the same record, with every layer a digest.
+pub fn oci_record(text: &str) {
+    use crate::source::oci::Record;
+    let Some(r) = Record::parse(text) else {
+        return;
+    };
+    let written = r.to_string();
+    let back = Record::parse(&written)
+        .unwrap_or_else(|| panic!("a written record does not parse: {written:?}"));
+    assert_eq!(
+        back, r,
+        "record changed through write and read: {written:?}"
+    );
+    assert_eq!(back.to_string(), written);
+    for l in &r.layers {
+        assert!(l.contains(':'), "layer {l:?} is no digest");
+    }
+    assert!(r.newest.ns < 1_000_000_000);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

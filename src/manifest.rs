@@ -7,6 +7,7 @@
 //! created 1700000000.123456789
 //! host node-a
 //! source /opt/packs-image/packs (one line per SOURCE, in order)
+//! layers 0 oci-layers%201%20…   (optional: what SOURCE 0's image applied, `Source::record`)
 //! owners 1                      (1: owners were mirrored; 0: not compared)
 //! granularity 1                 (mtime granularity of the volume, nanoseconds)
 //! linkmeta 1                    (1: symlinks got their own mtime and owner; 0: not compared)
@@ -51,6 +52,11 @@ pub struct Manifest {
     /// The volume shows hardlinked names as one inode. Where it does not
     /// (sshfs), the live tree's hardlink groups are taken from this manifest.
     pub hardlinks: bool,
+    /// (SOURCE index, record): what a source kind keeps so that the next
+    /// sync can start from this generation (an image's applied layers,
+    /// `Source::record`). Not part of the digest; a malformed line is
+    /// ignored (it only costs that shortcut).
+    pub layers: Vec<(usize, String)>,
     pub digest: String,
     pub tree: Tree,
 }
@@ -191,6 +197,9 @@ impl Manifest {
         for s in &self.sources {
             writeln!(w, "source {}", escape(s.as_bytes()))?;
         }
+        for (i, r) in &self.layers {
+            writeln!(w, "layers {i} {}", escape(r.as_bytes()))?;
+        }
         writeln!(w, "owners {}", self.owners as u8)?;
         writeln!(w, "granularity {}", self.granularity_ns)?;
         writeln!(w, "linkmeta {}", self.link_meta as u8)?;
@@ -261,6 +270,11 @@ impl Manifest {
                 "created" => m.created = parse_time(v)?,
                 "host" => m.host = text()?,
                 "source" => m.sources.push(text()?),
+                "layers" => {
+                    if let Some(r) = layers_line(v) {
+                        m.layers.push(r);
+                    }
+                }
                 "owners" => m.owners = v == "1",
                 "granularity" => m.granularity_ns = v.parse().context("bad granularity")?,
                 "linkmeta" => m.link_meta = flag(v).context("bad linkmeta")?,
@@ -275,6 +289,28 @@ impl Manifest {
     pub fn parse(text: &str) -> Result<Manifest> {
         Manifest::read(&mut text.as_bytes())
     }
+
+    /// The record kept for SOURCE `i` (`layers` lines), if any.
+    pub fn layers_of(&self, i: usize) -> Option<&str> {
+        self.layers
+            .iter()
+            .find(|(at, _)| *at == i)
+            .map(|(_, r)| r.as_str())
+    }
+}
+
+/// Longest `layers` record taken, unescaped (a thousand layers fit).
+pub const MAX_LAYERS_RECORD: usize = 96 << 10;
+
+/// `<index> <escaped record>`, or `None` if malformed (ignored).
+fn layers_line(v: &str) -> Option<(usize, String)> {
+    if v.len() > 3 * MAX_LAYERS_RECORD + 8 {
+        return None;
+    }
+    let (i, r) = v.split_once(' ')?;
+    let i: u16 = i.parse().ok()?;
+    let r = String::from_utf8(unescape(r).ok()?).ok()?;
+    (r.len() <= MAX_LAYERS_RECORD).then_some((i.into(), r))
 }
 
 /// A manifest body written a directory at a time, in whatever order the
@@ -676,6 +712,7 @@ mod tests {
             granularity_ns: 1000,
             link_meta: false,
             hardlinks: false,
+            layers: vec![(0, "oci-layers 1 x".into())],
             digest: String::new(),
             tree,
         };

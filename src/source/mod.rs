@@ -15,7 +15,7 @@
 mod archive;
 mod dir;
 mod http;
-mod oci;
+pub(crate) mod oci;
 pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;
@@ -39,7 +39,7 @@ pub use archive::{decoded, Archive, Format};
 pub use dir::Dir;
 // The layer API the remote kinds (an image's layers, a URL's body) fill a spool with.
 #[allow(unused_imports)]
-pub use spool::{LayerStats, Scratch, Spool, Spooled, Stream, Streamed};
+pub use spool::{Base, LayerStats, Scratch, Spool, Spooled, Stream, Streamed};
 
 /// One SOURCE: a tree of entries and the bytes of its files.
 pub trait Source: Send + Sync {
@@ -119,6 +119,36 @@ pub trait Source: Send + Sync {
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         let _ = recorded;
         Ok(false)
+    }
+
+    /// What the generation's manifest keeps (a `layers` line) so that a
+    /// later sync can start from it (`resume`): an image's layer digests,
+    /// in order, and what shaped its tree. `shape` names the options that
+    /// shaped the tree besides the source (owners, `--chmod`). After the
+    /// spool; `None` for kinds that cannot resume.
+    fn record(&self, shape: &str) -> Option<String> {
+        let _ = shape;
+        None
+    }
+
+    /// Before the spool, after `unchanged_since` said no: whether the
+    /// source can start from the live generation, whose manifest kept
+    /// `record` for it, under the same `shape` (an image whose layers
+    /// begin with the recorded ones: only the rest are fetched). `base`
+    /// reads the live tree as its manifest records it. Then the spool
+    /// lists the live files instead of fetching them, and after the plan
+    /// `intact` must hold, else the sync starts again without this.
+    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+        let _ = (record, shape, base);
+        Ok(false)
+    }
+
+    /// After the plan of a resumed sync: whether the spool held everything
+    /// the layers gave and every file taken from the live generation is
+    /// reused from it (`Spooled::intact`). True for any other source.
+    fn intact(&self, tree: &Tree) -> bool {
+        let _ = tree;
+        true
     }
 }
 

@@ -6,6 +6,12 @@
 //! generation records is the image manifest's digest
 //! (`oci://HOST/REPO@sha256:…`): a tag that still resolves to it is "up to
 //! date" after one request, with no blob fetched (`unchanged_since`).
+//!
+//! The manifest also keeps what the image applied (`Record`: the layer
+//! digests in order, the platform, the `//PATH`, and the options that
+//! shaped the tree). When the next image's layers begin with those, only
+//! the layers above are fetched, onto a spool seeded with the live tree
+//! (`Source::resume`, `Spool::seed`): a new top layer costs its own bytes.
 
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
@@ -17,26 +23,204 @@ use anyhow::Result;
 use super::oci_fetch::{self, Layout, Registry, Resolved, Sink, Store};
 use super::oci_image;
 use super::oci_ref;
+use super::spool::Base;
 use super::{Source, Spool, Stream, Streamed};
 use crate::config::{Platform, Remote};
 use crate::error;
-use crate::manifest::escape;
+use crate::manifest::{escape, unescape};
 use crate::report::Reporter;
 use crate::scan::Filter;
 use crate::sys::DirFd;
-use crate::tree::Tree;
+use crate::tree::{Time, Tree};
 
 /// A stream that names its content (an image digest, a URL's validators)
 /// and can tell, with one request, whether it still holds what a recorded
 /// identity names.
 pub trait Named: Stream {
     fn unchanged_since(&self, recorded: &str) -> Result<bool>;
+
+    /// `Source::record`, given the filled spool.
+    fn record(&self, spooled: &super::Spooled, shape: &str) -> Option<String> {
+        let _ = (spooled, shape);
+        None
+    }
+
+    /// `Source::resume`.
+    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+        let _ = (record, shape, base);
+        Ok(false)
+    }
 }
 
 impl Named for Image {
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         Image::unchanged_since(self, recorded)
     }
+
+    fn record(&self, spooled: &super::Spooled, shape: &str) -> Option<String> {
+        let layers = self.applied.lock().unwrap().clone()?;
+        Some(
+            Record {
+                base: self.base.clone(),
+                subpath: self.subpath.clone(),
+                platform: self.platform.to_string(),
+                shape: shape.to_string(),
+                newest: spooled.newest(),
+                root_given: spooled.root_given(),
+                layers,
+            }
+            .to_string(),
+        )
+    }
+
+    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+        let Some(rec) = Record::parse(record) else {
+            return Ok(false);
+        };
+        if rec.base != self.base
+            || rec.subpath != self.subpath
+            || rec.platform != self.platform.to_string()
+            || rec.shape != shape
+        {
+            return Ok(false);
+        }
+        self.identity()?;
+        let layers = {
+            let mut r = self.resolved.lock().unwrap();
+            oci_fetch::layers(&*self.store, r.as_mut().expect("resolved"))?
+        };
+        let below = rec.layers.len() <= layers.len()
+            && rec.layers.iter().zip(&layers).all(|(a, b)| *a == b.digest);
+        if !below {
+            return Ok(false);
+        }
+        let Some(tree) = base() else {
+            return Ok(false);
+        };
+        *self.resume.lock().unwrap() = Some((
+            Base {
+                tree,
+                newest: rec.newest,
+                root_given: rec.root_given,
+            },
+            rec.layers.len(),
+        ));
+        Ok(true)
+    }
+}
+
+/// What a generation made from an image keeps in its manifest (a `layers`
+/// line), read back as hostile (it comes from the volume):
+/// `oci-layers 1 BASE SUBPATH PLATFORM SHAPE NEWEST ROOT DIGEST...`, each
+/// field escaped as manifest paths are; SUBPATH `-` or `//PATH`; ROOT `0`
+/// or `1`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// `oci://HOST/REPO` or `oci-layout:DIR`.
+    pub base: String,
+    pub subpath: Option<Vec<u8>>,
+    pub platform: String,
+    pub shape: String,
+    /// The spool's newest mtime (`Spooled::newest`).
+    pub newest: Time,
+    /// Whether the layers gave the root its metadata (`Spooled::root_given`).
+    pub root_given: bool,
+    /// The layer digests applied, in order.
+    pub layers: Vec<String>,
+}
+
+const RECORD_MAGIC: &str = "oci-layers";
+/// More layers than any registry takes (Docker's limit is 127).
+const MAX_RECORDED_LAYERS: usize = 1024;
+
+impl std::fmt::Display for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let sub = match &self.subpath {
+            Some(p) => format!("//{}", escape(p)),
+            None => "-".into(),
+        };
+        write!(
+            f,
+            "{RECORD_MAGIC} 1 {} {sub} {} {} {}.{:09} {}",
+            escape(self.base.as_bytes()),
+            escape(self.platform.as_bytes()),
+            escape(self.shape.as_bytes()),
+            { self.newest.s },
+            { self.newest.ns },
+            self.root_given as u8
+        )?;
+        for l in &self.layers {
+            write!(f, " {}", escape(l.as_bytes()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Record {
+    /// The record `text` holds, or `None` for anything else (another
+    /// version, a malformed field): that only costs the shortcut.
+    pub fn parse(text: &str) -> Option<Record> {
+        if text.len() > crate::manifest::MAX_LAYERS_RECORD {
+            return None;
+        }
+        let mut t = text.split(' ');
+        if t.next()? != RECORD_MAGIC || t.next()? != "1" {
+            return None;
+        }
+        let field = |s: &str| String::from_utf8(unescape(s).ok()?).ok();
+        let base = field(t.next()?)?;
+        let subpath = match t.next()? {
+            "-" => None,
+            s => Some(unescape(s.strip_prefix("//")?).ok()?),
+        };
+        let platform = field(t.next()?)?;
+        let shape = field(t.next()?)?;
+        let (s, ns) = t.next()?.split_once('.')?;
+        let newest = Time {
+            s: s.parse().ok()?,
+            ns: ns
+                .parse()
+                .ok()
+                .filter(|&n: &u32| n < 1_000_000_000 && ns.len() == 9)?,
+        };
+        let root_given = match t.next()? {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        };
+        let mut layers = Vec::new();
+        for l in t {
+            if layers.len() == MAX_RECORDED_LAYERS || !is_digest(l) {
+                return None;
+            }
+            layers.push(l.to_string());
+        }
+        Some(Record {
+            base,
+            subpath,
+            platform,
+            shape,
+            newest,
+            root_given,
+            layers,
+        })
+    }
+}
+
+/// `ALGORITHM:HEX` as the OCI image spec writes a digest.
+fn is_digest(s: &str) -> bool {
+    let Some((alg, hex)) = s.split_once(':') else {
+        return false;
+    };
+    !alg.is_empty()
+        && alg.len() <= 32
+        && alg
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+._-".contains(&b))
+        && (32..=128).contains(&hex.len())
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 impl Named for super::http::Bundle {
@@ -109,6 +293,21 @@ impl<S: Named> Source for Fetched<S> {
         }
         Ok(same)
     }
+
+    fn record(&self, shape: &str) -> Option<String> {
+        let spooled = self.inner.filled()?;
+        self.inner.stream().record(spooled, shape)
+    }
+
+    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+        self.inner.stream().resume(record, shape, base)
+    }
+
+    fn intact(&self, tree: &Tree) -> bool {
+        self.inner
+            .filled()
+            .is_none_or(|s| !s.seeded() || s.intact(tree))
+    }
 }
 
 /// An image in a registry or a layout, resolved at most once per sync.
@@ -122,6 +321,11 @@ pub struct Image {
     platform: Platform,
     path: Option<PathBuf>,
     resolved: Mutex<Option<Resolved>>,
+    /// What the spool starts from and how many layers that stands for
+    /// (`Source::resume`), until `fill` takes it.
+    resume: Mutex<Option<(Base, usize)>>,
+    /// The digests of every layer of the image, once `fill` ran.
+    applied: Mutex<Option<Vec<String>>>,
 }
 
 /// `oci://…`: parsed now (a malformed reference is exit 2); nothing is
@@ -139,6 +343,8 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         platform: platform_of(remote),
         path: None,
         resolved: Mutex::new(None),
+        resume: Mutex::new(None),
+        applied: Mutex::new(None),
     })
 }
 
@@ -157,6 +363,8 @@ pub fn open_layout(arg: &str, remote: &Remote) -> Result<Image> {
         platform: platform_of(remote),
         path,
         resolved: Mutex::new(None),
+        resume: Mutex::new(None),
+        applied: Mutex::new(None),
     })
 }
 
@@ -219,10 +427,73 @@ impl Stream for Image {
 
     fn fill(&self, spool: &mut Spool, reporter: &dyn Reporter) -> Result<String> {
         let identity = self.identity()?;
-        let resolved = self.resolved.lock().unwrap();
-        let image = resolved.as_ref().expect("resolved");
+        let mut resolved = self.resolved.lock().unwrap();
+        let image = resolved.as_mut().expect("resolved");
+        let layers = oci_fetch::layers(&*self.store, image)?;
+        let mut skip = 0;
+        if let Some((base, below)) = self.resume.lock().unwrap().take() {
+            spool.seed(base, self.subpath.as_deref().unwrap_or_default())?;
+            skip = below;
+        }
+        *self.applied.lock().unwrap() = Some(layers.iter().map(|l| l.digest.clone()).collect());
         let mut sink = Into { spool, reporter };
-        oci_fetch::fetch(&*self.store, image, &mut sink, &|n| reporter.fetched(n))?;
+        oci_fetch::fetch(&*self.store, image, skip, &mut sink, &|n| {
+            reporter.fetched(n)
+        })?;
         Ok(identity)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            base: "oci://registry.example:5000/st2 packs".into(),
+            subpath: Some(b"opt/stack storm".to_vec()),
+            platform: "linux/arm64/v8".into(),
+            shape: "0123456789abcdef".into(),
+            newest: Time { s: -3, ns: 7 },
+            root_given: true,
+            layers: vec![
+                format!("sha256:{}", "a".repeat(64)),
+                format!("sha512:{}", "0".repeat(128)),
+            ],
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_as_written() {
+        let r = record();
+        let text = r.to_string();
+        assert!(text.starts_with("oci-layers 1 oci://registry.example:5000/st2%20packs //opt/stack%20storm linux/arm64/v8 "), "{text}");
+        assert_eq!(Record::parse(&text), Some(r.clone()));
+        let none = Record {
+            subpath: None,
+            layers: vec![],
+            ..r
+        };
+        assert_eq!(Record::parse(&none.to_string()), Some(none));
+    }
+
+    #[test]
+    fn a_malformed_record_is_no_record() {
+        let good = record().to_string();
+        let digest = format!("sha256:{}", "a".repeat(64));
+        for bad in [
+            String::new(),
+            good.replace("oci-layers 1", "oci-layers 2"),
+            good.replace("-3.000000007", "-3.7"),
+            good.replace("-3.000000007", "1.1000000000"),
+            good.replace(" 1 sha256", " 2 sha256"),
+            good.replace(&digest, "sha256:zz"),
+            good.replace(&digest, "sha256"),
+            good.replace(" //opt", " opt"),
+            format!("{good} "),
+            format!("{good} {}", vec![digest.as_str(); 1100].join(" ")),
+        ] {
+            assert_eq!(Record::parse(&bad), None, "{bad}");
+        }
     }
 }

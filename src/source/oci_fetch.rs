@@ -84,15 +84,9 @@ fn is_index_type(t: &str) -> bool {
     t == oci_image::OCI_INDEX || t == oci_image::DOCKER_LIST
 }
 
-/// Stream every layer of `image` into `sink`, in order, each checked
-/// against its descriptor's size and digest; `fetched` hears of every
-/// block read (progress).
-pub fn fetch(
-    store: &dyn Store,
-    image: &Resolved,
-    sink: &mut dyn Sink,
-    fetched: &(dyn Fn(u64) + Sync),
-) -> Result<()> {
+/// The layers of `image`, in order: read from its manifest (one request,
+/// once) where the reference resolved through an index.
+pub fn layers(store: &dyn Store, image: &mut Resolved) -> Result<Vec<Descriptor>> {
     let layers = match &image.layers {
         Some(l) => l.clone(),
         None => {
@@ -109,7 +103,23 @@ pub fn fetch(
             }
         }
     };
-    for (i, layer) in layers.iter().enumerate() {
+    image.layers = Some(layers.clone());
+    Ok(layers)
+}
+
+/// Stream the layers of `image` from the `skip`th on into `sink`, in
+/// order, each checked against its descriptor's size and digest;
+/// `fetched` hears of every block read (progress). The layers below
+/// `skip` are not asked for (a spool seeded with what they gave).
+pub fn fetch(
+    store: &dyn Store,
+    image: &mut Resolved,
+    skip: usize,
+    sink: &mut dyn Sink,
+    fetched: &(dyn Fn(u64) + Sync),
+) -> Result<()> {
+    let layers = layers(store, image)?;
+    for (i, layer) in layers.iter().enumerate().skip(skip) {
         let what = format!(
             "{} layer {} ({})",
             store.label(),

@@ -19,6 +19,18 @@
 //! directory of mode 0500 can still be written, read and moved, and a
 //! directory's mtime is the archive's, not the time it was filled.
 //!
+//! A spool may also start from the live generation instead of the lower
+//! layers it was made from (`Spool::seed`, an image update that only adds
+//! layers on top): its directories and symlinks are made again, its files
+//! are only listed (`Borrowed`), never linked or copied into the spool.
+//! Later layers replace, white out or make opaque those entries as they
+//! would the lower layers' files, and the scan puts the files still listed
+//! on the tree with the metadata and hashes the manifest recorded, marked
+//! (`BORROWED_DEV`) so that `Spooled::intact` can tell whether the plan
+//! reuses every one of them from the live generation. Nothing in the spool
+//! is a link to a live inode: a listed file that is not reused after all
+//! has nothing to move, and the sync fails rather than stage a wrong file.
+//!
 //! `Stream` is what a kind that is read as a stream implements (`archive.rs`
 //! here; remote kinds too): `Streamed` turns it into a `Source`.
 
@@ -35,7 +47,7 @@ use crate::error::Failure;
 use crate::report::{escape, Reporter};
 use crate::scan::Filter;
 use crate::sys::{self, DirFd, StatKind};
-use crate::tree::{Meta, Node, Time, Tree};
+use crate::tree::{Entry, Meta, Name, Node, Time, Tree};
 
 use super::tar::{self, Kind};
 use super::{Dir, Source};
@@ -82,6 +94,70 @@ pub struct Spool {
     /// The staging directory holding the spool, and when it was last touched.
     staging: DirFd,
     last_beat: std::time::Instant,
+    /// The live generation's files this spool started from (`seed`).
+    borrowed: Option<Borrowed>,
+}
+
+/// The device number the scan gives borrowed files: no filesystem has it,
+/// so they never share an inode with a file of the spool.
+pub const BORROWED_DEV: u64 = u64::MAX;
+
+/// What a spool starts from instead of the lower layers (`Spool::seed`):
+/// the live generation's tree as its manifest records it, hashes kept.
+pub struct Base {
+    pub tree: Tree,
+    /// The newest mtime the lower layers gave (the root's, where none names it).
+    pub newest: Time,
+    /// Whether the lower layers gave the root (or the `//PATH`) its metadata.
+    pub root_given: bool,
+}
+
+/// The live generation's files a seeded spool lists without holding them:
+/// by parent directory (a path from the spool's root), then by name.
+#[derive(Default)]
+struct Borrowed {
+    files: Listed,
+    /// Something a later layer needed of a borrowed file (a hardlink to
+    /// it): the spool is not what the layers give, only a full apply is.
+    incomplete: bool,
+}
+
+impl Borrowed {
+    /// Forget the borrowed file at `path` (parent `dir`, `name`), if any.
+    fn forget(&mut self, dir: &[u8], name: &[u8]) -> bool {
+        match self.files.get_mut(dir) {
+            Some(m) => m.remove(&Name::from(name)).is_some(),
+            None => false,
+        }
+    }
+
+    fn has(&self, path: &[u8]) -> bool {
+        let (dir, name) = split(path);
+        self.files
+            .get(dir)
+            .is_some_and(|m| m.contains_key(&Name::from(name)))
+    }
+
+    /// Forget everything at and below `path`.
+    fn forget_tree(&mut self, path: &[u8]) {
+        let (dir, name) = split(path);
+        self.forget(dir, name);
+        let mut under = path.to_vec();
+        under.push(b'/');
+        self.files
+            .retain(|k, _| k.as_slice() != path && !k.starts_with(&under));
+    }
+}
+
+/// Borrowed files by parent directory, then by name.
+type Listed = HashMap<Vec<u8>, BTreeMap<Name, Entry>>;
+
+/// `a/b/c` → (`a/b`, `c`); `c` → (``, `c`).
+fn split(path: &[u8]) -> (&[u8], &[u8]) {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (&[], path),
+    }
 }
 
 /// The parts of an entry name: a leading `/` stripped, empty and `.`
@@ -137,7 +213,65 @@ impl Spool {
             buf: Vec::new(),
             staging: staging.try_clone()?,
             last_beat: std::time::Instant::now(),
+            borrowed: None,
         })
+    }
+
+    /// Start from `base` instead of the layers it was made from: its
+    /// directories and symlinks are made below `prefix` (the `//PATH` the
+    /// generation took, made too), its files listed (`Borrowed`). Call it
+    /// on a new spool, before the first `apply`.
+    pub fn seed(&mut self, base: Base, prefix: &[u8]) -> Result<()> {
+        let parts = components(prefix)?;
+        let prefix = join(&parts);
+        let root = self.parent(&parts, base.newest)?;
+        self.newest = base.newest;
+        if base.root_given {
+            self.dirs.insert(prefix.clone(), base.tree.root);
+        }
+        // Hardlink groups: each keeps one inode number, its link count and
+        // the hash its first path carries.
+        let mut groups: HashMap<u32, (u32, Option<[u8; 32]>)> = HashMap::new();
+        base.tree.for_each(&mut |_, e| {
+            if let Node::File(f) = &e.node {
+                if let Some(g) = f.group {
+                    let slot = groups.entry(g).or_insert((0, f.hash));
+                    slot.0 += 1;
+                    if slot.1.is_none() {
+                        slot.1 = f.hash;
+                    }
+                }
+            }
+        });
+        let mut borrowed = Borrowed::default();
+        let mut seeder = Seeder {
+            spool: self,
+            groups: &groups,
+            borrowed: &mut borrowed,
+            singles: 0,
+        };
+        let mut path = prefix;
+        seeder.dir(&root, base.tree.entries, &mut path)?;
+        self.borrowed = Some(borrowed);
+        self.cached = None;
+        Ok(())
+    }
+
+    /// Whether a later layer needed something a seeded spool does not hold.
+    pub fn incomplete(&self) -> bool {
+        self.borrowed.as_ref().is_some_and(|b| b.incomplete)
+    }
+
+    /// Forget the borrowed file at `path`, where an entry is about to go.
+    fn forget(&mut self, path: &[u8]) {
+        if let Some(b) = &mut self.borrowed {
+            let (dir, name) = split(path);
+            b.forget(dir, name);
+        }
+    }
+
+    fn is_borrowed(&self, path: &[u8]) -> bool {
+        self.borrowed.as_ref().is_some_and(|b| b.has(path))
     }
 
     /// Touch the staging directory if `HEARTBEAT` has passed.
@@ -273,6 +407,7 @@ impl Spool {
             return Ok(());
         }
         let dir = self.parent(parents, mtime)?;
+        self.forget(&path);
         let res = self.make(&dir, name, &path, &h, reader, stats);
         self.put_back(parents, dir);
         res?;
@@ -374,6 +509,14 @@ impl Spool {
         if join(&tparts) == path {
             return Ok(()); // a link to itself: the file is already there
         }
+        if self.is_borrowed(&join(&tparts)) {
+            // Its bytes are in the live generation, not here: a seeded
+            // spool cannot make it (the sync then applies every layer).
+            if let Some(b) = &mut self.borrowed {
+                b.incomplete = true;
+            }
+            return Ok(());
+        }
         let mut tdir = self.root.try_clone()?;
         for c in tdirs {
             tdir = tdir
@@ -428,6 +571,9 @@ impl Spool {
         self.cached = None;
         dir.remove_tree(name)
             .with_context(|| format!("cannot remove {} from the spool", escape(path)))?;
+        if let Some(b) = &mut self.borrowed {
+            b.forget_tree(path);
+        }
         self.dirs.remove(path);
         let mut under = path.to_vec();
         under.push(b'/');
@@ -458,6 +604,11 @@ impl Spool {
                 self.remove(dir, &l.name, &p)?;
             }
         }
+        // Borrowed files here came from the layers below (this layer's
+        // own entries were made on disk, and forgot theirs).
+        if let Some(b) = &mut self.borrowed {
+            b.files.remove(path);
+        }
         Ok(())
     }
 
@@ -475,6 +626,16 @@ impl Spool {
         for (i, c) in parents.iter().enumerate() {
             dir = match dir.open_dir(c) {
                 Ok(sub) => sub,
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound
+                        && self.is_borrowed(&join(&parents[..=i])) =>
+                {
+                    bail!(
+                        "entry {}/… is reached through the non-directory {} (refused)",
+                        escape(&path),
+                        escape(&join(&parents[..=i]))
+                    );
+                }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     dir.mkdir(c, 0o700)?;
                     let here = join(&parents[..=i]);
@@ -516,7 +677,12 @@ impl Spool {
         for (i, c) in parents.iter().enumerate() {
             dir = match dir.open_dir(c) {
                 Ok(sub) => sub,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+                Err(e)
+                    if e.kind() == io::ErrorKind::NotFound
+                        && !self.is_borrowed(&join(&parents[..=i])) =>
+                {
+                    return Ok(None)
+                }
                 Err(_) => bail!(
                     "whiteout in {} is reached through something that is not a directory (refused)",
                     escape(&join(&parents[..=i]))
@@ -538,6 +704,8 @@ impl Spool {
         identity: String,
         subpath: Option<&[u8]>,
     ) -> Result<Spooled> {
+        let incomplete = self.incomplete();
+        let seeded = self.borrowed.is_some();
         let (root, prefix) = match subpath {
             None => (self.root, Vec::new()),
             Some(p) => {
@@ -564,6 +732,9 @@ impl Spool {
             newest: self.newest,
             label,
             identity,
+            borrowed: std::sync::Mutex::new(self.borrowed.map(|b| b.files)),
+            incomplete,
+            seeded,
         })
     }
 
@@ -643,6 +814,196 @@ pub struct Spooled {
     newest: Time,
     label: String,
     identity: String,
+    /// The borrowed files (`Spool::seed`), until the scan puts them on its tree.
+    borrowed: std::sync::Mutex<Option<Listed>>,
+    incomplete: bool,
+    seeded: bool,
+}
+
+impl Spooled {
+    /// The newest mtime any entry gave (what the root gets where none names it).
+    pub fn newest(&self) -> Time {
+        self.newest
+    }
+
+    /// Whether the layers gave the root (or the `//PATH`) its metadata.
+    pub fn root_given(&self) -> bool {
+        self.dirs.contains_key(&self.prefix)
+    }
+
+    /// Whether the spool was seeded (`Spool::seed`).
+    pub fn seeded(&self) -> bool {
+        self.seeded
+    }
+
+    /// For a seeded spool, after the plan: whether it held all the layers
+    /// gave and the plan reuses every borrowed file from the live
+    /// generation (each hardlink group through its first path, which the
+    /// stage links the others to). Else the sync must apply every layer:
+    /// a borrowed file has no bytes here to stage.
+    pub fn intact(&self, tree: &Tree) -> bool {
+        if self.incomplete {
+            return false;
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut ok = true;
+        tree.for_each(&mut |_, e| {
+            if let Node::File(f) = &e.node {
+                if f.dev == BORROWED_DEV && f.group.is_none_or(|g| seen.insert(g)) && !f.reuse {
+                    ok = false;
+                }
+            }
+        });
+        ok
+    }
+
+    /// Put the borrowed files on the scanned tree, each directory's in name
+    /// order; `key` is the directory's path from the spool's root, `rel`
+    /// from the scan's.
+    fn lend(
+        entries: &mut Vec<Entry>,
+        key: &mut Vec<u8>,
+        rel: &mut Vec<u8>,
+        borrowed: &mut Listed,
+        src: u16,
+        filter: &Filter,
+    ) {
+        for e in entries.iter_mut() {
+            if let Node::Dir(d) = &mut e.node {
+                let (k, r) = (key.len(), rel.len());
+                for (p, at) in [(&mut *key, k), (&mut *rel, r)] {
+                    if at > 0 {
+                        p.push(b'/');
+                    }
+                    p.extend_from_slice(&e.name);
+                }
+                Spooled::lend(&mut d.entries, key, rel, borrowed, src, filter);
+                key.truncate(k);
+                rel.truncate(r);
+            }
+        }
+        let Some(files) = borrowed.remove(key.as_slice()) else {
+            return;
+        };
+        let mut lent: Vec<Entry> = Vec::with_capacity(files.len());
+        for (name, mut e) in files {
+            let mut p = rel.clone();
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(&name);
+            if filter.excludes(&p, false) {
+                continue;
+            }
+            if let Node::File(f) = &mut e.node {
+                f.src = src;
+            }
+            lent.push(e);
+        }
+        if lent.is_empty() {
+            return;
+        }
+        // Both sides are sorted by name; a name on disk (made by a later
+        // layer, which forgets the borrowed one) wins.
+        let disk = std::mem::take(entries);
+        let mut out = Vec::with_capacity(disk.len() + lent.len());
+        let (mut a, mut b) = (disk.into_iter().peekable(), lent.into_iter().peekable());
+        loop {
+            match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => match x.name.cmp(&y.name) {
+                    std::cmp::Ordering::Less => out.push(a.next().expect("peeked")),
+                    std::cmp::Ordering::Greater => out.push(b.next().expect("peeked")),
+                    std::cmp::Ordering::Equal => {
+                        out.push(a.next().expect("peeked"));
+                        b.next();
+                    }
+                },
+                (Some(_), None) => out.push(a.next().expect("peeked")),
+                (None, Some(_)) => out.push(b.next().expect("peeked")),
+                (None, None) => break,
+            }
+        }
+        *entries = out;
+    }
+}
+
+/// Walks a base tree into a spool being seeded.
+struct Seeder<'a> {
+    spool: &'a mut Spool,
+    groups: &'a HashMap<u32, (u32, Option<[u8; 32]>)>,
+    borrowed: &'a mut Borrowed,
+    singles: u64,
+}
+
+impl Seeder<'_> {
+    /// The entries of the directory `dir` (at `path` from the spool's root).
+    fn dir(&mut self, dir: &DirFd, entries: Vec<Entry>, path: &mut Vec<u8>) -> Result<()> {
+        let mut files = BTreeMap::new();
+        for mut e in entries {
+            check_signal()?;
+            let at = path.len();
+            if at > 0 {
+                path.push(b'/');
+            }
+            path.extend_from_slice(&e.name);
+            let shown = || escape(path);
+            match &mut e.node {
+                Node::Dir(d) => {
+                    dir.mkdir(&e.name, 0o700).with_context(|| {
+                        format!("cannot create directory {} in the spool", shown())
+                    })?;
+                    let sub = dir
+                        .open_dir(&e.name)
+                        .with_context(|| format!("cannot open {} in the spool", shown()))?;
+                    self.spool.dirs.insert(path.clone(), e.meta);
+                    let children = std::mem::take(&mut d.entries);
+                    self.dir(&sub, children, path)?;
+                }
+                Node::Symlink(target) => {
+                    if target.is_empty() || target.contains(&0) {
+                        bail!("symlink {} has an empty or invalid target", shown());
+                    }
+                    dir.symlink(target, &e.name).with_context(|| {
+                        format!("cannot create symlink {} in the spool", shown())
+                    })?;
+                    let owner = self.spool.owners.then_some((e.meta.uid, e.meta.gid));
+                    dir.set_symlink_meta(&e.name, owner, e.meta.mtime.pair())
+                        .with_context(|| format!("cannot set the times of symlink {}", shown()))?;
+                }
+                Node::File(f) => {
+                    f.dev = BORROWED_DEV;
+                    f.reuse = false;
+                    f.ctime = 0;
+                    match f
+                        .group
+                        .take()
+                        .and_then(|g| self.groups.get(&g).map(|s| (g, s)))
+                    {
+                        Some((g, &(n, hash))) => {
+                            f.ino = g as u64;
+                            f.nlink = n;
+                            f.hash = hash;
+                        }
+                        None => {
+                            self.singles += 1;
+                            f.ino = 1 << 63 | self.singles;
+                            f.nlink = 1;
+                        }
+                    }
+                    if f.hash.is_none() {
+                        // Nothing to compare it by: only a full apply can tell.
+                        self.borrowed.incomplete = true;
+                    }
+                    files.insert(e.name.clone(), e);
+                }
+            }
+            path.truncate(at);
+        }
+        if !files.is_empty() {
+            self.borrowed.files.insert(path.clone(), files);
+        }
+        Ok(())
+    }
 }
 
 impl Source for Spooled {
@@ -704,6 +1065,20 @@ impl Source for Spooled {
                 "{}: {} was not written by the spool",
                 self.label,
                 escape(&p)
+            );
+        }
+        if self.seeded {
+            let Some(mut borrowed) = self.borrowed.lock().unwrap().take() else {
+                bail!("{}: a seeded spool scanned twice", self.label);
+            };
+            let mut key = self.prefix.clone();
+            Spooled::lend(
+                &mut tree.entries,
+                &mut key,
+                &mut Vec::new(),
+                &mut borrowed,
+                src,
+                filter,
             );
         }
         Ok(tree)
@@ -768,6 +1143,11 @@ impl<S: Stream> Streamed<S> {
     /// The stream itself (a remote kind asks it things before it is spooled).
     pub fn stream(&self) -> &S {
         &self.stream
+    }
+
+    /// The filled spool, once `spool` ran.
+    pub fn filled(&self) -> Option<&Spooled> {
+        self.spooled.get()
     }
 
     fn spooled(&self) -> Result<&Spooled> {
@@ -977,6 +1357,162 @@ mod tests {
         ]);
         apply(&mut s, &a, false).unwrap();
         assert_eq!(paths(s), vec![("x".into(), Some(sha(b"3")), 0o644)]);
+    }
+
+    /// Every entry of a scanned spool as a user sees it: path, kind,
+    /// metadata, content hash, symlink target (no inode numbers).
+    fn seen(src: &Spooled) -> Vec<String> {
+        let mut tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        tree.assign_groups();
+        let mut out = vec![format!("root {:?}", tree.root)];
+        tree.for_each(&mut |p, e| {
+            let what = match &e.node {
+                Node::File(f) => format!("f {:?} {:?}", f.hash.map(|h| h[0]), f.group.is_some()),
+                Node::Dir(_) => "d".into(),
+                Node::Symlink(t) => format!("l {}", escape(t)),
+            };
+            out.push(format!("{} {what} {:?}", escape(p), e.meta));
+        });
+        out
+    }
+
+    /// The lower layers spooled and scanned, as the base a seeded spool starts from.
+    fn base_of(lower: &[&[u8]], prefix: Option<&[u8]>) -> Base {
+        let (_t, mut s) = spool();
+        for l in lower {
+            apply(&mut s, l, true).unwrap();
+        }
+        let src = s.finish("x".into(), "id".into(), prefix).unwrap();
+        let mut tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        tree.assign_groups();
+        Base {
+            tree,
+            newest: src.newest(),
+            root_given: src.root_given(),
+        }
+    }
+
+    fn lower_layers() -> Vec<Vec<u8>> {
+        vec![
+            archive(&[
+                (header(b"app/", b'5', 0, b""), b""),
+                (header(b"app/lib/a", b'0', 1, b""), b"a"),
+                (header(b"app/lib/b", b'0', 1, b""), b"b"),
+                (header(b"app/h", b'0', 1, b""), b"h"),
+                (header(b"app/h2", b'1', 0, b"app/h"), b""),
+                (header(b"app/cache/old", b'0', 1, b""), b"o"),
+                (header(b"app/l", b'2', 0, b"lib/a"), b""),
+                (header(b"etc/motd", b'0', 2, b""), b"hi"),
+            ]),
+            archive(&[
+                (header(b"app/gone", b'0', 1, b""), b"g"),
+                (header(b"app/file-then-dir", b'0', 1, b""), b"f"),
+            ]),
+        ]
+    }
+
+    #[test]
+    fn a_seeded_spool_gives_what_applying_every_layer_gives() {
+        let upper = archive(&[
+            (header(b"app/lib/b", b'0', 2, b""), b"b2"),
+            (header(b"app/lib/new", b'0', 1, b""), b"n"),
+            (header(b"app/.wh.gone", b'0', 0, b""), b""),
+            (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
+            (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
+            (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
+            (header(b"etc/.wh.motd", b'0', 0, b""), b""),
+        ]);
+        // Without a file in the way: `app/file-then-dir/x` is refused below.
+        let upper_ok = archive(&[
+            (header(b"app/lib/b", b'0', 2, b""), b"b2"),
+            (header(b"app/lib/new", b'0', 1, b""), b"n"),
+            (header(b"app/.wh.gone", b'0', 0, b""), b""),
+            (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
+            (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
+            (header(b"app/.wh.file-then-dir", b'0', 0, b""), b""),
+            (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
+            (header(b"etc/.wh.motd", b'0', 0, b""), b""),
+        ]);
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        for prefix in [None, Some(&b"app"[..])] {
+            let (_t, mut full) = spool();
+            for l in &lower {
+                apply(&mut full, l, true).unwrap();
+            }
+            apply(&mut full, &upper_ok, true).unwrap();
+            let want = seen(&full.finish("x".into(), "id".into(), prefix).unwrap());
+
+            let (_t, mut seeded) = spool();
+            seeded
+                .seed(base_of(&lower, prefix), prefix.unwrap_or_default())
+                .unwrap();
+            apply(&mut seeded, &upper_ok, true).unwrap();
+            assert!(!seeded.incomplete());
+            let got = seeded.finish("x".into(), "id".into(), prefix).unwrap();
+            assert!(got.seeded());
+            assert_eq!(seen(&got), want, "prefix {prefix:?}");
+
+            // Through a borrowed file: refused, as it is over the file itself.
+            let (_t, mut seeded) = spool();
+            seeded
+                .seed(base_of(&lower, prefix), prefix.unwrap_or_default())
+                .unwrap();
+            let e = format!("{:#}", apply(&mut seeded, &upper, true).unwrap_err());
+            assert!(
+                e.contains("reached through the non-directory app/file-then-dir"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_hardlink_to_a_borrowed_file_leaves_the_spool_incomplete() {
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        let (_t, mut s) = spool();
+        s.seed(base_of(&lower, None), b"").unwrap();
+        let upper = archive(&[(header(b"app/again", b'1', 0, b"app/lib/a"), b"")]);
+        apply(&mut s, &upper, true).unwrap();
+        assert!(s.incomplete());
+        let src = s.finish("x".into(), "id".into(), None).unwrap();
+        let tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        assert!(!src.intact(&tree), "only a full apply can make it");
+    }
+
+    #[test]
+    fn a_seeded_spool_is_intact_only_when_every_borrowed_file_is_reused() {
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        let (_t, mut s) = spool();
+        s.seed(base_of(&lower, None), b"").unwrap();
+        let src = s.finish("x".into(), "id".into(), None).unwrap();
+        let mut tree = src
+            .scan(0, &Filter::default(), &Collected::default())
+            .unwrap();
+        tree.assign_groups();
+        assert!(!src.intact(&tree), "nothing reused yet");
+        let mut leaders = std::collections::HashSet::new();
+        tree.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                assert_eq!(f.dev, BORROWED_DEV);
+                // The stage links the other paths of a group to its first.
+                f.reuse = f.group.is_none_or(|g| leaders.insert(g));
+            }
+        });
+        assert!(src.intact(&tree));
+        // Listed files are nowhere on disk: nothing to move by mistake.
+        assert!(src.open_file(b"app/lib/a").is_err());
+        // A second scan would miss them: refused.
+        assert!(src
+            .scan(0, &Filter::default(), &Collected::default())
+            .is_err());
     }
 
     #[test]

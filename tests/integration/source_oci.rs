@@ -855,3 +855,184 @@ fn the_bearer_token_flow() {
     assert!(again.stdout.contains("up to date"), "{}", again.stdout);
     assert_eq!(reg.requests("/blobs/"), blobs);
 }
+
+/// An image of three layers ("1") and the same three with a fourth on top
+/// ("2") that edits a file, adds one, whites one out and makes a directory
+/// opaque. `lower` marks the lower layers' content (another image: other
+/// lower layers).
+fn stacked(lower: &str) -> String {
+    let base = format!(
+        r#"{{"compression":"gzip","entries":[
+            {{"name":"app","type":"dir"}},{{"name":"app/lib","type":"dir"}},
+            {{"name":"app/lib/a.py","data":"a {lower}"}},{{"name":"app/lib/b.py","data":"b {lower}"}},
+            {{"name":"app/cache","type":"dir"}},{{"name":"app/cache/old","data":"old {lower}"}},
+            {{"name":"etc","type":"dir"}},{{"name":"etc/motd","data":"hello {lower}"}}]}},
+          {{"compression":"zstd","entries":[
+            {{"name":"app/lib/h.py","data":"h {lower}"}},
+            {{"name":"app/lib/h-link.py","type":"hardlink","target":"app/lib/h.py"}},
+            {{"name":"app/gone.txt","data":"gone {lower}"}},
+            {{"name":"app/latest","type":"symlink","target":"lib/a.py"}}]}},
+          {{"compression":"gzip","entries":[
+            {{"name":"app/lib/c.py","data":"c {lower}"}},{{"name":"app/cache/older","data":"older"}}]}}"#
+    );
+    let top = r#"{"compression":"gzip","entries":[
+            {"name":"app/lib/b.py","data":"b edited"},{"name":"app/lib/new.py","data":"new"},
+            {"name":"app/.wh.gone.txt"},
+            {"name":"app/cache/.wh..wh..opq"},{"name":"app/cache/fresh","data":"fresh"}]}"#;
+    format!(
+        r#"[{{"tag":"1","platforms":[{{"os":"linux","arch":"amd64","layers":[{base}]}}]}},
+           {{"tag":"2","platforms":[{{"os":"linux","arch":"amd64","layers":[{base},{top}]}}]}}]"#
+    )
+}
+
+fn stacked_v2(lower: &str) -> Vec<String> {
+    let mut v: Vec<String> = vec![
+        "app/".into(),
+        "app/cache/".into(),
+        "app/cache/fresh=fresh".into(),
+        "app/latest -> lib/a.py".into(),
+        "app/lib/".into(),
+        format!("app/lib/a.py=a {lower}"),
+        "app/lib/b.py=b edited".into(),
+        format!("app/lib/c.py=c {lower}"),
+        format!("app/lib/h-link.py=h {lower}"),
+        format!("app/lib/h.py=h {lower}"),
+        "app/lib/new.py=new".into(),
+        "etc/".into(),
+        format!("etc/motd=hello {lower}"),
+    ];
+    v.sort();
+    v
+}
+
+impl Registry {
+    /// GETs packsync made of the blob `digest`.
+    fn fetched(&self, digest: &str) -> usize {
+        self.requests(&format!("/blobs/{digest}"))
+    }
+}
+
+/// The generation DEST shows (its manifest's digest names it).
+fn generation(dest: &Path) -> String {
+    let target = fs::read_link(dest).unwrap();
+    target.file_name().unwrap().to_string_lossy().into_owned()
+}
+
+#[test]
+fn an_added_top_layer_is_the_only_one_fetched() {
+    if !have(TOOLS) {
+        return;
+    }
+    let reg = Registry::start(Auth::None);
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    write_layout(&layout, &stacked("v1"), "1");
+    for tag in ["1", "2"] {
+        reg.push(&layout, tag, "app", None);
+    }
+    let manifest_of = |tag: &str| {
+        let index: serde_json::Value =
+            serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
+        index["manifests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+            .unwrap()["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let layers = layers_of(&layout, &manifest_of("2"));
+    assert_eq!(layers.len(), 4);
+    assert_eq!(layers[..3], layers_of(&layout, &manifest_of("1"))[..]);
+    let sync = |dest: &str, tag: &str, sub: &str| {
+        let src = format!("oci://{}/app:{tag}{sub}", reg.host());
+        f.packsync(&["sync", "--grace", "0", &src, dest]).ok()
+    };
+
+    sync("vol/packs", "1", "");
+    for l in &layers[..3] {
+        assert_eq!(reg.fetched(l), 1, "{l}");
+    }
+    let before: Vec<u64> = ["app/lib/a.py", "app/lib/c.py", "app/lib/h.py", "etc/motd"]
+        .iter()
+        .map(|p| ino(&f.dest().join(p)))
+        .collect();
+
+    // The update: only the new top layer is fetched, the unchanged files
+    // are the previous generation's inodes, and the tree is v2's.
+    let out = sync("vol/packs", "2", "");
+    assert!(out.stdout.contains("synced"), "{}", out.stdout);
+    assert_eq!(tree(&f.dest()), stacked_v2("v1"));
+    for l in &layers[..3] {
+        assert_eq!(reg.fetched(l), 1, "{l} not fetched again");
+    }
+    assert_eq!(reg.fetched(&layers[3]), 1);
+    let after: Vec<u64> = ["app/lib/a.py", "app/lib/c.py", "app/lib/h.py", "etc/motd"]
+        .iter()
+        .map(|p| ino(&f.dest().join(p)))
+        .collect();
+    assert_eq!(after, before, "unchanged files hardlinked from v1");
+    assert_eq!(
+        ino(&f.dest().join("app/lib/h-link.py")),
+        ino(&f.dest().join("app/lib/h.py")),
+        "a hardlink inside the image stays one"
+    );
+    // Byte for byte (metadata too) the generation a fresh sync of v2 makes.
+    sync("vol/fresh", "2", "");
+    assert_eq!(generation(&f.dest()), generation(&f.path("vol/fresh")));
+    assert_eq!(tree(&f.path("vol/fresh")), stacked_v2("v1"));
+
+    // The same with a //PATH.
+    sync("vol/sub", "1", "//app/lib");
+    let fetched: Vec<usize> = layers.iter().map(|l| reg.fetched(l)).collect();
+    sync("vol/sub", "2", "//app/lib");
+    let now: Vec<usize> = layers.iter().map(|l| reg.fetched(l)).collect();
+    assert_eq!(now[..3], fetched[..3], "lower layers not fetched again");
+    assert_eq!(now[3], fetched[3] + 1);
+    sync("vol/sub-fresh", "2", "//app/lib");
+    assert_eq!(
+        generation(&f.path("vol/sub")),
+        generation(&f.path("vol/sub-fresh"))
+    );
+}
+
+#[test]
+fn a_drifted_base_file_or_another_image_fetches_every_layer() {
+    if !have(TOOLS) {
+        return;
+    }
+    let reg = Registry::start(Auth::None);
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    write_layout(&layout, &stacked("v1"), "1");
+    for tag in ["1", "2"] {
+        reg.push(&layout, tag, "app", None);
+    }
+    let other = f.path("other");
+    write_layout(&other, &stacked("other"), "1");
+    reg.push(&other, "1", "other", None);
+    let sync = |src: String| {
+        f.packsync(&["sync", "--grace", "0", &src, "vol/packs"])
+            .ok()
+    };
+    let blobs = || reg.requests("/blobs/");
+
+    // Drift: a base file edited in the live generation is repaired.
+    sync(format!("oci://{}/app:1", reg.host()));
+    let live = fs::canonicalize(f.dest()).unwrap();
+    fs::write(live.join("app/lib/a.py"), "edited in place").unwrap();
+    let before = blobs();
+    sync(format!("oci://{}/app:2", reg.host()));
+    assert_eq!(tree(&f.dest()), stacked_v2("v1"));
+    assert!(blobs() >= before + 4, "every layer fetched on drift");
+
+    // A live generation from another image (other lower layers): every
+    // layer of the new one is fetched.
+    sync(format!("oci://{}/other:1", reg.host()));
+    let before = blobs();
+    sync(format!("oci://{}/app:2", reg.host()));
+    assert_eq!(tree(&f.dest()), stacked_v2("v1"));
+    assert_eq!(blobs(), before + 4, "all four layers fetched");
+}
