@@ -466,7 +466,8 @@ fn streams(
             let live = layout::open_generation(vol, state, gen).ok()?;
             let file = r.get_ref().try_clone().ok()?;
             // A manifest that does not index costs the streaming only.
-            let index = crate::index::Index::build(r, file.into(), shown).ok()?;
+            let file = Box::new(std::os::fd::OwnedFd::from(file));
+            let index = crate::index::Index::build(r, file, shown).ok()?;
             Some(Some(Recorded {
                 gen: gen.clone(),
                 header,

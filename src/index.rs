@@ -41,9 +41,30 @@ struct Dir {
     below: u64,
 }
 
+/// Where the manifest's bytes are read again, by offset: its file on the
+/// volume (`OwnedFd`), or bytes in memory (the fuzz target).
+pub trait At: Send + Sync {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<usize>;
+}
+
+impl At for OwnedFd {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+        sys::pread(self.as_fd(), buf, off)
+    }
+}
+
+impl At for Vec<u8> {
+    fn read_at(&self, buf: &mut [u8], off: u64) -> std::io::Result<usize> {
+        let rest = self.get(off as usize..).unwrap_or_default();
+        let n = rest.len().min(buf.len());
+        buf[..n].copy_from_slice(&rest[..n]);
+        Ok(n)
+    }
+}
+
 /// The live manifest by directory (see the module's comment).
 pub struct Index {
-    file: OwnedFd,
+    file: Box<dyn At>,
     /// Shown in errors.
     shown: String,
     /// Every directory's path, one after another.
@@ -65,7 +86,7 @@ pub struct Index {
 impl Index {
     /// Index the manifest `r` reads (positioned after its header; `file` is
     /// the same open file, read again by offset later).
-    pub fn build<R: BufRead + Seek>(mut r: R, file: OwnedFd, shown: String) -> Result<Index> {
+    pub fn build<R: BufRead + Seek>(mut r: R, file: Box<dyn At>, shown: String) -> Result<Index> {
         let mut off = r
             .stream_position()
             .with_context(|| format!("cannot read {shown}"))?;
@@ -243,7 +264,9 @@ impl Index {
             let mut buf = vec![0u8; len as usize];
             let mut got = 0;
             while got < buf.len() {
-                let n = sys::pread(self.file.as_fd(), &mut buf[got..], off + got as u64)
+                let n = self
+                    .file
+                    .read_at(&mut buf[got..], off + got as u64)
                     .with_context(|| format!("cannot read {}", self.shown))?;
                 if n == 0 {
                     bail!(bad());
@@ -269,6 +292,26 @@ impl Index {
             }
         }
         Ok(out)
+    }
+
+    /// Every entry in pre-order, with its path, read back a directory at
+    /// a time as a streamed update reads them (for the fuzz target).
+    pub fn walk(&self, f: &mut dyn FnMut(&[u8], &Entry)) -> Result<()> {
+        fn dir(ix: &Index, rel: &[u8], f: &mut dyn FnMut(&[u8], &Entry)) -> Result<()> {
+            for e in ix.entries(rel)? {
+                let mut p = rel.to_vec();
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&e.name);
+                f(&p, &e);
+                if let Node::Dir(_) = e.node {
+                    dir(ix, &p, f)?;
+                }
+            }
+            Ok(())
+        }
+        dir(self, b"", f)
     }
 
     /// The names at the top of the tree.
@@ -379,7 +422,7 @@ mod tests {
         let f = std::fs::File::open(&path).unwrap();
         let mut r = std::io::BufReader::new(f.try_clone().unwrap());
         Manifest::read_header(&mut r).unwrap();
-        let ix = Index::build(r, OwnedFd::from(f), "m".into()).unwrap();
+        let ix = Index::build(r, Box::new(OwnedFd::from(f)), "m".into()).unwrap();
         (tmp, ix)
     }
 
@@ -445,7 +488,9 @@ mod tests {
             std::fs::write(&path, format!("{body}\n")).unwrap();
             let f = std::fs::File::open(&path).unwrap();
             let r = std::io::BufReader::new(f.try_clone().unwrap());
-            let err = Index::build(r, OwnedFd::from(f), "m".into()).err().unwrap();
+            let err = Index::build(r, Box::new(OwnedFd::from(f)), "m".into())
+                .err()
+                .unwrap();
             let want = [
                 "line 4: out of order",
                 "line 2: its directory is not listed before it",
