@@ -70,6 +70,24 @@ fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
     let v = summary(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
+
+    // The same without --itemize: staged a directory at a time beside the
+    // live manifest, the one file copied, every other one linked.
+    write_at(&wide.join("f000000"), b"one", 1_700_000_002, 0);
+    let v = synced(&f, &["--json"]);
+    assert_eq!(
+        (
+            v["changed"].as_u64(),
+            v["added"].as_u64(),
+            v["deleted"].as_u64()
+        ),
+        (Some(1), Some(0), Some(0)),
+        "{v}"
+    );
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(1), Some(100_000))
+    );
 }
 
 /// `mid/m` a directory with children and `mid/n` a file, between siblings
@@ -133,11 +151,25 @@ fn a_directory_that_becomes_a_file_and_a_file_that_becomes_a_directory_mid_tree(
     let v = summary(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 
-    // And back again.
+    // And back again, staged a directory at a time: what the plan finds.
     kinds_tree(&f, true);
+    let planned = summary(&f.sync(&["--json", "--dry-run"]).ok());
     let v = summary(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    for k in ["added", "changed", "deleted", "copied", "reused", "entries"] {
+        assert_eq!(v[k], planned[k], "{k}: planned {planned} done {v}");
+    }
+    // mid/m and mid/n changed kind; m/deep, m/deep/x, m/y came, n/deep, n/deep/x, n/y went.
+    assert_eq!(
+        (
+            v["changed"].as_u64(),
+            v["added"].as_u64(),
+            v["deleted"].as_u64()
+        ),
+        (Some(2), Some(3), Some(3)),
+        "{v}"
+    );
     let v = summary(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 }
