@@ -148,13 +148,28 @@ fn mkdir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<()> {
 }
 
 /// `mkdir` that accepts an existing directory (but not a symlink or file there).
+/// `mkdir` then open. When another client makes the same directory at the
+/// same instant, a network filesystem (GlusterFS) can answer EEXIST to the
+/// `mkdir` and then ENOENT or ESTALE to the open: both are asked again a
+/// few times, with short waits, before the error counts.
 fn ensure_dir_at(dir: BorrowedFd<'_>, name: &[u8], mode: u32) -> io::Result<OwnedFd> {
-    match mkdir_at(dir, name, mode) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(e),
+    const WAITS_MS: [u64; 8] = [0, 1, 2, 5, 10, 20, 50, 100];
+    let mut last = None;
+    for ms in WAITS_MS {
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        match mkdir_at(dir, name, mode) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        match open_dir_at(dir, name) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound || is_stale(&e) => last = Some(e),
+            res => return res,
+        }
     }
-    open_dir_at(dir, name)
+    Err(last.expect("at least one attempt"))
 }
 
 fn symlink_at(target: &[u8], dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
