@@ -299,11 +299,7 @@ impl Index {
     pub fn walk(&self, f: &mut dyn FnMut(&[u8], &Entry)) -> Result<()> {
         fn dir(ix: &Index, rel: &[u8], f: &mut dyn FnMut(&[u8], &Entry)) -> Result<()> {
             for e in ix.entries(rel)? {
-                let mut p = rel.to_vec();
-                if !p.is_empty() {
-                    p.push(b'/');
-                }
-                p.extend_from_slice(&e.name);
+                let p = crate::tree::join(rel, &e.name);
                 f(&p, &e);
                 if let Node::Dir(_) = e.node {
                     dir(ix, &p, f)?;
@@ -357,14 +353,7 @@ impl Index {
     /// changed, what was below `l` (the entry itself is a change).
     pub fn gone(&self, rel: &[u8], l: &Entry, e: Option<&Entry>) -> u64 {
         let below = match l.node {
-            Node::Dir(_) => {
-                let mut p = rel.to_vec();
-                if !p.is_empty() {
-                    p.push(b'/');
-                }
-                p.extend_from_slice(&l.name);
-                self.below(&p)
-            }
+            Node::Dir(_) => self.below(&crate::tree::join(rel, &l.name)),
             _ => 0,
         };
         match e {

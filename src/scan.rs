@@ -21,6 +21,7 @@ use crate::plan::{self, Compare};
 use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
+use crate::tree::join;
 use crate::tree::{Entry, Kind, Meta, Node, Tree};
 
 /// Which paths a scan leaves out (gitignore rules, in command-line order).
@@ -258,17 +259,6 @@ pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
         bytes: walk.bytes.into_inner(),
         top: walk.top.into_inner().unwrap(),
     })
-}
-
-/// `rel/name`, or `name` at the root.
-fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(rel.len() + 1 + name.len());
-    p.extend_from_slice(rel);
-    if !rel.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// The state of one `compare_live` walk, shared by its threads.

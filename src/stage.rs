@@ -41,6 +41,7 @@ use crate::report::{escape, Reporter};
 use crate::scan::display;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
+use crate::tree::join;
 use crate::tree::{Entry, Meta, Node, Tree};
 
 /// What the stage needs besides the tree.
@@ -130,6 +131,17 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
+    /// What was staged into `out`, as counted.
+    fn staged(self, out: DirFd) -> Staged {
+        Staged {
+            tree: out,
+            copied: self.copied.into_inner(),
+            copied_bytes: self.copied_bytes.into_inner(),
+            reused: self.reused.into_inner(),
+            owner_failures: self.owner_failures.into_inner(),
+        }
+    }
+
     /// A refused owner is counted, not fatal.
     fn owner_refused(&self) {
         self.owner_failures.fetch_add(1, Ordering::Relaxed);
@@ -152,16 +164,22 @@ thread_local! {
     static BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
 }
 
+/// The new directory `tree` inside `staging` (this writer's empty staging
+/// directory), where the tree is staged.
+fn staged_root(staging: &DirFd) -> Result<DirFd> {
+    staging
+        .mkdir(b"tree", 0o700)
+        .context("cannot create the staging tree")?;
+    staging
+        .open_dir(b"tree")
+        .context("cannot open the staging tree")
+}
+
 /// Stage `tree` into a new directory `tree` inside `staging` (this
 /// writer's empty staging directory).
 pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     sys::pause_point("staging");
-    staging
-        .mkdir(b"tree", 0o700)
-        .context("cannot create the staging tree")?;
-    let out = staging
-        .open_dir(b"tree")
-        .context("cannot open the staging tree")?;
+    let out = staged_root(staging)?;
     let mut ctx = Ctx::new(job);
     tree.for_each(&mut |path, e| {
         if let Node::File(f) = &e.node {
@@ -191,13 +209,7 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     apply_meta(&ctx, out.as_fd(), &tree.root).context("cannot set metadata of the staged root")?;
     ctx.flush(out.as_fd())
         .context("cannot flush the staged root to disk (nothing was published)")?;
-    Ok(Staged {
-        tree: out,
-        copied: ctx.copied.into_inner(),
-        copied_bytes: ctx.copied_bytes.into_inner(),
-        reused: ctx.reused.into_inner(),
-        owner_failures: ctx.owner_failures.into_inner(),
-    })
+    Ok(ctx.staged(out))
 }
 
 /// What a streamed stage works from besides its `Job`: the sources are
@@ -249,12 +261,7 @@ pub struct Changes {
 /// `run` does. The body is then put in pre-order (`body` in staging) and
 /// its digest computed.
 pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
-    staging
-        .mkdir(b"tree", 0o700)
-        .context("cannot create the staging tree")?;
-    let out = staging
-        .open_dir(b"tree")
-        .context("cannot open the staging tree")?;
+    let out = staged_root(staging)?;
     let in_stage = |what: &str| format!("cannot write the manifest's {what} in staging");
     let spool = staging
         .create_excl(b"lines")
@@ -332,13 +339,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
     let ctx = w.ctx;
     Ok(Streamed {
         changes,
-        staged: Staged {
-            tree: out,
-            copied: ctx.copied.into_inner(),
-            copied_bytes: ctx.copied_bytes.into_inner(),
-            reused: ctx.reused.into_inner(),
-            owner_failures: ctx.owner_failures.into_inner(),
-        },
+        staged: ctx.staged(out),
         body: spooled,
     })
 }
@@ -648,16 +649,6 @@ fn check_signal() -> Result<()> {
         Some(sig) => Err(Failure::Interrupted(sig).into()),
         None => Ok(()),
     }
-}
-
-fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(rel.len() + 1 + name.len());
-    p.extend_from_slice(rel);
-    if !rel.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// Stage the entries of one directory (in parallel): `srcs` holds each

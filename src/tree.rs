@@ -149,6 +149,18 @@ impl std::fmt::Debug for Name {
     }
 }
 
+/// `rel/name`, or `name` at the root (`rel` empty): an entry's path below
+/// the tree's root, as every walk builds it.
+pub fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(rel.len() + 1 + name.len());
+    p.extend_from_slice(rel);
+    if !rel.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
     File(File),

@@ -13,6 +13,7 @@ use crate::error;
 use crate::report::Reporter;
 use crate::scan::{display, meta_of, Filter};
 use crate::sys::{self, DirFd, StatKind};
+use crate::tree::join;
 use crate::tree::{Dir as DirNode, Entry, File, Meta, Name, Node, Tree};
 
 use super::Source;
@@ -268,17 +269,6 @@ impl Walk<'_> {
             node,
         }))
     }
-}
-
-/// `rel/name`, or `name` at the root.
-fn join(rel: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(rel.len() + 1 + name.len());
-    p.extend_from_slice(rel);
-    if !rel.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 #[cfg(test)]

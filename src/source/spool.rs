@@ -595,11 +595,7 @@ impl Spool {
             .list()
             .with_context(|| format!("cannot list {} in the spool", escape(path)))?;
         for l in listed {
-            let mut p = path.to_vec();
-            if !p.is_empty() {
-                p.push(b'/');
-            }
-            p.extend_from_slice(&l.name);
+            let p = crate::tree::join(path, &l.name);
             if !layer.contains(&p) {
                 self.remove(dir, &l.name, &p)?;
             }
@@ -887,11 +883,7 @@ impl Spooled {
         };
         let mut lent: Vec<Entry> = Vec::with_capacity(files.len());
         for (name, mut e) in files {
-            let mut p = rel.clone();
-            if !p.is_empty() {
-                p.push(b'/');
-            }
-            p.extend_from_slice(&name);
+            let p = crate::tree::join(rel, &name);
             if filter.excludes(&p, false) {
                 continue;
             }
@@ -1417,26 +1409,24 @@ mod tests {
 
     #[test]
     fn a_seeded_spool_gives_what_applying_every_layer_gives() {
-        let upper = archive(&[
-            (header(b"app/lib/b", b'0', 2, b""), b"b2"),
-            (header(b"app/lib/new", b'0', 1, b""), b"n"),
-            (header(b"app/.wh.gone", b'0', 0, b""), b""),
-            (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
-            (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
-            (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
-            (header(b"etc/.wh.motd", b'0', 0, b""), b""),
-        ]);
-        // Without a file in the way: `app/file-then-dir/x` is refused below.
-        let upper_ok = archive(&[
-            (header(b"app/lib/b", b'0', 2, b""), b"b2"),
-            (header(b"app/lib/new", b'0', 1, b""), b"n"),
-            (header(b"app/.wh.gone", b'0', 0, b""), b""),
-            (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
-            (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
-            (header(b"app/.wh.file-then-dir", b'0', 0, b""), b""),
-            (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
-            (header(b"etc/.wh.motd", b'0', 0, b""), b""),
-        ]);
+        // `clear`: the file `app/file-then-dir` whited out first; without
+        // that, `app/file-then-dir/x` goes through a file and is refused below.
+        let upper_layer = |clear: bool| {
+            let mut entries = vec![
+                (header(b"app/lib/b", b'0', 2, b""), &b"b2"[..]),
+                (header(b"app/lib/new", b'0', 1, b""), b"n"),
+                (header(b"app/.wh.gone", b'0', 0, b""), b""),
+                (header(b"app/cache/.wh..wh..opq", b'0', 0, b""), b""),
+                (header(b"app/cache/fresh", b'0', 1, b""), b"f"),
+                (header(b"app/file-then-dir/x", b'0', 1, b""), b"x"),
+                (header(b"etc/.wh.motd", b'0', 0, b""), b""),
+            ];
+            if clear {
+                entries.insert(5, (header(b"app/.wh.file-then-dir", b'0', 0, b""), b""));
+            }
+            archive(&entries)
+        };
+        let (upper, upper_ok) = (upper_layer(false), upper_layer(true));
         let lower = lower_layers();
         let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
         for prefix in [None, Some(&b"app"[..])] {

@@ -394,6 +394,8 @@ fn assert_published(vol: &Path, repo_dir: &str) {
 /// line, or a panic under CI) when either is missing. The rig goes down
 /// before the lock is released.
 struct Setup {
+    /// This test's work directory (first, so it goes before the rig does).
+    work: tempfile::TempDir,
     rig: Rig,
     bin: PathBuf,
     _lock: fs::File,
@@ -420,6 +422,10 @@ fn setup() -> Option<Setup> {
     let lock = rig_lock();
     match Rig::up() {
         Ok(rig) => Some(Setup {
+            work: tempfile::Builder::new()
+                .prefix("packsync-containers")
+                .tempdir()
+                .unwrap(),
             rig,
             bin,
             _lock: lock,
@@ -438,11 +444,7 @@ fn setup() -> Option<Setup> {
 fn the_stackstorm_example_in_real_containers() {
     let Some(setup) = setup() else { return };
     let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
 
     // The images, with no registry from outside.
     stackstorm_images(rig, bin, work);
@@ -988,11 +990,7 @@ fn the_opa_example_on_two_cephfs_clients_in_real_containers() {
         }
     };
     let (a, b) = (ceph.mnt("A"), ceph.mnt("B"));
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
     let busybox = base_images(rig, bin);
     let yaml = opa_pod(rig, bin, &busybox, work);
     let replica = |i: usize, node: &Path| {
@@ -1064,11 +1062,7 @@ fn the_opa_example_on_two_cephfs_clients_in_real_containers() {
 fn the_opa_and_two_image_examples_in_real_containers() {
     let Some(setup) = setup() else { return };
     let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
     let busybox = base_images(rig, bin);
 
     let yaml = opa_pod(rig, bin, &busybox, work);
@@ -1207,11 +1201,7 @@ fn the_opa_and_two_image_examples_in_real_containers() {
 fn the_stackstorm_registry_example_in_real_containers() {
     let Some(setup) = setup() else { return };
     let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
     stackstorm_images(rig, bin, work);
     let registry = rig.var("CONTAINER_RIG_REGISTRY").to_string();
     for (local, remote) in [
@@ -1328,11 +1318,7 @@ fn the_stackstorm_registry_example_in_real_containers() {
 fn the_opa_http_example_keeps_the_last_good_bundle_in_real_containers() {
     let Some(setup) = setup() else { return };
     let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
     let busybox = base_images(rig, bin);
     let _ = opa_pod(rig, bin, &busybox, work);
     rig.build(
@@ -1544,11 +1530,7 @@ fn git_sync_round(git: &Path, edit: impl FnOnce(&Path)) {
 fn the_stackstorm_publisher_example_in_real_containers() {
     let Some(setup) = setup() else { return };
     let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
     stackstorm_images(rig, bin, work);
     let busybox = rig.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
     git_sync_standin(rig, &busybox, work, "examples/packs", "packs");
@@ -1629,11 +1611,7 @@ fn the_stackstorm_publisher_example_in_real_containers() {
 fn the_opa_sidecar_example_in_real_containers() {
     let Some(setup) = setup() else { return };
     let (rig, bin) = (&setup.rig, &setup.bin);
-    let work = tempfile::Builder::new()
-        .prefix("packsync-containers")
-        .tempdir()
-        .unwrap();
-    let work = work.path();
+    let work = setup.work.path();
     let busybox = base_images(rig, bin);
     rig.build(
         "localhost/packsync-busybox:1.36",

@@ -390,3 +390,27 @@ pub fn spawn_sync(src: &Path, dest: &Path, extra: &[&str]) -> std::process::Chil
         .spawn()
         .unwrap()
 }
+
+/// The one JSON object a `--json` run printed on stdout.
+#[track_caller]
+pub fn json(run: &Run) -> serde_json::Value {
+    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
+}
+
+/// `changes` of a `--json --itemize` summary as `--itemize` lines.
+#[track_caller]
+pub fn changes_as_lines(v: &serde_json::Value) -> Vec<String> {
+    v["changes"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no changes list: {v}"))
+        .iter()
+        .map(|c| {
+            assert_eq!(c.as_object().unwrap().len(), 2, "{c}");
+            format!(
+                "{} {}",
+                c["change"].as_str().unwrap(),
+                c["path"].as_str().unwrap()
+            )
+        })
+        .collect()
+}

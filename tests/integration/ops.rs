@@ -8,7 +8,7 @@ use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 
-use crate::fixture::{is_root, mtime, set_mtime, Fixture, Run};
+use crate::fixture::{is_root, json, mtime, set_mtime, Fixture, Run};
 
 /// The generation DEST points at.
 fn live_gen(f: &Fixture) -> String {
@@ -22,10 +22,6 @@ fn live_gen(f: &Fixture) -> String {
 
 fn gen_dir(f: &Fixture, gen: &str) -> PathBuf {
     f.state().join("gen").join(gen)
-}
-
-fn json(run: &Run) -> serde_json::Value {
-    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
 }
 
 /// A `--json` run that exited `code` with exactly one JSON object on stdout.

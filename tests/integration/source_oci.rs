@@ -912,6 +912,19 @@ impl Registry {
     }
 }
 
+/// A registry holding `stacked("v1")` as `app:1` and `app:2` (v2: one
+/// layer more), the fixture, and the layout pushed.
+fn stacked_in_registry() -> (Registry, Fixture, PathBuf) {
+    let reg = Registry::start(Auth::None);
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    write_layout(&layout, &stacked("v1"), "1");
+    for tag in ["1", "2"] {
+        reg.push(&layout, tag, "app", None);
+    }
+    (reg, f, layout)
+}
+
 /// The generation DEST shows (its manifest's digest names it).
 fn generation(dest: &Path) -> String {
     let target = fs::read_link(dest).unwrap();
@@ -923,13 +936,7 @@ fn an_added_top_layer_is_the_only_one_fetched() {
     if !have(TOOLS) {
         return;
     }
-    let reg = Registry::start(Auth::None);
-    let f = Fixture::new();
-    let layout = f.path("layout");
-    write_layout(&layout, &stacked("v1"), "1");
-    for tag in ["1", "2"] {
-        reg.push(&layout, tag, "app", None);
-    }
+    let (reg, f, layout) = stacked_in_registry();
     let manifest_of = |tag: &str| {
         let index: serde_json::Value =
             serde_json::from_slice(&fs::read(layout.join("index.json")).unwrap()).unwrap();
@@ -1003,13 +1010,7 @@ fn a_drifted_base_file_or_another_image_fetches_every_layer() {
     if !have(TOOLS) {
         return;
     }
-    let reg = Registry::start(Auth::None);
-    let f = Fixture::new();
-    let layout = f.path("layout");
-    write_layout(&layout, &stacked("v1"), "1");
-    for tag in ["1", "2"] {
-        reg.push(&layout, tag, "app", None);
-    }
+    let (reg, f, _) = stacked_in_registry();
     let other = f.path("other");
     write_layout(&other, &stacked("other"), "1");
     reg.push(&other, "1", "other", None);

@@ -11,26 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 
 use proptest::prelude::*;
 
-use crate::fixture::{is_root, mirror, set_mtime, write_at, Fixture, Run};
-
-fn summary(run: &Run) -> serde_json::Value {
-    serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
-}
-
-fn itemized(v: &serde_json::Value) -> Vec<String> {
-    v["changes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no changes in {v}"))
-        .iter()
-        .map(|c| {
-            format!(
-                "{} {}",
-                c["change"].as_str().unwrap(),
-                c["path"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
+use crate::fixture::{changes_as_lines, is_root, json, mirror, set_mtime, write_at, Fixture};
 
 #[test]
 fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
@@ -46,12 +27,12 @@ fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
         );
     }
     f.file("wide-after/x", "x");
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
     assert_eq!(v["entries"], 100_003, "{v}");
     assert_eq!(v["copied"], 100_001, "{v}");
 
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
     assert_eq!(
         (v["entries"].as_u64(), v["bytes"].as_u64()),
@@ -60,15 +41,15 @@ fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
 
     // The very last file of the wide directory: found however far the walk goes.
     write_at(&wide.join("f099999"), b"new", 1_700_000_001, 0);
-    let v = summary(&f.sync(&["--json", "--itemize"]).ok());
+    let v = json(&f.sync(&["--json", "--itemize"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
-    assert_eq!(itemized(&v), ["~ wide/f099999"]);
+    assert_eq!(changes_as_lines(&v), ["~ wide/f099999"]);
     assert_eq!(
         (v["copied"].as_u64(), v["reused"].as_u64()),
         (Some(1), Some(100_000))
     );
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 
     // The same without --itemize: staged a directory at a time beside the
@@ -76,11 +57,7 @@ fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
     write_at(&wide.join("f000000"), b"one", 1_700_000_002, 0);
     let v = synced(&f, &["--json"]);
     assert_eq!(
-        (
-            v["changed"].as_u64(),
-            v["added"].as_u64(),
-            v["deleted"].as_u64()
-        ),
+        changed_added_deleted(&v),
         (Some(1), Some(0), Some(0)),
         "{v}"
     );
@@ -132,10 +109,10 @@ fn a_directory_that_becomes_a_file_and_a_file_that_becomes_a_directory_mid_tree(
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
 
     kinds_tree(&f, false);
-    let v = summary(&f.sync(&["--json", "--itemize"]).ok());
+    let v = json(&f.sync(&["--json", "--itemize"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
     assert_eq!(
-        itemized(&v),
+        changes_as_lines(&v),
         [
             "~ mid/m",
             "- mid/m/deep/",
@@ -148,13 +125,13 @@ fn a_directory_that_becomes_a_file_and_a_file_that_becomes_a_directory_mid_tree(
         ]
     );
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 
     // And back again, staged a directory at a time: what the plan finds.
     kinds_tree(&f, true);
-    let planned = summary(&f.sync(&["--json", "--dry-run"]).ok());
-    let v = summary(&f.sync(&["--json"]).ok());
+    let planned = json(&f.sync(&["--json", "--dry-run"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
     for k in ["added", "changed", "deleted", "copied", "reused", "entries"] {
@@ -162,15 +139,11 @@ fn a_directory_that_becomes_a_file_and_a_file_that_becomes_a_directory_mid_tree(
     }
     // mid/m and mid/n changed kind; m/deep, m/deep/x, m/y came, n/deep, n/deep/x, n/y went.
     assert_eq!(
-        (
-            v["changed"].as_u64(),
-            v["added"].as_u64(),
-            v["deleted"].as_u64()
-        ),
+        changed_added_deleted(&v),
         (Some(2), Some(3), Some(3)),
         "{v}"
     );
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 }
 
@@ -186,7 +159,7 @@ fn hardlinks_across_directories_decide_whether_a_tree_is_up_to_date() {
     fs::hard_link(f.src().join("a.txt"), f.src().join("z/a-link")).unwrap();
     f.sync(&[]).ok();
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
     // Content counted once per inode.
     assert_eq!(v["bytes"], 12, "{v}");
@@ -197,7 +170,7 @@ fn hardlinks_across_directories_decide_whether_a_tree_is_up_to_date() {
     write_at(&z, b"same", 1_700_000_000, 0);
     set_mtime(&f.src().join("z"), 1_700_000_000, 0);
     let live_z = mirror(&f.dest());
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
     assert_ne!(mirror(&f.dest()), live_z);
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
@@ -206,10 +179,10 @@ fn hardlinks_across_directories_decide_whether_a_tree_is_up_to_date() {
     fs::remove_file(f.src().join("c.txt")).unwrap();
     fs::hard_link(f.src().join("b.txt"), f.src().join("c.txt")).unwrap();
     set_mtime(&f.src(), 1_700_000_000, 0);
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
-    let v = summary(&f.sync(&["--json"]).ok());
+    let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 }
 
@@ -256,11 +229,17 @@ fn a_generation_made_before_streaming_keeps_its_name_and_is_up_to_date() {
         }
         set_mtime(&path, t, 123_456_789);
     }
-    let v = summary(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
+    let v = json(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
     // The name the binary of main (before this change) gives this tree.
     assert_eq!(v["generation"], "d1217733c0e6face", "{v}");
-    let v = summary(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
+    let v = json(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
+}
+
+/// (changed, added, deleted) of a `--json` summary.
+fn changed_added_deleted(v: &serde_json::Value) -> (Option<u64>, Option<u64>, Option<u64>) {
+    let n = |k: &str| v[k].as_u64();
+    (n("changed"), n("added"), n("deleted"))
 }
 
 /// Whether any file below `root` has more than one link (the plan and
@@ -278,10 +257,10 @@ fn hardlinked(root: &std::path::Path) -> bool {
 /// Sync, and check what a user would: exit 0, the mirror equal to the
 /// source, `verify` content with the live tree, a second sync up to date.
 fn synced(f: &Fixture, args: &[&str]) -> serde_json::Value {
-    let v = summary(&f.sync(args).ok());
+    let v = json(&f.sync(args).ok());
     assert_eq!(mirror(&f.dest()), mirror(&f.src()), "{v}");
     f.packsync(&["verify", "vol/packs"]).ok();
-    let again = summary(&f.sync(&["--json", "--allow-empty"]).ok());
+    let again = json(&f.sync(&["--json", "--allow-empty"]).ok());
     assert_eq!(again["status"], "up to date", "{again}");
     v
 }
@@ -303,7 +282,7 @@ proptest! {
                 n += 1;
                 crate::property::apply(&f.src(), o, n);
             }
-            let planned = summary(&f.sync(&["--json", "--dry-run", "--allow-empty"]).ok());
+            let planned = json(&f.sync(&["--json", "--dry-run", "--allow-empty"]).ok());
             let done = synced(&f, &["--json", "--allow-empty"]);
             if planned["status"] == "up to date" {
                 prop_assert_eq!(&done["status"], "up to date", "{}", done);

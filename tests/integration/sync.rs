@@ -3,7 +3,7 @@
 use std::fs;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 
-use crate::fixture::{is_root, mirror, packsync, Fixture, Run};
+use crate::fixture::{changes_as_lines, is_root, mirror, packsync, Fixture, Run};
 
 #[test]
 fn first_sync_mirrors_the_source_through_a_relative_link() {
@@ -152,24 +152,6 @@ fn json_summary(run: &Run) -> serde_json::Value {
         serde_json::from_str(&run.stdout).unwrap_or_else(|e| panic!("{e}: {}", run.stdout));
     assert!(v.is_object(), "{v}");
     v
-}
-
-/// `changes` of a `--json --itemize` summary as `--itemize` lines.
-#[track_caller]
-fn changes_as_lines(v: &serde_json::Value) -> Vec<String> {
-    v["changes"]
-        .as_array()
-        .unwrap_or_else(|| panic!("no changes list: {v}"))
-        .iter()
-        .map(|c| {
-            assert_eq!(c.as_object().unwrap().len(), 2, "{c}");
-            format!(
-                "{} {}",
-                c["change"].as_str().unwrap(),
-                c["path"].as_str().unwrap()
-            )
-        })
-        .collect()
 }
 
 #[test]
