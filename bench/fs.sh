@@ -7,6 +7,9 @@
 #   loop-mounted with direct I/O and without online discard at BENCH_DIR/fs,
 #   trimmed and unmounted at exit. The machine's own root filesystem may be
 #   mounted with `discard` and shared with other work; this one is not.
+#   BENCH_FS_SIZE (default 24G) and BENCH_MKFS_OPTS (default "-i 4096")
+#   change the image: 3x10^6 entries fit with
+#   BENCH_MKFS_OPTS="-i 2048 -I 256 -O inline_data" (small files in their inodes).
 # dir: BENCH_DIR's own filesystem (to measure NFS or another volume).
 
 bench_fs_setup() {
@@ -25,9 +28,10 @@ bench_fs_setup() {
         export BENCH_FS_NOTE="the work dir's own filesystem"
         ;;
     loop)
-        local img="$dir/fs.img" size=24G # sparse: the host holds only what is in use
+        # Sparse: the host holds only what is in use.
+        local img="$dir/fs.img" size="${BENCH_FS_SIZE:-24G}"
         # One inode per 4 KiB: bench/scale.sh copies a tree of 10^6 files.
-        local mkfs_opts="-i 4096"
+        local mkfs_opts="${BENCH_MKFS_OPTS:--i 4096}"
         bench_mnt="$dir/fs"
         mkdir -p "$bench_mnt"
         if mountpoint -q "$bench_mnt"; then # left by an interrupted run
@@ -51,7 +55,7 @@ bench_fs_setup() {
         export BENCH_ROOT="$bench_mnt"
         local host_fs
         host_fs="$(findmnt -n -o FSTYPE,OPTIONS -T "$dir" | tr -s ' ')"
-        export BENCH_FS_NOTE="a dedicated $size ext4 on a loop device (direct I/O) backed by $img on $host_fs"
+        export BENCH_FS_NOTE="a dedicated $size ext4 (mkfs.ext4 $mkfs_opts) on a loop device (direct I/O) backed by $img on $host_fs"
         ;;
     *)
         echo "bench: --fs takes loop or dir" >&2

@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+use crate::distinct::Distinct;
+
 use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 
 /// How "unchanged" is judged.
@@ -164,17 +166,21 @@ pub fn same_dir(src: &[Entry], live: &[Entry], c: &Compare) -> bool {
 
 /// The hardlink half of a compare made a directory at a time: whether the
 /// files that share an inode in the source are exactly those that share
-/// one in the live tree. Only pairs where either side has more than one
-/// link are remembered, in 12 bytes each (the live inode and an id for the
-/// source inode), plus one map entry per multiply-linked source inode.
+/// one in the live tree. Pairs whose source file has more than one link
+/// are remembered in 12 bytes each (the live inode and an id for the source
+/// inode), plus one map entry per multiply-linked source inode. A source
+/// file of one link whose live file has more (after an update, nearly every
+/// file: its other link is in the previous generation) only needs its live
+/// inode to be no other path's: those are told apart in a few bits each
+/// (`Distinct`).
 #[derive(Default)]
 pub struct Links {
     /// Source inodes with more than one link, (dev, ino) → id.
     ids: HashMap<(u64, u64), u32>,
-    /// Ids handed to source files of one link, from the top down.
-    singles: u32,
-    /// (live inode high, low, source id) of each such pair.
-    pairs: Vec<[u32; 3]>,
+    /// (live inode high, low, source id) of each pair of such a file.
+    grouped: Vec<[u32; 3]>,
+    /// The live inodes of source files of one link.
+    singles: Distinct,
 }
 
 impl Links {
@@ -185,17 +191,20 @@ impl Links {
         if src.nlink <= 1 && live.nlink <= 1 {
             return true;
         }
-        let (id, first) = if src.nlink > 1 {
-            let next = self.ids.len() as u32;
-            let id = *self.ids.entry((src.dev, src.ino)).or_insert(next);
-            (id, id == next)
-        } else {
-            self.singles += 1;
-            (u32::MAX - self.singles, true)
-        };
-        self.pairs
+        if src.nlink <= 1 {
+            self.singles.insert(live.ino);
+            return true;
+        }
+        let next = self.ids.len() as u32;
+        let id = *self.ids.entry((src.dev, src.ino)).or_insert(next);
+        self.grouped
             .push([(live.ino >> 32) as u32, live.ino as u32, id]);
-        first
+        id == next
+    }
+
+    /// Already known not to be consistent: the walk may stop.
+    pub fn broken(&self) -> bool {
+        self.singles.seen_twice()
     }
 
     /// The two partitions into inodes are the same: each live inode holds
@@ -210,12 +219,16 @@ impl Links {
             };
         let live = |p: &[u32; 3]| (p[0] as u64) << 32 | p[1] as u64;
         let src = |p: &[u32; 3]| p[2] as u64;
-        self.pairs.sort_unstable();
-        if !one_to_one(&self.pairs, live, src) {
+        self.grouped.sort_unstable();
+        if !one_to_one(&self.grouped, live, src) {
             return false;
         }
-        self.pairs.sort_unstable_by_key(|p| (p[2], p[0], p[1]));
-        one_to_one(&self.pairs, src, live)
+        // Each group's live inode is no single file's.
+        for run in self.grouped.chunk_by(|a, b| live(a) == live(b)) {
+            self.singles.insert(live(&run[0]));
+        }
+        self.grouped.sort_unstable_by_key(|p| (p[2], p[0], p[1]));
+        one_to_one(&self.grouped, src, live) && self.singles.all_distinct()
     }
 }
 
@@ -554,6 +567,14 @@ mod tests {
             (file(9, 1), file(70, 3)),
         ];
         assert!(!check(&more).0);
+        // After an update: every live file has a second link elsewhere,
+        // 30,000 of them, apart; then two of them joined far apart in the walk.
+        let mut after: Vec<(File, File)> = (0..30_000)
+            .map(|i| (file(i, 1), file(1_000_000 + 3 * i, 2)))
+            .collect();
+        assert!(check(&after).0);
+        after.push((file(99_999, 1), file(1_000_000 + 3 * 17, 2)));
+        assert!(!check(&after).0);
     }
 
     #[test]

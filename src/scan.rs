@@ -301,6 +301,10 @@ impl Paired<'_> {
                     }
                 }
             }
+            if links.broken() {
+                self.differs.store(true, Ordering::Relaxed);
+                return Ok(());
+            }
         }
         self.entries
             .fetch_add(merged.len() as u64, Ordering::Relaxed);

@@ -855,11 +855,11 @@ pub fn release_free_memory() {
     }
 }
 
-/// Make every thread share one allocator arena, for a process that runs for
-/// days (`sync --every`): with an arena per thread, each keeps the
-/// fragments of whatever a round left in it and the RSS creeps up with the
-/// rounds. Called before any thread but main exists. glibc only
-/// (`mallopt(M_ARENA_MAX, 1)`); elsewhere nothing.
+/// Make every thread share one allocator arena: with an arena per thread,
+/// each keeps the fragments of whatever it freed, which raises a one-shot
+/// sync's peak RSS with its many threads and makes the loop's (`sync
+/// --every`) creep up with the rounds. Called before any thread but main
+/// exists. glibc only (`mallopt(M_ARENA_MAX, 1)`); elsewhere nothing.
 pub fn share_one_arena() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only sets an allocator parameter; no memory is touched.
