@@ -528,7 +528,7 @@ impl StreamedRound<'_> {
         // Only `--max-delete` needs to know what goes before staging: one
         // more walk of the sources, beside the live manifest.
         let deleted = match (rec, cfg.max_delete) {
-            (Some(r), Some(_)) => scan::count_deleted(&refs, &cfg.filter, &quiet, &r.index)?,
+            (Some(r), Some(_)) => scan::count_deleted(&refs, &cfg.filter, &r.index)?,
             _ => 0,
         };
         {

@@ -356,13 +356,11 @@ impl Paired<'_> {
 pub fn count_deleted(
     sources: &[&dyn Source],
     filter: &Filter,
-    reporter: &dyn Reporter,
     ix: &crate::index::Index,
 ) -> Result<u64> {
     let c = Counting {
         sources,
         filter,
-        reporter,
         ix,
     };
     let roots: Vec<Option<&DirFd>> = sources.iter().map(|s| s.root()).collect();
@@ -373,15 +371,14 @@ pub fn count_deleted(
 struct Counting<'a> {
     sources: &'a [&'a dyn Source],
     filter: &'a Filter,
-    reporter: &'a dyn Reporter,
     ix: &'a crate::index::Index,
 }
 
 impl Counting<'_> {
     /// What goes at and below the directory at `rel`.
     fn dir(&self, srcs: &[Option<&DirFd>], rel: &[u8]) -> Result<u64> {
-        // Names and kinds decide what goes: no metadata to adjust.
-        let mut entries = source::list_merged(self.sources, srcs, rel, self.filter, self.reporter)?;
+        // Names and kinds decide what goes: no stat where the listing tells the kind.
+        let mut entries = source::kinds_merged(self.sources, srcs, rel, self.filter)?;
         let live = self.ix.entries(rel)?;
         let mut deleted = 0;
         let mut subdirs = Vec::new();

@@ -72,6 +72,61 @@ impl Dir {
         };
         walk.list(dir, &mut rel.to_vec())
     }
+
+    /// The names and kinds alone of what `list` gives, with no stat where
+    /// the listing tells the kind (`d_type`; a filesystem that answers
+    /// "unknown" is asked with a stat): what decides whether a recorded
+    /// entry goes (`scan::count_deleted`). Metadata is left empty, symlink
+    /// targets unread, and what `list` skips is left out without a word
+    /// (`list` reports it when the sync reads the directory).
+    pub fn kinds(
+        dir: &DirFd,
+        rel: &[u8],
+        label: &str,
+        src: u16,
+        filter: &Filter,
+    ) -> Result<Vec<Entry>> {
+        let listed = dir
+            .list()
+            .with_context(|| format!("cannot read directory {}", display(label, rel)))?;
+        let mut entries = Vec::with_capacity(listed.len());
+        for l in listed {
+            let kind = match sys::kind_listed(&l) {
+                Some(k) => k,
+                None => match dir.stat(&l.name) {
+                    Ok(st) => sys::kind_of(&st),
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                    Err(e) => {
+                        return Err(e).with_context(|| {
+                            format!("cannot stat {}", display(label, &join(rel, &l.name)))
+                        })
+                    }
+                },
+            };
+            if !filter.is_empty() && filter.excludes(&join(rel, &l.name), kind == StatKind::Dir) {
+                continue;
+            }
+            let node = match kind {
+                StatKind::File => Node::File(File {
+                    src,
+                    ..Default::default()
+                }),
+                StatKind::Symlink => Node::Symlink(Default::default()),
+                StatKind::Dir => Node::Dir(DirNode {
+                    srcs: 1 << src,
+                    entries: Vec::new(),
+                }),
+                StatKind::Other(_) => continue,
+            };
+            entries.push(Entry {
+                name: l.name.into(),
+                meta: Meta::default(),
+                node,
+            });
+        }
+        entries.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
 }
 
 impl Source for Dir {

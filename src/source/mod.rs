@@ -242,11 +242,6 @@ pub fn spool_all(sources: &[&dyn Source], staging: &DirFd, reporter: &dyn Report
         .try_for_each(|(i, s)| s.spool(staging, i.to_string().as_bytes(), reporter))
 }
 
-/// Each source's handle on the directory `name` (at `path` from the root)
-/// below its handle on the parent: for the sources whose entries the
-/// directory holds (`srcs`, a bit per source index), `None` for the others
-/// and for sources without a root. How stage and hash walk every source at
-/// once, one `openat` per directory and source.
 /// The entries of the directory at `rel` as the sources give it, overlaid
 /// (a later source's entry wins, directories merge): `dirs` holds each
 /// source's handle on it, where that source provides it.
@@ -270,6 +265,32 @@ pub fn list_merged(
     Ok(merged)
 }
 
+/// `list_merged` with names and kinds alone (`Dir::kinds`): no stat where
+/// the listing tells the kind.
+pub fn kinds_merged(
+    sources: &[&dyn Source],
+    dirs: &[Option<&DirFd>],
+    rel: &[u8],
+    filter: &Filter,
+) -> Result<Vec<Entry>> {
+    let mut merged: Vec<Entry> = Vec::new();
+    for (i, fd) in dirs.iter().enumerate() {
+        let Some(fd) = fd else { continue };
+        let listed = Dir::kinds(fd, rel, sources[i].label(), i as u16, filter)?;
+        if merged.is_empty() {
+            merged = listed;
+        } else {
+            crate::tree::merge_entries(&mut merged, listed);
+        }
+    }
+    Ok(merged)
+}
+
+/// Each source's handle on the directory `name` (at `path` from the root)
+/// below its handle on the parent: for the sources whose entries the
+/// directory holds (`srcs`, a bit per source index), `None` for the others
+/// and for sources without a root. How stage and hash walk every source at
+/// once, one `openat` per directory and source.
 pub fn open_dirs(
     sources: &[&dyn Source],
     parents: &[Option<&DirFd>],

@@ -51,6 +51,18 @@ pub fn kind_of(st: &Stat) -> StatKind {
     }
 }
 
+/// The kind a directory listing gives (`d_type`), `None` where the
+/// filesystem does not say (`DT_UNKNOWN`): then only a stat tells.
+pub fn kind_listed(l: &Listed) -> Option<StatKind> {
+    match l.file_type {
+        FileType::Unknown => None,
+        FileType::RegularFile => Some(StatKind::File),
+        FileType::Directory => Some(StatKind::Dir),
+        FileType::Symlink => Some(StatKind::Symlink),
+        _ => Some(StatKind::Other("special file")),
+    }
+}
+
 const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
