@@ -29,16 +29,36 @@ use crate::tree::{Entry, Meta, Node};
 const MAX_LINE: usize = 1 << 20;
 
 /// One directory: its path (in `Index::paths`), its runs of entry lines
-/// (in `Index::runs`), and what lies below it. 32 bytes and its path.
+/// (in `Index::runs`), and what lies below it. 20 bytes and its path (a
+/// manifest whose directories' paths or entries pass 2^32 is refused).
 #[derive(Debug, Default, Clone, Copy)]
 struct Dir {
-    path_at: u64,
+    path_at: u32,
     path_len: u32,
     /// Its runs: `Index::runs[runs_at..runs_at + runs_len]`.
     runs_at: u32,
     runs_len: u32,
     /// Entries below it, at any depth.
-    below: u64,
+    below: u32,
+}
+
+/// Where one run of a directory's entry lines is: offset (high and low
+/// halves) and length. 12 bytes.
+#[derive(Debug, Clone, Copy)]
+struct Run([u32; 3]);
+
+impl Run {
+    fn new(off: u64, len: u32) -> Run {
+        Run([(off >> 32) as u32, off as u32, len])
+    }
+
+    fn off(&self) -> u64 {
+        (self.0[0] as u64) << 32 | self.0[1] as u64
+    }
+
+    fn len(&self) -> u32 {
+        self.0[2]
+    }
 }
 
 /// Where the manifest's bytes are read again, by offset: its file on the
@@ -72,8 +92,8 @@ pub struct Index {
     /// The directories in pre-order (the root first), as the manifest lists
     /// them: sorted, so found by binary search.
     dirs: Vec<Dir>,
-    /// (directory, offset, length) of each run of lines, by directory.
-    runs: Vec<(u32, u64, u32)>,
+    /// Each directory's runs of lines, one directory after another.
+    runs: Vec<Run>,
     /// Hardlink group → its hash.
     groups: HashMap<u32, [u8; 32]>,
     /// The root's metadata.
@@ -103,6 +123,8 @@ impl Index {
         };
         // The directories open in pre-order: each entry's parent is on top.
         let mut open: Vec<u32> = vec![0];
+        // (directory, offset, length) of each run, in the manifest's order.
+        let mut runs: Vec<(u32, u64, u32)> = Vec::new();
         let mut prev: Option<Vec<u8>> = None;
         let mut line = Vec::new();
         let mut n = 0u64;
@@ -155,7 +177,7 @@ impl Index {
                 ix.dirs[*open.last().expect("the root") as usize].below += below;
             };
             ix.dirs[d as usize].below += 1;
-            match ix.runs.last_mut() {
+            match runs.last_mut() {
                 Some((rd, o, l))
                     if *rd == d
                         && *o + *l as u64 == at
@@ -163,15 +185,22 @@ impl Index {
                 {
                     *l += len as u32
                 }
-                _ => ix.runs.push((d, at, len as u32)),
+                _ => runs.push((d, at, len as u32)),
             }
             ix.entries += 1;
+            if ix.entries >= u64::from(u32::MAX) {
+                bail!(bad("too many entries"));
+            }
             match &e.node {
                 Node::Dir(_) => {
                     let id = u32::try_from(ix.dirs.len())
                         .with_context(|| bad("too many directories"))?;
+                    if ix.paths.len() + path.len() > u32::MAX as usize {
+                        bail!(bad("too many directories"));
+                    }
+                    let path_at = ix.paths.len() as u32;
                     ix.dirs.push(Dir {
-                        path_at: ix.paths.len() as u64,
+                        path_at,
                         path_len: path.len() as u32,
                         ..Dir::default()
                     });
@@ -206,21 +235,28 @@ impl Index {
             bail!("{}: no entries (not even its root): cut short", ix.shown);
         }
         // Each directory's runs together, in order.
-        ix.runs.sort_by_key(|&(d, o, _)| (d, o));
+        runs.sort_by_key(|&(d, o, _)| (d, o));
         let mut i = 0;
-        while i < ix.runs.len() {
-            let d = ix.runs[i].0 as usize;
+        while i < runs.len() {
+            let d = runs[i].0 as usize;
             let start = i;
-            while i < ix.runs.len() && ix.runs[i].0 as usize == d {
+            while i < runs.len() && runs[i].0 as usize == d {
                 i += 1;
             }
             ix.dirs[d].runs_at = start as u32;
             ix.dirs[d].runs_len = (i - start) as u32;
         }
-        ix.runs.shrink_to_fit();
+        ix.runs = runs.iter().map(|&(_, o, l)| Run::new(o, l)).collect();
+        drop(runs);
         ix.dirs.shrink_to_fit();
         ix.paths.shrink_to_fit();
         Ok(ix)
+    }
+
+    /// How many directories it lists (the root too), and the bytes of their
+    /// paths: what the new tree's spool index will hold, near enough.
+    pub fn dirs_and_path_bytes(&self) -> (usize, usize) {
+        (self.dirs.len(), self.paths.len())
     }
 
     /// The path of directory `d`.
@@ -247,7 +283,7 @@ impl Index {
 
     /// Entries below the directory at `path`, at any depth (0 if none).
     pub fn below(&self, path: &[u8]) -> u64 {
-        self.find(path).map_or(0, |d| d.below)
+        self.find(path).map_or(0, |d| u64::from(d.below))
     }
 
     /// The entries of the directory at `path` as the manifest records them,
@@ -260,7 +296,8 @@ impl Index {
         let bad = || format!("{}: changed while it was read", self.shown);
         let mut out: Vec<Entry> = Vec::new();
         let runs = &self.runs[d.runs_at as usize..(d.runs_at + d.runs_len) as usize];
-        for &(_, off, len) in runs {
+        for run in runs {
+            let (off, len) = (run.off(), run.len());
             let mut buf = vec![0u8; len as usize];
             let mut got = 0;
             while got < buf.len() {

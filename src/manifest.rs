@@ -346,6 +346,14 @@ pub struct FragmentIndex {
 }
 
 impl FragmentIndex {
+    /// Room for `dirs` directories whose keys take `key_bytes`, where
+    /// that is known (an update: the live tree's), so that growing by
+    /// doubling leaves no slack.
+    pub fn reserve(&mut self, dirs: usize, key_bytes: usize) {
+        self.recs.reserve_exact(dirs);
+        self.keys.reserve_exact(key_bytes);
+    }
+
     pub fn insert(&mut self, key: &[u8], at: (u64, u32)) {
         self.recs
             .push((self.keys.len() as u64, key.len() as u32, at.0, at.1));

@@ -266,11 +266,16 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
     let spool = staging
         .create_excl(b"lines")
         .with_context(|| in_stage("lines"))?;
+    let mut frags = crate::manifest::Fragments::default();
+    if let Some((ix, _)) = &s.recorded {
+        let (dirs, path_bytes) = ix.dirs_and_path_bytes();
+        frags.index.reserve(dirs, path_bytes);
+    }
     let w = Walker {
         s,
         ctx: Ctx::new(s.job),
         spool: std::sync::Mutex::new((spool, 0)),
-        frags: std::sync::Mutex::new(crate::manifest::Fragments::default()),
+        frags: std::sync::Mutex::new(frags),
         copies: std::sync::Mutex::new(HashMap::new()),
         followers: std::sync::Mutex::new(Vec::new()),
         late: std::sync::Mutex::new(HashMap::new()),
