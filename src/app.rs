@@ -162,7 +162,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let (vol, dest) = open_dest(cfg, &sources)?;
     let output = Output::of(cfg.json, cfg.quiet);
     let bar = cfg.progress.unwrap_or_else(sys::stderr_is_tty);
-    let console = if pass.defer_warnings {
+    let mut console = if pass.defer_warnings {
         Console::keeping(output, bar)
     } else {
         Console::new(output, bar)
@@ -218,7 +218,12 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
             adjust: &adjust,
             recorded,
         };
-        return s.run(console, start);
+        match s.run(console, start)? {
+            Ok(round) => return Ok(round),
+            // The live tree joined files its manifest has apart: the
+            // whole-tree path below sees its inodes and copies them apart.
+            Err(back) => console = back,
+        }
     }
 
     // Scan the sources and the live generation at the same time. A
@@ -505,7 +510,10 @@ struct StreamedRound<'a> {
 }
 
 impl StreamedRound<'_> {
-    fn run(self, console: Console, start: Instant) -> Result<Round> {
+    /// The round, or the console back when the staged tree would have
+    /// joined two live files (`stage::stream` gives `None`): its staging
+    /// directory is gone by then, and the caller takes the whole-tree path.
+    fn run(self, console: Console, start: Instant) -> Result<Result<Round, Console>> {
         let (cfg, vol) = (self.cfg, self.vol);
         let refs = self.sources.refs();
         let mut top: Vec<crate::tree::Entry> = Vec::new();
@@ -593,7 +601,11 @@ impl StreamedRound<'_> {
                 (&r.index, compare)
             }),
         };
-        let streamed = stage::stream(&stream, staging.dir())?;
+        let Some(streamed) = stage::stream(&stream, staging.dir())? else {
+            console.finish();
+            drop(staging);
+            return Ok(Err(console));
+        };
         console.finish();
         let changes = &streamed.changes;
         // Counted again as staged: a source that changed since is refused now,
@@ -624,7 +636,7 @@ impl StreamedRound<'_> {
             swap,
             spooled: Some(&body),
         };
-        publish.run(cfg, manifest, summary, console, start)
+        publish.run(cfg, manifest, summary, console, start).map(Ok)
     }
 }
 

@@ -260,7 +260,13 @@ pub struct Changes {
 /// and later links of an inode are linked once every directory is done, as
 /// `run` does. The body is then put in pre-order (`body` in staging) and
 /// its digest computed.
-pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
+///
+/// `None` when two files hardlinked from the live generation turned out to
+/// be one inode (a few bits each tell them apart, `distinct::Distinct`):
+/// the live tree joined them after it was published, its manifest records
+/// them apart, and the staged tree would carry the join on. The caller
+/// then stages the whole-tree way, which sees the live tree's inodes.
+pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     let out = staged_root(staging)?;
     let in_stage = |what: &str| format!("cannot write the manifest's {what} in staging");
     let spool = staging
@@ -280,6 +286,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
         followers: std::sync::Mutex::new(Vec::new()),
         late: std::sync::Mutex::new(HashMap::new()),
         claimed: std::sync::Mutex::new(HashMap::new()),
+        reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::default()),
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         deleted: AtomicU64::new(0),
@@ -297,6 +304,9 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
     }
     let live = s.recorded.as_ref().and(s.job.live);
     w.dir(&srcs, live, s.recorded.is_some(), &out, &[])?;
+    if !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct() {
+        return Ok(None);
+    }
     w.link_followers(&out)?;
     let ctx = &w.ctx;
     apply_meta(ctx, out.as_fd(), &s.root).context("cannot set metadata of the staged root")?;
@@ -342,11 +352,11 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Streamed> {
         deleted: w.deleted.into_inner(),
     };
     let ctx = w.ctx;
-    Ok(Streamed {
+    Ok(Some(Streamed {
         changes,
         staged: ctx.staged(out),
         body: spooled,
-    })
+    }))
 }
 
 /// The state of one `stream`, shared by its threads.
@@ -365,6 +375,9 @@ struct Walker<'a> {
     /// An update: each live hardlink group reused → the source inode that
     /// reuses it (one only, or two source inodes would become one).
     claimed: std::sync::Mutex<HashMap<u32, crate::manifest::Inode>>,
+    /// The inode of each file hardlinked from the live generation (a
+    /// group's first path only: its later links are to the staged copy).
+    reused_inodes: std::sync::Mutex<crate::distinct::Distinct>,
     added: AtomicU64,
     changed: AtomicU64,
     deleted: AtomicU64,
@@ -420,7 +433,13 @@ impl Walker<'_> {
                     let owners = job.owners;
                     let reused = f.reuse
                         && live.is_some_and(|l| {
-                            reuse(l, out, &e.name, &e.meta, granularity, owners).unwrap_or(false)
+                            match reuse_inode(l, out, &e.name, &e.meta, granularity, owners) {
+                                Ok(Some(ino)) => {
+                                    self.reused_inodes.lock().unwrap().insert(ino);
+                                    true
+                                }
+                                _ => false,
+                            }
                         });
                     let (hash, bytes) = if reused {
                         self.ctx.reused.fetch_add(1, Ordering::Relaxed);
@@ -801,8 +820,20 @@ fn reuse(
     granularity_ns: u64,
     owners: bool,
 ) -> io::Result<bool> {
+    Ok(reuse_inode(live, out, name, meta, granularity_ns, owners)?.is_some())
+}
+
+/// `reuse`, giving the inode linked.
+fn reuse_inode(
+    live: &DirFd,
+    out: &DirFd,
+    name: &[u8],
+    meta: &Meta,
+    granularity_ns: u64,
+    owners: bool,
+) -> io::Result<Option<u64>> {
     if live.link(name, out, name).is_err() {
-        return Ok(false);
+        return Ok(None);
     }
     let st = out.stat(name)?;
     let ok = sys::kind_of(&st) == sys::StatKind::File
@@ -813,7 +844,7 @@ fn reuse(
     if !ok {
         out.unlink(name)?;
     }
-    Ok(ok)
+    Ok(ok.then_some(st.st_ino))
 }
 
 /// Owner (softly: a refusal is counted), then mode, then times.

@@ -22,7 +22,8 @@ use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Difference {
     /// `modified`, `missing`, `extra`, `type changed`, `mode changed`,
-    /// `mtime changed`, `owner changed`, `link changed`, `hardlink broken`.
+    /// `mtime changed`, `owner changed`, `link changed`, `hardlink broken`,
+    /// `hardlink joined`.
     pub what: &'static str,
     /// Relative to the tree's root; `.` is the root itself.
     #[serde(serialize_with = "ser_path")]
@@ -82,6 +83,10 @@ pub fn run(root: &DirFd, label: &str, expected: &Tree, rules: Rules) -> Result<V
     );
     let seen = Collected::default();
     let mut found = dir.scan(0, &Filter::default(), &seen)?;
+    if rules.hardlinks {
+        // Which of its files share an inode: `hardlink joined` needs it.
+        found.assign_groups_by_inode();
+    }
     scan::hash(&mut found, &[&dir], &|e| matches!(e.node, Node::File(_)))?;
     let mut diffs = compare(expected, &found, rules);
     // What scan skipped (a FIFO, a socket) is in no manifest: extra.
@@ -150,17 +155,25 @@ pub fn compare(expected: &Tree, found: &Tree, rules: Rules) -> Vec<Difference> {
         rules,
         &mut out,
     );
-    let mut inodes: HashMap<u32, (u64, u64)> = HashMap::new();
+    let mut links = Links::default();
     walk(
         &expected.entries,
         &found.entries,
         &mut Vec::new(),
         rules,
         &group_hash,
-        &mut inodes,
+        &mut links,
         &mut out,
     );
     out
+}
+
+/// Hardlinks as a compare finds them: each manifest group's inode, and
+/// each shared inode's group.
+#[derive(Default)]
+struct Links {
+    inode_of: HashMap<u32, (u64, u64)>,
+    group_of: HashMap<(u64, u64), u32>,
 }
 
 fn walk(
@@ -169,7 +182,7 @@ fn walk(
     prefix: &mut Vec<u8>,
     rules: Rules,
     group_hash: &HashMap<u32, [u8; 32]>,
-    inodes: &mut HashMap<u32, (u64, u64)>,
+    links: &mut Links,
     out: &mut Vec<Difference>,
 ) {
     let (mut i, mut j) = (0, 0);
@@ -234,8 +247,20 @@ fn walk(
                             }
                             if let Some(g) = ef.group.filter(|_| rules.hardlinks) {
                                 let here = (ff.dev, ff.ino);
-                                if *inodes.entry(g).or_insert(here) != here {
+                                if *links.inode_of.entry(g).or_insert(here) != here {
                                     out.push(diff("hardlink broken", None, None));
+                                }
+                            }
+                            // Sharing an inode with another path of the tree
+                            // that the manifest has apart (or in another group).
+                            if rules.hardlinks && ff.group.is_some() {
+                                let here = (ff.dev, ff.ino);
+                                let joined = match ef.group {
+                                    None => true,
+                                    Some(g) => *links.group_of.entry(here).or_insert(g) != g,
+                                };
+                                if joined {
+                                    out.push(diff("hardlink joined", None, None));
                                 }
                             }
                         }
@@ -254,7 +279,7 @@ fn walk(
                             prefix,
                             rules,
                             group_hash,
-                            inodes,
+                            links,
                             out,
                         );
                     }

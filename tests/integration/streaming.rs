@@ -6,12 +6,16 @@
 //! (without `--itemize`, `--dry-run`, `--verify`, `--checksum`, which
 //! compare whole trees): it must find what the whole-tree plan finds.
 
+use std::collections::HashSet;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
 
 use proptest::prelude::*;
 
-use crate::fixture::{changes_as_lines, is_root, json, mirror, set_mtime, write_at, Fixture};
+use crate::fixture::{
+    changes_as_lines, is_root, json, links, mirror, mtime, set_mtime, write_at, Fixture,
+};
+use std::os::unix::fs::MetadataExt;
 
 #[test]
 fn a_directory_of_100000_entries_is_mirrored_then_up_to_date_then_updated() {
@@ -369,4 +373,72 @@ fn max_delete_refuses_a_streamed_update_before_anything_is_written() {
     f.unchanged_by(|| f.sync_refused(&["--max-delete", "10"], 3, "refusing to delete 11 entries"));
     let v = synced(&f, &["--json", "--max-delete", "11"]);
     assert_eq!(v["deleted"], 11, "{v}");
+}
+
+#[test]
+fn after_an_update_every_live_file_has_two_links_and_a_join_inside_the_tree_is_still_found() {
+    // 20,000 files equal in content and metadata, so that two of them
+    // joined into one inode differ in nothing a stat compares but the inode.
+    let f = Fixture::new();
+    for d in 0..200 {
+        for i in 0..100 {
+            let p = f.src().join(format!("d{d:03}/f{i:03}"));
+            if i == 0 {
+                fs::create_dir_all(p.parent().unwrap()).unwrap();
+            }
+            write_at(&p, b"same", 1_700_000_000, 0);
+        }
+    }
+    f.sync(&[]).ok();
+    // An update: the previous generation keeps (`--keep 2`) a second link
+    // of every file but the changed one.
+    write_at(&f.src().join("d100/f000"), b"changed", 1_700_000_001, 0);
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    let two_links = |p: &str| fs::metadata(f.dest().join(p)).unwrap().nlink();
+    assert_eq!((two_links("d000/f000"), two_links("d199/f099")), (2, 2));
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+
+    // Someone joins two live files far apart in the walk (the directory's
+    // mtime put back): only their inodes tell.
+    let (a, b) = (f.dest().join("d003/f007"), f.dest().join("d150/f050"));
+    let (secs, nsec) = mtime(&f.dest().join("d150"));
+    fs::remove_file(&b).unwrap();
+    fs::hard_link(&a, &b).unwrap();
+    set_mtime(&f.dest().join("d150"), secs, nsec);
+    assert_eq!(links(&f.dest()).len(), 1);
+    let found = f.packsync(&["verify", "--json", "vol/packs"]);
+    assert_eq!(found.code, 4, "{}", found.stdout);
+    let what: Vec<_> = json(&found)["differences"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            format!(
+                "{} {}",
+                d["what"].as_str().unwrap(),
+                d["path"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        what,
+        ["hardlink joined d003/f007", "hardlink joined d150/f050"]
+    );
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    // Both copied apart; everything else still linked from the live tree.
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(2), Some(19_998)),
+        "{v}"
+    );
+    let (live, src) = (mirror(&f.dest()), mirror(&f.src()));
+    let (in_live, in_src): (HashSet<_>, HashSet<_>) = (live.iter().collect(), src.iter().collect());
+    let differ: Vec<_> = in_live.symmetric_difference(&in_src).collect();
+    assert!(differ.is_empty(), "{differ:?}");
+    assert!(links(&f.dest()).is_empty());
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
 }
