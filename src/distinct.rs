@@ -365,6 +365,14 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The next number of a linear congruential sequence.
+    fn step(x: &mut u64) -> u64 {
+        *x = x
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *x
+    }
+
     fn distinct(ns: &[u64]) -> bool {
         let mut d = Distinct::default();
         ns.iter().for_each(|&n| d.insert(n));
@@ -400,10 +408,7 @@ mod tests {
         let mut d = Distinct::default();
         let mut x = 12345u64;
         for i in 0..1_000_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            d.insert(i * 6 + (x >> 62)); // each in its own stride of 6
+            d.insert(i * 6 + (step(&mut x) >> 62)); // each in its own stride of 6
         }
         let bytes: usize = d.levels.iter().flatten().map(|r| r.bits.len() * 8).sum();
         assert!(bytes < 1_000_000, "{bytes} bytes");
@@ -417,10 +422,7 @@ mod tests {
         let mut d = Distinct::default();
         let mut x = 99u64;
         for cluster in 0..10_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            let base = (cluster << 32) | ((x >> 40) << 8);
+            let base = (cluster << 32) | ((step(&mut x) >> 40) << 8);
             for i in 0..100 {
                 d.insert(base + i);
             }
@@ -462,19 +464,15 @@ mod tests {
         ) {
             // Distinct numbers in any order, from the seed; then maybe one again.
             let mut x = seed;
-            let mut step = || {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                x
-            };
             let mut seen = std::collections::HashSet::new();
             let mut ns: Vec<u64> = (0..len)
-                .map(|_| step() % spread)
+                .map(|_| step(&mut x) % spread)
                 .filter(|n| seen.insert(*n))
                 .collect();
             let twice = match dup {
                 Some(i) if !ns.is_empty() => {
                     let again = ns[i.index(ns.len())];
-                    let at = (step() >> 33) as usize % (ns.len() + 1);
+                    let at = (step(&mut x) >> 33) as usize % (ns.len() + 1);
                     ns.insert(at, again);
                     true
                 }

@@ -433,7 +433,7 @@ impl Walker<'_> {
                     let owners = job.owners;
                     let reused = f.reuse
                         && live.is_some_and(|l| {
-                            match reuse_inode(l, out, &e.name, &e.meta, granularity, owners) {
+                            match reuse(l, out, &e.name, &e.meta, granularity, owners) {
                                 Ok(Some(ino)) => {
                                     self.reused_inodes.lock().unwrap().insert(ino);
                                     true
@@ -788,7 +788,10 @@ fn stage_file(
     let granularity = ctx.job.caps.granularity_ns;
     if f.reuse
         && live.is_some_and(|l| {
-            reuse(l, out, &e.name, &e.meta, granularity, ctx.job.owners).unwrap_or(false)
+            matches!(
+                reuse(l, out, &e.name, &e.meta, granularity, ctx.job.owners),
+                Ok(Some(_))
+            )
         })
     {
         ctx.reused.fetch_add(1, Ordering::Relaxed);
@@ -809,22 +812,11 @@ fn stage_file(
 }
 
 /// Hardlink `name` from the live generation, then check what was linked:
-/// a regular file with the expected size, mode and mtime. Anything else (a
-/// symlink swapped in, a file edited in place) is unlinked and `false`
-/// returned, so the caller copies from the source instead.
+/// a regular file with the expected size, mode and mtime; its inode when it
+/// is. Anything else (a symlink swapped in, a file edited in place) is
+/// unlinked and `None` returned, so the caller copies from the source
+/// instead.
 fn reuse(
-    live: &DirFd,
-    out: &DirFd,
-    name: &[u8],
-    meta: &Meta,
-    granularity_ns: u64,
-    owners: bool,
-) -> io::Result<bool> {
-    Ok(reuse_inode(live, out, name, meta, granularity_ns, owners)?.is_some())
-}
-
-/// `reuse`, giving the inode linked.
-fn reuse_inode(
     live: &DirFd,
     out: &DirFd,
     name: &[u8],
