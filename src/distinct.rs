@@ -1,19 +1,21 @@
 //! Whether a stream of 64-bit numbers holds any of them twice, in a few
-//! bits a number: the no-op's check that no two live paths share an inode
-//! the source has apart (`plan::Links`). After an update every reused file
-//! has a second link in the previous generation, so at 10^6 entries that is
-//! 10^6 live inodes to tell apart; held as plain numbers they cost more
-//! than the rest of the walk.
+//! bits a number. Two users: the no-op's check that no two live paths share
+//! an inode the source has apart (`plan::Links`), and the update's check
+//! that no two files it hardlinks from the live generation are one inode
+//! (`stage::stream`). After an update every reused file has a second link
+//! in the previous generation, so at 10^6 entries that is 10^6 inodes to
+//! tell apart; held as plain numbers they cost more than the rest of the
+//! walk.
 //!
 //! Numbers gather in a small buffer; a full buffer is sorted into a run,
 //! stored as the gaps between its numbers in exponential-Golomb code, and
 //! runs of the same size are merged as a binary counter carries, so there
-//! are about log2(n / BUF) of them. A merge's gaps are smaller than its
-//! inputs': a run of m numbers spread over a range R costs about
-//! log2(R / m) + 2.5 bits a number, near the least any exact set can hold
-//! (2.5 to 6 bits on a local filesystem's dense inode numbers; 47 bits for
-//! random 64-bit ones at 10^6). A number seen twice is found when its
-//! copies meet in a sort or a merge.
+//! are about log2(n / BUF) of them. Each run's code order is the one that
+//! writes its gaps in the fewest bits (`best_order`). Measured by the unit
+//! tests at 10^6 numbers: 1.6 bits each for clusters of consecutive inodes
+//! (a directory's files made together), 4.1 bits for numbers spread over a
+//! range 6 times their count; random 64-bit numbers take about 47. A
+//! number seen twice is found when its copies meet in a sort or a merge.
 
 /// Numbers held unsorted before they become a run (64 KiB).
 const BUF: usize = 8192;
@@ -215,6 +217,7 @@ impl Iterator for Merged<'_> {
 /// bit lengths (`lengths[l]` gaps of l bits) in the fewest bits, and that
 /// many bits at most. A gap of l bits costs k + 1 bits where l <= k, and
 /// at most k + 2(l - k) + 1 above.
+///
 /// Inodes come in clusters (a directory's files made together) with jumps
 /// between them: the order from the mean gap would spend the jumps' bits
 /// on every small gap.

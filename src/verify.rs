@@ -467,6 +467,53 @@ mod tests {
     }
 
     #[test]
+    fn names_on_one_inode_the_manifest_has_apart_are_joined() {
+        // a, b apart; c, d one group; e, f another.
+        let expected = tree(vec![
+            file("a", 3, 1, None, 0),
+            file("b", 3, 1, None, 0),
+            file("c", 3, 1, Some(0), 0),
+            file("d", 3, 1, Some(0), 0),
+            file("e", 3, 1, Some(1), 0),
+            file("f", 3, 1, Some(1), 0),
+        ]);
+        let found_with = |inodes: [u64; 6]| {
+            let names = ["a", "b", "c", "d", "e", "f"];
+            let mut t = tree(
+                names
+                    .iter()
+                    .zip(inodes)
+                    .map(|(n, i)| file(n, 3, 1, None, i))
+                    .collect(),
+            );
+            t.assign_groups_by_inode(); // as `run` does with what it scanned
+            whats(&compare(&expected, &t, RULES))
+        };
+        assert!(found_with([1, 2, 3, 3, 4, 4]).is_empty());
+        // a and b joined.
+        assert_eq!(
+            found_with([1, 1, 3, 3, 4, 4]),
+            ["hardlink joined a", "hardlink joined b"]
+        );
+        // One of the apart ones joined to a group.
+        assert_eq!(found_with([1, 3, 3, 3, 4, 4]), ["hardlink joined b"]);
+        // The two groups on one inode.
+        assert_eq!(
+            found_with([1, 2, 3, 3, 3, 3]),
+            ["hardlink joined e", "hardlink joined f"]
+        );
+        // Not looked for where the volume does not show links.
+        let no_links = Rules {
+            hardlinks: false,
+            ..RULES
+        };
+        let mut t = tree(vec![file("a", 3, 1, None, 1), file("b", 3, 1, None, 1)]);
+        t.assign_groups_by_inode();
+        let apart = tree(vec![file("a", 3, 1, None, 0), file("b", 3, 1, None, 0)]);
+        assert!(compare(&apart, &t, no_links).is_empty());
+    }
+
+    #[test]
     fn hardlink_followers_use_the_leaders_hash_and_must_share_its_inode() {
         let mut follower = file("b", 3, 0, Some(0), 1);
         if let Node::File(f) = &mut follower.node {

@@ -252,17 +252,9 @@ pub fn list_merged(
     filter: &Filter,
     reporter: &dyn Reporter,
 ) -> Result<Vec<Entry>> {
-    let mut merged: Vec<Entry> = Vec::new();
-    for (i, fd) in dirs.iter().enumerate() {
-        let Some(fd) = fd else { continue };
-        let listed = Dir::list(fd, rel, sources[i].label(), i as u16, filter, reporter)?;
-        if merged.is_empty() {
-            merged = listed;
-        } else {
-            crate::tree::merge_entries(&mut merged, listed);
-        }
-    }
-    Ok(merged)
+    overlaid(dirs, |i, fd| {
+        Dir::list(fd, rel, sources[i].label(), i as u16, filter, reporter)
+    })
 }
 
 /// `list_merged` with names and kinds alone (`Dir::kinds`): no stat where
@@ -273,10 +265,20 @@ pub fn kinds_merged(
     rel: &[u8],
     filter: &Filter,
 ) -> Result<Vec<Entry>> {
+    overlaid(dirs, |i, fd| {
+        Dir::kinds(fd, rel, sources[i].label(), i as u16, filter)
+    })
+}
+
+/// What `list` gives for each source's handle in `dirs`, overlaid in order.
+fn overlaid(
+    dirs: &[Option<&DirFd>],
+    mut list: impl FnMut(usize, &DirFd) -> Result<Vec<Entry>>,
+) -> Result<Vec<Entry>> {
     let mut merged: Vec<Entry> = Vec::new();
     for (i, fd) in dirs.iter().enumerate() {
         let Some(fd) = fd else { continue };
-        let listed = Dir::kinds(fd, rel, sources[i].label(), i as u16, filter)?;
+        let listed = list(i, fd)?;
         if merged.is_empty() {
             merged = listed;
         } else {
