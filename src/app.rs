@@ -35,7 +35,7 @@ use crate::volume::{Dest, State, Volume};
 
 /// Run a command; the exit status on success.
 pub fn run(cfg: Config) -> Result<i32> {
-    init_pool(matches!(&cfg.command, Command::Sync(s) if s.every.is_some()));
+    init_pool(&cfg.command);
     sys::signals::install();
     sys::raise_fd_limit();
     sys::set_umask(0o022);
@@ -62,30 +62,73 @@ pub fn run(cfg: Config) -> Result<i32> {
 }
 
 /// Size the thread pool. Scanning and copying mostly wait on the
-/// filesystem (metadata not yet cached, a network volume), so a one-shot
-/// sync has several threads per core: on 2 cores, 16 threads scan a cold
-/// tree of 10^5 files about 1.4 times as fast as 2 (BENCHMARKS.md). The
-/// loop (`sync --every`) runs for days and mostly finds nothing to do: it
-/// has one thread per core, since every long-lived thread keeps its own
-/// deepest stack, and RSS would grow with the rounds (BENCHMARKS.md). Both
-/// share one allocator arena: with an arena per thread each keeps the
-/// fragments of what it freed, which cost a one-shot sync of 10^5 entries
-/// about 1 MiB of peak RSS (16 threads) and made the loop's RSS creep.
-/// `RAYON_NUM_THREADS` overrides the number of threads.
-fn init_pool(long_running: bool) {
+/// filesystem, so a one-shot sync has several threads per core: 8 a core
+/// (16 at least) where requests cross a network (a network or FUSE volume,
+/// or a directory SOURCE on one) or where every file is to be written (a
+/// first sync), and 4 a core (8 at least) for an update or a no-op on a
+/// local volume, which mostly stats and links. Measured on 2 cores
+/// (BENCHMARKS.md, "Threads"): 8 threads took 1.27-1.31 times as long as
+/// 16 to fill and to update a GlusterFS volume answering in 1 ms, and 1.08
+/// times as long for a cold first sync of 10^5 files to a local disk,
+/// while a local update or no-op took the same time cold and less warm;
+/// each thread holds 150-200 KiB at the peak of a large update. So the
+/// one-shot sync sizes its pool once DEST is open (`size_pool`); other
+/// commands take the larger figure. The loop (`sync --every`) runs for
+/// days and mostly finds nothing to do: it has one thread per core, since
+/// every long-lived thread keeps its own deepest stack, and RSS would grow
+/// with the rounds (BENCHMARKS.md). All share one allocator arena: with an
+/// arena per thread each keeps the fragments of what it freed, which cost
+/// a one-shot sync of 10^5 entries about 1 MiB of peak RSS (16 threads)
+/// and made the loop's RSS creep. `RAYON_NUM_THREADS` overrides the
+/// number of threads.
+fn init_pool(command: &Command) {
     sys::share_one_arena();
+    let threads = match command {
+        Command::Sync(s) if s.every.is_some() => cores().max(2),
+        Command::Sync(_) => return, // size_pool
+        _ => pool_threads(true),
+    };
+    build_pool(threads);
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// A one-shot sync's threads (`init_pool`): `waits`, where its requests
+/// wait on a network or on writes.
+fn pool_threads(waits: bool) -> usize {
+    if waits {
+        (cores() * 8).clamp(16, 64)
+    } else {
+        (cores() * 4).clamp(8, 32)
+    }
+}
+
+fn build_pool(threads: usize) {
     if std::env::var_os("RAYON_NUM_THREADS").is_some() {
         return; // rayon reads it
     }
-    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let threads = if long_running {
-        cores.max(2)
-    } else {
-        (cores * 8).clamp(16, 64)
-    };
+    // Fails only where the pool exists already (a loop's later rounds).
     let _ = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build_global();
+}
+
+/// `init_pool` for a one-shot sync, once DEST's volume is open (nothing
+/// before this runs in the pool): the fewer threads only for an update or
+/// a no-op where DEST and every directory SOURCE are on local filesystems
+/// (other sources are fetched onto DEST's volume). A filesystem that
+/// cannot be told counts as networked.
+fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
+    let local = |k: Option<sys::FsKind>| k == Some(sys::FsKind::Local);
+    let networked = !local(vol.fs_kind())
+        || sources
+            .all
+            .iter()
+            .filter_map(|s| s.root())
+            .any(|d| !local(d.fs_kind().ok()));
+    build_pool(pool_threads(networked || !matches!(dest, Dest::Live(_))));
 }
 
 /// `sync`: one round, shown; with `--every`, the loop (`sidecar::run`).
@@ -160,6 +203,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     // Validate: nothing is written before the guards have passed.
     let sources = Sources::open(cfg)?;
     let (vol, dest) = open_dest(cfg, &sources)?;
+    size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
     let bar = cfg.progress.unwrap_or_else(sys::stderr_is_tty);
     let mut console = if pass.defer_warnings {

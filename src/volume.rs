@@ -193,6 +193,16 @@ impl Volume {
         self.dir.get().ok_or_else(|| not_yet(&self.display))
     }
 
+    /// What kind of filesystem DEST is on (that of the nearest directory
+    /// that exists, for a DEST the sync is to make); `None` where fstatfs fails.
+    pub fn fs_kind(&self) -> Option<crate::sys::FsKind> {
+        let dir = self
+            .dir
+            .get()
+            .or(self.make.as_ref().map(|(outer, _)| outer))?;
+        dir.fs_kind().ok()
+    }
+
     /// `parent`, made first when this sync is the one to create it.
     fn make_parent(&self) -> Result<&DirFd> {
         if let Some(d) = self.dir.get() {
