@@ -105,14 +105,18 @@ fn pool_threads(waits: bool) -> usize {
     }
 }
 
+/// Set once `init_pool` or `size_pool` has sized the pool.
+static POOL_SIZED: std::sync::Once = std::sync::Once::new();
+
 fn build_pool(threads: usize) {
-    if std::env::var_os("RAYON_NUM_THREADS").is_some() {
-        return; // rayon reads it
-    }
-    // Fails only where the pool exists already (a loop's later rounds).
-    let _ = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global();
+    POOL_SIZED.call_once(|| {
+        if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+            return; // rayon reads it
+        }
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    });
 }
 
 /// `init_pool` for a one-shot sync, once DEST's volume is open (nothing
@@ -121,6 +125,9 @@ fn build_pool(threads: usize) {
 /// (other sources are fetched onto DEST's volume). A filesystem that
 /// cannot be told counts as networked.
 fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
+    if POOL_SIZED.is_completed() {
+        return; // a later round of this sync, or of the loop
+    }
     let local = |k: Option<sys::FsKind>| k == Some(sys::FsKind::Local);
     let networked = !local(vol.fs_kind())
         || sources

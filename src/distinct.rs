@@ -116,36 +116,29 @@ struct Run {
 
 impl Run {
     fn encode(sorted: &[u64]) -> Run {
-        Run::from_sorted(sorted.len() as u64, || sorted.iter().copied())
+        let gaps = gap_lengths(&mut sorted.iter().copied());
+        Run::write(sorted.len() as u64, gaps, sorted.iter().copied())
     }
 
     /// The union of two runs; None when they share a number.
     fn merge(a: &Run, b: &Run) -> Option<Run> {
         let mut once = Merged::new(a, b);
-        once.by_ref().for_each(drop);
+        let gaps = gap_lengths(&mut once);
         if once.twice {
             return None;
         }
-        Some(Run::from_sorted(a.len + b.len, || Merged::new(a, b)))
+        Some(Run::write(a.len + b.len, gaps, Merged::new(a, b)))
     }
 
-    /// The run of `len` strictly increasing numbers that `numbers` gives
-    /// (called twice: once to choose the code's order, once to write).
-    fn from_sorted<I: Iterator<Item = u64>>(len: u64, mut numbers: impl FnMut() -> I) -> Run {
-        let mut it = numbers();
-        let Some(first) = it.next() else {
+    /// The run of the `len` strictly increasing `numbers`, coded in the
+    /// order that suits their `gaps` (`gap_lengths` of the same numbers).
+    fn write(len: u64, gaps: Option<(u64, [u64; 65])>, numbers: impl Iterator<Item = u64>) -> Run {
+        let Some((first, lengths)) = gaps else {
             return Writer::new(0, 0, 0, 0).finish();
         };
-        // Bit lengths of the gaps: the order that codes them in fewest bits.
-        let mut lengths = [0u64; 65];
-        let mut prev = first;
-        for n in it {
-            lengths[(64 - (n - prev - 1).leading_zeros()) as usize] += 1;
-            prev = n;
-        }
         let (k, bits) = best_order(&lengths);
         let mut w = Writer::new(len, first, k, bits);
-        for n in numbers().skip(1) {
+        for n in numbers.skip(1) {
             w.push(n);
         }
         w.finish()
@@ -211,6 +204,20 @@ impl Iterator for Merged<'_> {
             (None, None) => None,
         }
     }
+}
+
+/// The first of these strictly increasing numbers, and how many of the
+/// gaps after it have each bit length (`lengths[l]` gaps of l bits);
+/// `None` for no numbers.
+fn gap_lengths(numbers: &mut impl Iterator<Item = u64>) -> Option<(u64, [u64; 65])> {
+    let first = numbers.next()?;
+    let mut lengths = [0u64; 65];
+    let mut prev = first;
+    for n in numbers {
+        lengths[(64 - (n - prev - 1).leading_zeros()) as usize] += 1;
+        prev = n;
+    }
+    Some((first, lengths))
 }
 
 /// The order k of the exponential-Golomb code that writes gaps of these
