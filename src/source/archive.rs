@@ -1,7 +1,7 @@
 //! The archive kind (a `.tar`, `.tar.gz`, `.tar.zst` FILE), and how any
 //! stream's format is told from its first bytes: gzip (`1f 8b`), zstd
-//! (`28 b5 2f fd`), else tar (the ustar magic, or an old v7 header's
-//! checksum). Names do not matter: `bundle.tgz`, `layer` and `x.tar.gz`
+//! (`28 b5 2f fd`, or a skippable frame `5? 2a 4d 18` as pzstd writes
+//! first), else tar (the ustar magic, or an old v7 header's checksum). Names do not matter: `bundle.tgz`, `layer` and `x.tar.gz`
 //! are read by what they hold.
 //!
 //! Opening a FILE only sniffs it (exit 2 if it is no archive); its bytes are
@@ -37,7 +37,9 @@ impl Format {
     pub fn sniff(head: &[u8]) -> Format {
         if head.starts_with(&[0x1f, 0x8b]) {
             Format::Gzip
-        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        } else if head.starts_with(&[0x28, 0xb5, 0x2f, 0xfd])
+            || (head.len() >= 4 && head[0] & 0xf0 == 0x50 && head[1..4] == [0x2a, 0x4d, 0x18])
+        {
             Format::Zstd
         } else {
             Format::Tar
@@ -66,11 +68,94 @@ pub fn decoded<'a>(r: &'a mut dyn Read) -> io::Result<(Format, Box<dyn Read + 'a
     let chained = io::BufReader::with_capacity(BUF, io::Cursor::new(head[..got].to_vec()).chain(r));
     let out: Box<dyn Read + 'a> = match format {
         // Every member of a multi-member file (pigz, concatenated .gz).
-        Format::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(chained)),
+        Format::Gzip => Box::new(Gzip::new(chained)),
         Format::Zstd => Box::new(Zstd::new(chained)),
         Format::Tar => Box::new(chained),
     };
     Ok((format, out))
+}
+
+/// A buffered reader that counts the bytes consumed from it.
+struct Counted<R> {
+    r: R,
+    consumed: u64,
+}
+
+impl<R: BufRead> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.r.read(buf)?;
+        self.consumed += n as u64;
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for Counted<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.r.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.consumed += n as u64;
+        self.r.consume(n)
+    }
+}
+
+/// Every gzip member of a stream in turn (pigz, concatenated `.gz`), each
+/// member's CRC and length checked. After the last member only NUL
+/// padding may follow (tape blocks; GNU tar and bsdtar read past it too);
+/// anything else is "data after the last gzip member at byte N".
+pub struct Gzip<R: BufRead> {
+    dec: Option<flate2::bufread::GzDecoder<Counted<R>>>,
+}
+
+impl<R: BufRead> Gzip<R> {
+    pub fn new(r: R) -> Gzip<R> {
+        let r = Counted { r, consumed: 0 };
+        Gzip {
+            dec: Some(flate2::bufread::GzDecoder::new(r)),
+        }
+    }
+}
+
+impl<R: BufRead> Read for Gzip<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        loop {
+            let Some(dec) = self.dec.as_mut() else {
+                return Ok(0);
+            };
+            let n = dec.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            // One member ended: another, padding, or the end.
+            let mut r = self.dec.take().expect("a decoder").into_inner();
+            let next = r.fill_buf()?;
+            match next.first() {
+                None => return Ok(0),
+                Some(0x1f) => self.dec = Some(flate2::bufread::GzDecoder::new(r)),
+                Some(_) => {
+                    let end = r.consumed;
+                    loop {
+                        let rest = r.fill_buf()?;
+                        if rest.is_empty() {
+                            return Ok(0);
+                        }
+                        if rest.iter().any(|&b| b != 0) {
+                            return Err(io::Error::new(
+                                io::ErrorKind::InvalidData,
+                                format!("data after the last gzip member at byte {end}"),
+                            ));
+                        }
+                        let n = rest.len();
+                        r.consume(n);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Every zstd frame of a stream in turn (skippable frames skipped), each
@@ -305,6 +390,54 @@ mod tests {
         let mut out = String::new();
         d.read_to_string(&mut out).unwrap();
         assert_eq!(out, "first second");
+    }
+
+    fn gz(part: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(part).unwrap();
+        e.finish().unwrap()
+    }
+
+    fn all(bytes: &[u8]) -> io::Result<Vec<u8>> {
+        let mut r: &[u8] = bytes;
+        let (_, mut d) = decoded(&mut r)?;
+        let mut out = Vec::new();
+        d.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn data_after_the_last_gzip_member_is_named() {
+        let member = gz(b"tar bytes");
+        let mut garbage = member.clone();
+        garbage.extend_from_slice(b"garbage\n");
+        let e = all(&garbage).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("data after the last gzip member at byte {}", member.len())
+        );
+        // Tape padding (NULs) after the last member is read past.
+        let mut padded = member.clone();
+        padded.extend_from_slice(&[0u8; 10240]);
+        assert_eq!(all(&padded).unwrap(), b"tar bytes");
+    }
+
+    #[test]
+    fn a_zstd_stream_may_start_with_a_skippable_frame() {
+        let frame = ruzstd::encoding::compress_to_vec(
+            &b"tar bytes"[..],
+            ruzstd::encoding::CompressionLevel::Fastest,
+        );
+        // What pzstd writes first: a skippable frame of 4 bytes.
+        let mut s = vec![0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 9, 0, 0, 0];
+        s.extend_from_slice(&frame);
+        assert_eq!(Format::sniff(&s), Format::Zstd);
+        assert_eq!(all(&s).unwrap(), b"tar bytes");
+        for magic in [0x5f, 0x55] {
+            assert_eq!(Format::sniff(&[magic, 0x2a, 0x4d, 0x18]), Format::Zstd);
+        }
+        assert_eq!(Format::sniff(&[0x60, 0x2a, 0x4d, 0x18]), Format::Tar);
     }
 
     #[test]

@@ -406,6 +406,13 @@ impl Spool {
             stats.skipped += 1;
             return Ok(());
         }
+        if let Some(flag) = h.unknown_type {
+            reporter.warn(&format!(
+                "{what}: {}: tar entry of the unknown type {}, read as a regular file (as GNU tar and bsdtar do)",
+                escape(&path),
+                escape(&[b'\'', flag, b'\''])
+            ));
+        }
         let dir = self.parent(parents, mtime)?;
         self.forget(&path);
         let res = self.make(&dir, name, &path, &h, reader, stats);
@@ -497,7 +504,7 @@ impl Spool {
     fn hardlink(&mut self, dir: &DirFd, name: &[u8], path: &[u8], target: &[u8]) -> Result<()> {
         let refused = |why: &str| {
             anyhow!(
-                "hardlink {} to {} refused: {why}",
+                "hardlink '{}' to '{}' refused: {why}",
                 escape(path),
                 escape(target)
             )

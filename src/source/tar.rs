@@ -1,8 +1,25 @@
 //! A tar reader for hostile input: ustar, old v7, GNU long names and links
-//! (`L`/`K`), PAX extended headers (`path`, `linkpath`, `size`, `mtime`
-//! with its fraction, `uid`, `gid`). It parses headers and hands out each
+//! (`L`/`K`), PAX extended headers (`x`, and Solaris/star `X`, which GNU
+//! tar, bsdtar and Python's tarfile read as `x`: `path`, `linkpath`,
+//! `size`, `mtime` with its fraction, `uid`, `gid`, `SCHILY.xattr.*`) and
+//! PAX global headers (`g`: their `mtime`, `uid`, `gid` apply to every
+//! later entry that does not set its own, as POSIX, GNU tar and tarfile
+//! do; a global `path`, `linkpath` or `size` is refused, since the
+//! reference readers disagree on it). It parses headers and hands out each
 //! entry's data as a bounded stream; it never touches the filesystem and
 //! never holds more than one header's extensions in memory.
+//!
+//! What an entry holds is what every reference reader says it holds, and
+//! where they disagree the archive is refused. A directory header carries
+//! no data whatever its ustar size field says (GNU tar, bsdtar and tarfile
+//! all ignore it), nor does a hardlink header in an archive without PAX
+//! headers. Refused: a nonzero size on a symlink, device or FIFO (GNU tar
+//! skips that many bytes where bsdtar and tarfile read a header there), a
+//! PAX `size` on a directory, and a sized hardlink once the archive has
+//! PAX headers (bsdtar then reads data after it, the others do not). An
+//! entry of an unknown type is a regular file, as GNU tar and bsdtar
+//! extract it; a `M` continuation or a Solaris ACL `A`, which they do not
+//! agree on, is refused.
 //!
 //! Every size is bounded before anything is allocated or read (`MAX_*`),
 //! every header's checksum is checked, and a stream that ends anywhere but
@@ -31,7 +48,7 @@ pub enum Kind {
     Symlink(Vec<u8>),
     /// A hard link to an earlier entry, by its name in the archive.
     Hardlink(Vec<u8>),
-    /// A device, FIFO or an entry type packsync does not mirror: skipped.
+    /// A device or FIFO: skipped.
     Other(&'static str),
 }
 
@@ -46,6 +63,10 @@ pub struct Header {
     pub mtime: (i64, u32),
     /// Bytes of data that follow (only a `File`'s are content).
     pub size: u64,
+    /// Extended attributes (`SCHILY.xattr.NAME`), in the archive's order.
+    pub xattrs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The type flag of an entry of an unknown type, read as a file.
+    pub unknown_type: Option<u8>,
 }
 
 /// Whether `block` (at least `BLOCK` bytes) starts a tar archive: the
@@ -71,6 +92,11 @@ pub struct Reader<R> {
     done: bool,
     /// Bytes consumed from `r`, for messages.
     offset: u64,
+    /// What PAX global headers set so far.
+    global: Pax,
+    /// Whether a PAX header (`x`, `X` or `g`) came before: bsdtar then
+    /// reads a sized hardlink's data.
+    seen_pax: bool,
 }
 
 impl<R: Read> Reader<R> {
@@ -81,6 +107,8 @@ impl<R: Read> Reader<R> {
             pad: 0,
             done: false,
             offset: 0,
+            global: Pax::default(),
+            seen_pax: false,
         }
     }
 
@@ -140,17 +168,37 @@ impl<R: Read> Reader<R> {
                     }
                     continue;
                 }
-                b'x' => {
+                b'x' | b'X' => {
+                    self.seen_pax = true;
                     let data = self.small_data(size, MAX_PAX, "PAX header", at)?;
                     pax.parse(&data, at)?;
                     continue;
                 }
                 b'g' => {
                     // Global defaults (`git archive` writes its commit id
-                    // here): checked for form, not applied.
+                    // here), applied to every later entry.
+                    self.seen_pax = true;
                     let data = self.small_data(size, MAX_PAX, "PAX global header", at)?;
-                    Pax::default().parse(&data, at)?;
+                    let mut g = Pax::default();
+                    g.parse(&data, at)?;
+                    if let Some(key) = g.per_entry_key() {
+                        return Err(bad(format!(
+                            "the PAX global header at byte {at} sets {key} for every later \
+                             entry (refused: GNU tar renames every entry, bsdtar ignores it)"
+                        )));
+                    }
+                    self.global.overlay(g);
                     continue;
+                }
+                b'M' => {
+                    return Err(bad(format!(
+                        "a GNU multi-volume continuation at byte {at} (not supported)"
+                    )))
+                }
+                b'A' => {
+                    return Err(bad(format!(
+                        "a Solaris ACL entry at byte {at} (not supported)"
+                    )))
                 }
                 b'V' => {
                     // A GNU volume label: not an entry.
@@ -161,7 +209,7 @@ impl<R: Read> Reader<R> {
                 b'S' => return Err(bad(format!("GNU sparse file at byte {at} (not supported)"))),
                 _ => {}
             }
-            if pax.sparse {
+            if pax.sparse || self.global.sparse {
                 return Err(bad(format!("PAX sparse file at byte {at} (not supported)")));
             }
             let ustar = &block[257..263] == b"ustar\0";
@@ -189,22 +237,23 @@ impl<R: Read> Reader<R> {
                     "the entry at byte {at} has a name longer than {MAX_NAME} bytes"
                 )));
             }
-            let size = pax.size.take().unwrap_or(size);
+            let pax_size = pax.size.take();
+            let size = pax_size.unwrap_or(size);
             if size > MAX_SIZE {
                 return Err(bad(format!(
                     "the entry at byte {at} claims {size} bytes (at most {MAX_SIZE} accepted)"
                 )));
             }
             let mode = (number(&block[100..108], "mode", at)? & 0o7777) as u32;
-            let uid = match pax.uid.take() {
+            let uid = match pax.uid.take().or(self.global.uid) {
                 Some(u) => u,
                 None => id(number(&block[108..116], "uid", at)?, at)?,
             };
-            let gid = match pax.gid.take() {
+            let gid = match pax.gid.take().or(self.global.gid) {
                 Some(g) => g,
                 None => id(number(&block[116..124], "gid", at)?, at)?,
             };
-            let mtime = match pax.mtime.take() {
+            let mtime = match pax.mtime.take().or(self.global.mtime) {
                 Some(t) => t,
                 None => {
                     let s = number(&block[136..148], "mtime", at)?;
@@ -212,6 +261,7 @@ impl<R: Read> Reader<R> {
                     (s, 0)
                 }
             };
+            let mut unknown_type = None;
             let kind = match flag {
                 b'0' | 0 | b'7' if path.ends_with(b"/") => Kind::Dir,
                 b'0' | 0 | b'7' => Kind::File,
@@ -221,11 +271,36 @@ impl<R: Read> Reader<R> {
                 b'4' => Kind::Other("block device"),
                 b'5' | b'D' => Kind::Dir,
                 b'6' => Kind::Other("FIFO"),
-                _ => Kind::Other("tar entry of an unknown type"),
+                other => {
+                    unknown_type = Some(other);
+                    Kind::File
+                }
             };
             if path.is_empty() {
                 return Err(bad(format!("an entry without a name at byte {at}")));
             }
+            // What follows the header: a directory's or a hardlink's size
+            // field is ignored (POSIX; GNU tar, bsdtar and tarfile agree),
+            // but a GNU dumpdir (`D`) lists names in its data.
+            let size = match (&kind, flag) {
+                (Kind::Dir, b'D') | (Kind::File, _) => size,
+                _ if size == 0 => 0,
+                (Kind::Dir, _) if pax_size.is_none() => 0,
+                (Kind::Hardlink(_), _) if pax_size.is_none() && !self.seen_pax => 0,
+                _ => {
+                    let what = match &kind {
+                        Kind::Dir => "directory",
+                        Kind::Hardlink(_) => "hardlink",
+                        Kind::Symlink(_) => "symlink",
+                        Kind::Other(what) => what,
+                        Kind::File => unreachable!(),
+                    };
+                    return Err(bad(format!(
+                        "the {what} entry at byte {at} claims {size} bytes of data (refused: \
+                         GNU tar, bsdtar and tarfile disagree on what follows it)"
+                    )));
+                }
+            };
             self.begin_data(size);
             return Ok(Some(Header {
                 path,
@@ -235,6 +310,8 @@ impl<R: Read> Reader<R> {
                 gid,
                 mtime,
                 size,
+                xattrs: std::mem::take(&mut pax.xattrs),
+                unknown_type,
             }));
         }
     }
@@ -416,7 +493,11 @@ struct Pax {
     uid: Option<u32>,
     gid: Option<u32>,
     sparse: bool,
+    xattrs: Vec<(Vec<u8>, Vec<u8>)>,
 }
+
+/// The most extended attributes one entry may carry.
+const MAX_XATTRS: usize = 1024;
 
 impl Pax {
     fn any(&self) -> bool {
@@ -426,13 +507,44 @@ impl Pax {
             || self.mtime.is_some()
             || self.uid.is_some()
             || self.gid.is_some()
+            || !self.xattrs.is_empty()
     }
 
-    /// Records `LEN KEY=VALUE\n`, LEN counting the whole record.
+    /// A key that names one entry and so cannot be a global default.
+    fn per_entry_key(&self) -> Option<&'static str> {
+        if self.path.is_some() {
+            Some("path")
+        } else if self.linkpath.is_some() {
+            Some("linkpath")
+        } else if self.size.is_some() {
+            Some("size")
+        } else if !self.xattrs.is_empty() {
+            Some("extended attributes")
+        } else {
+            None
+        }
+    }
+
+    /// A later global header's keys replace an earlier one's.
+    fn overlay(&mut self, later: Pax) {
+        self.mtime = later.mtime.or(self.mtime);
+        self.uid = later.uid.or(self.uid);
+        self.gid = later.gid.or(self.gid);
+        self.sparse |= later.sparse;
+    }
+
+    /// Records `LEN KEY=VALUE\n`, LEN counting the whole record; an error
+    /// names the record that is bad and where the header starts.
     fn parse(&mut self, mut data: &[u8], at: u64) -> io::Result<()> {
-        let invalid = || bad(format!("bad PAX header at byte {at}"));
         // Writers pad with NULs after the last record.
         while !data.is_empty() && data[0] != 0 {
+            let invalid = || {
+                let end = data.iter().position(|&c| c == b'\n').unwrap_or(data.len());
+                bad(format!(
+                    "bad PAX header at byte {at}: {}",
+                    shown(&data[..end])
+                ))
+            };
             let sp = data
                 .iter()
                 .position(|&c| c == b' ')
@@ -446,6 +558,7 @@ impl Pax {
                 return Err(invalid());
             }
             let record = &data[sp + 1..len - 1];
+            let invalid = || bad(format!("bad PAX header at byte {at}: {}", shown(record)));
             let eq = record.iter().position(|&c| c == b'=').ok_or_else(invalid)?;
             let (key, value) = (&record[..eq], &record[eq + 1..]);
             let text = || std::str::from_utf8(value).map_err(|_| invalid());
@@ -457,12 +570,36 @@ impl Pax {
                 b"gid" => self.gid = Some(text()?.parse().map_err(|_| invalid())?),
                 b"mtime" => self.mtime = Some(pax_time(text()?).ok_or_else(invalid)?),
                 k if k.starts_with(b"GNU.sparse.") => self.sparse = true,
+                k if k.starts_with(b"SCHILY.xattr.") && k.len() > 13 => {
+                    let name = &k[13..];
+                    // A later record of the same name wins, as in tar.
+                    self.xattrs.retain(|(n, _)| n != name);
+                    if self.xattrs.len() >= MAX_XATTRS {
+                        return Err(bad(format!(
+                            "the PAX header at byte {at} has more than {MAX_XATTRS} extended attributes"
+                        )));
+                    }
+                    self.xattrs.push((name.to_vec(), value.to_vec()));
+                }
                 _ => {}
             }
             data = &data[len..];
         }
         Ok(())
     }
+}
+
+/// A record for an error line: printable, and at most about 64 bytes
+/// (`mtime=1350…467a`).
+fn shown(record: &[u8]) -> String {
+    let text = crate::report::escape(record);
+    let chars: Vec<char> = text.chars().collect();
+    if chars.len() <= 64 {
+        return text;
+    }
+    let head: String = chars[..40].iter().collect();
+    let tail: String = chars[chars.len() - 20..].iter().collect();
+    format!("{head}…{tail}")
 }
 
 /// `SECONDS[.FRACTION]`, possibly negative, to the nanosecond.
@@ -661,6 +798,175 @@ pub(crate) mod tests {
         assert_eq!(pax_time("-1.25"), Some((-2, 750_000_000)));
         assert_eq!(pax_time("x"), None);
         assert_eq!(pax_time("1.x"), None);
+    }
+
+    /// The paths read, or the error.
+    fn names(bytes: &[u8]) -> Result<Vec<String>, String> {
+        read_all(bytes)
+            .map(|v| {
+                v.iter()
+                    .map(|(h, _)| String::from_utf8_lossy(&h.path).into_owned())
+                    .collect()
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_directory_or_hardlink_size_field_carries_no_data() {
+        // `d/` claims 1024 bytes; what follows is two headers, not data.
+        let a = archive(&[
+            (header(b"d/", b'5', 1024, b""), b""),
+            (header(b"d/secret", b'0', 6, b""), b"SECRET"),
+            (header(b"d/link", b'1', 255, b"d/secret"), b""),
+            (header(b"d/after", b'0', 3, b""), b"aft"),
+        ]);
+        let got = read_all(&a).unwrap();
+        let paths: Vec<&[u8]> = got.iter().map(|(h, _)| h.path.as_slice()).collect();
+        assert_eq!(paths, [&b"d/"[..], b"d/secret", b"d/link", b"d/after"]);
+        assert_eq!((got[0].0.size, got[2].0.size), (0, 0));
+        assert_eq!(got[1].1, b"SECRET");
+    }
+
+    #[test]
+    fn sizes_the_reference_readers_disagree_on_are_refused() {
+        let sym = archive(&[(header(b"s", b'2', 1024, b"t"), b"")]);
+        let e = names(&sym).unwrap_err();
+        assert!(
+            e.contains("symlink entry at byte 0 claims 1024 bytes"),
+            "{e}"
+        );
+        let fifo = archive(&[(header(b"p", b'6', 512, b""), b"")]);
+        assert!(names(&fifo).unwrap_err().contains("FIFO entry"));
+        // A sized hardlink after a PAX header: bsdtar reads data there.
+        let m = pax("mtime", "1");
+        let a = archive(&[
+            (header(b"P", b'x', m.len() as u64, b""), &m),
+            (header(b"f", b'0', 1, b""), b"1"),
+            (header(b"h", b'1', 512, b"f"), b""),
+        ]);
+        assert!(names(&a)
+            .unwrap_err()
+            .contains("hardlink entry at byte 2048"));
+        // A PAX size on a directory: bsdtar skips it, the others do not.
+        let sz = pax("size", "512");
+        let a = archive(&[
+            (header(b"P", b'x', sz.len() as u64, b""), &sz),
+            (header(b"d/", b'5', 0, b""), b""),
+        ]);
+        assert!(names(&a).unwrap_err().contains("directory entry"));
+    }
+
+    #[test]
+    fn solaris_x_headers_are_pax_headers() {
+        let mut recs = pax("path", "renamed");
+        recs.extend(pax("mtime", "1234567890.5"));
+        let a = archive(&[
+            (header(b"PaxHeaders/x", b'X', recs.len() as u64, b""), &recs),
+            (header(b"orig", b'0', 2, b""), b"hi"),
+        ]);
+        let got = read_all(&a).unwrap();
+        assert_eq!(got[0].0.path, b"renamed");
+        assert_eq!(got[0].0.mtime, (1_234_567_890, 500_000_000));
+    }
+
+    #[test]
+    fn global_headers_apply_to_every_later_entry() {
+        let mut g = pax("mtime", "1000000000");
+        g.extend(pax("uid", "42"));
+        g.extend(pax("comment", "a git commit id"));
+        let local = pax("mtime", "1500000000");
+        let a = archive(&[
+            (header(b"pax_global_header", b'g', g.len() as u64, b""), &g),
+            (header(b"one", b'0', 1, b""), b"1"),
+            (header(b"P/two", b'x', local.len() as u64, b""), &local),
+            (header(b"two", b'0', 1, b""), b"2"),
+            (header(b"three", b'0', 1, b""), b"3"),
+        ]);
+        let got: Vec<(i64, u32)> = read_all(&a)
+            .unwrap()
+            .iter()
+            .map(|(h, _)| (h.mtime.0, h.uid))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (1_000_000_000, 42),
+                (1_500_000_000, 42),
+                (1_000_000_000, 42)
+            ]
+        );
+        let gp = pax("path", "everything");
+        let a = archive(&[
+            (
+                header(b"pax_global_header", b'g', gp.len() as u64, b""),
+                &gp,
+            ),
+            (header(b"one", b'0', 1, b""), b"1"),
+        ]);
+        let e = names(&a).unwrap_err();
+        assert!(e.contains("PAX global header at byte 0 sets path"), "{e}");
+    }
+
+    #[test]
+    fn unknown_types_are_files_and_continuations_are_refused() {
+        let a = archive(&[
+            (header(b"u", b'Z', 5, b""), b"hello"),
+            (header(b"after", b'0', 1, b""), b"a"),
+        ]);
+        let got = read_all(&a).unwrap();
+        assert_eq!(got[0].0.kind, Kind::File);
+        assert_eq!(got[0].0.unknown_type, Some(b'Z'));
+        assert_eq!(got[0].1, b"hello");
+        assert_eq!(got[1].0.path, b"after");
+        let m = archive(&[(header(b"u", b'M', 5, b""), b"hello")]);
+        assert!(names(&m).unwrap_err().contains("multi-volume"));
+    }
+
+    #[test]
+    fn a_bad_pax_record_is_named() {
+        let bad_time = pax("mtime", "1350244992.023960108467a");
+        let a = archive(&[
+            (header(b"P", b'x', bad_time.len() as u64, b""), &bad_time),
+            (header(b"f", b'0', 0, b""), b""),
+        ]);
+        assert_eq!(
+            names(&a).unwrap_err(),
+            "bad PAX header at byte 0: mtime=1350244992.023960108467a"
+        );
+        let long = pax("uid", &"9".repeat(100));
+        let a = archive(&[(header(b"P", b'x', long.len() as u64, b""), &long)]);
+        let e = names(&a).unwrap_err();
+        assert!(e.starts_with("bad PAX header at byte 0: uid=999"), "{e}");
+        assert!(e.ends_with("…99999999999999999999"), "{e}");
+        for (record, shown) in [
+            (&b"13 no-equals\n"[..], "no-equals"),
+            (b"12 no-equals\n", "12 no-equals"),
+        ] {
+            let a = archive(&[(header(b"P", b'x', record.len() as u64, b""), record)]);
+            let e = names(&a).unwrap_err();
+            assert_eq!(e, format!("bad PAX header at byte 0: {shown}"));
+        }
+    }
+
+    #[test]
+    fn xattrs_are_read_from_schily_records() {
+        let mut recs = pax("SCHILY.xattr.user.note", "one");
+        recs.extend(pax("SCHILY.xattr.security.capability", "\u{1}\u{2}"));
+        recs.extend(pax("SCHILY.xattr.user.note", "two"));
+        let a = archive(&[
+            (header(b"P", b'x', recs.len() as u64, b""), &recs),
+            (header(b"f", b'0', 0, b""), b""),
+            (header(b"g", b'0', 0, b""), b""),
+        ]);
+        let got = read_all(&a).unwrap();
+        assert_eq!(
+            got[0].0.xattrs,
+            [
+                (b"security.capability".to_vec(), vec![1u8, 2]),
+                (b"user.note".to_vec(), b"two".to_vec())
+            ]
+        );
+        assert!(got[1].0.xattrs.is_empty());
     }
 
     #[test]
