@@ -208,6 +208,7 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
 fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     let start = Instant::now();
     // Validate: nothing is written before the guards have passed.
+    crate::source::spool::limit_entries(cfg.max_entries);
     let sources = Sources::open(cfg)?;
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);

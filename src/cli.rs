@@ -211,6 +211,9 @@ pub struct SyncArgs {
     /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
     #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform)]
     pub platform: Option<config::Platform>,
+    /// Refuse (exit 1) an archive, bundle or image that holds more than N entries
+    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_MAX_ENTRIES, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_entries: u64,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -452,6 +455,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         every: s.every,
         max_failures: s.max_failures,
         http_bind: s.http_bind,
+        max_entries: s.max_entries,
         remote,
     })
 }

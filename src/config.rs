@@ -148,9 +148,17 @@ pub struct SyncConfig {
     pub max_failures: Option<u32>,
     /// `--http-bind ADDR:PORT`: with `--every`, serve health and metrics there.
     pub http_bind: Option<std::net::SocketAddr>,
+    /// `--max-entries N`: the most entries an archive, bundle or image may
+    /// hold (every header of every layer counts, whiteouts too).
+    pub max_entries: u64,
     /// How `https://`, `oci://` and `oci-layout:` sources are reached.
     pub remote: Remote,
 }
+
+/// `--max-entries`: far above any pack image or bundle (a 1.5 GB StackStorm
+/// image holds about 10^5 entries), far below what a small compressed
+/// archive of empty entries could otherwise make the spool hold.
+pub const DEFAULT_MAX_ENTRIES: u64 = 2_000_000;
 
 /// `--timeout`: connecting, and each stall while reading, at most this long.
 pub const DEFAULT_NET_TIMEOUT: &str = "30s";

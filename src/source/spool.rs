@@ -96,6 +96,8 @@ pub struct Spool {
     last_beat: std::time::Instant,
     /// The live generation's files this spool started from (`seed`).
     borrowed: Option<Borrowed>,
+    /// Entries read so far, over every layer (`--max-entries`).
+    headers: u64,
 }
 
 /// The device number the scan gives borrowed files: no filesystem has it,
@@ -182,6 +184,16 @@ fn join(parts: &[&[u8]]) -> Vec<u8> {
     parts.join(&b'/')
 }
 
+/// `--max-entries`, set once a round by `app` (the spool is made deep in a
+/// source's `fill`, which knows nothing of the configuration).
+static MAX_ENTRIES: std::sync::atomic::AtomicU64 =
+    std::sync::atomic::AtomicU64::new(crate::config::DEFAULT_MAX_ENTRIES);
+
+/// Refuse a source of more than `n` entries (`--max-entries`).
+pub fn limit_entries(n: u64) {
+    MAX_ENTRIES.store(n, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn check_signal() -> Result<()> {
     match sys::signals::pending() {
         Some(sig) => Err(Failure::Interrupted(sig).into()),
@@ -214,6 +226,7 @@ impl Spool {
             staging: staging.try_clone()?,
             last_beat: std::time::Instant::now(),
             borrowed: None,
+            headers: 0,
         })
     }
 
@@ -328,6 +341,13 @@ impl Spool {
                     },
                     Err(e) => return Err(e.into()),
                 };
+                self.headers += 1;
+                let max = MAX_ENTRIES.load(std::sync::atomic::Ordering::Relaxed);
+                if self.headers > max {
+                    bail!(
+                        "holds more than {max} entries (refused by --max-entries {max}; raise it if this is expected)"
+                    );
+                }
                 self.entry(
                     &mut reader,
                     h,

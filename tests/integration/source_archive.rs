@@ -330,6 +330,16 @@ fn seal(b: &mut [u8; 512]) {
     b[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
 }
 
+/// One PAX record, `LEN KEY=VALUE\n`.
+fn pax_record(k: &str, v: &str) -> Vec<u8> {
+    let base = k.len() + v.len() + 3;
+    let mut len = base + 1;
+    while len != base + len.to_string().len() {
+        len = base + len.to_string().len();
+    }
+    format!("{len} {k}={v}\n").into_bytes()
+}
+
 fn raw_tar(entries: &[([u8; 512], &[u8])]) -> Vec<u8> {
     let mut out = Vec::new();
     for (h, data) in entries {
@@ -362,16 +372,59 @@ fn hostile_archives_are_refused_and_change_nothing() {
     corrupt_gz[n / 2] ^= 0x55;
     corrupt_gz[n - 7] ^= 0xff;
 
-    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+    let mut trailing = gzip(&tar(&bundle("1", "{}")));
+    let members = trailing.len();
+    trailing.extend_from_slice(b"garbage after the stream\n");
+    let global_path = pax_record("path", "everything");
+    let bad_mtime = pax_record("mtime", "1350244992.023960108467a");
+
+    let cases: Vec<(&str, Vec<u8>, String)> = vec![
+        (
+            "sized-symlink.tar",
+            raw_tar(&[
+                (header(b"s", b'2', 1024, b"fine"), b""),
+                (header(b"d/secret", b'0', 6, b""), b"SECRET"),
+            ]),
+            "the symlink entry at byte 0 claims 1024 bytes of data (refused".into(),
+        ),
+        (
+            "trailing.tar.gz",
+            trailing,
+            format!("data after the last gzip member at byte {members}"),
+        ),
+        (
+            "global-path.tar",
+            raw_tar(&[
+                (
+                    header(b"g", b'g', global_path.len() as u64, b""),
+                    &global_path,
+                ),
+                ok_entry,
+            ]),
+            "the PAX global header at byte 0 sets path".into(),
+        ),
+        (
+            "bad-pax.tar",
+            raw_tar(&[
+                (header(b"x", b'x', bad_mtime.len() as u64, b""), &bad_mtime),
+                ok_entry,
+            ]),
+            "bad PAX header at byte 0: mtime=1350244992.023960108467a".into(),
+        ),
+        (
+            "hardempty.tar",
+            raw_tar(&[ok_entry, (header(b"h", b'1', 0, b""), b"")]),
+            "hardlink 'h' to '' refused".into(),
+        ),
         (
             "dotdot.tar",
             raw_tar(&[ok_entry, (header(b"../x", b'0', 1, b""), b"x")]),
-            "\"..\" component",
+            "\"..\" component".into(),
         ),
         (
             "deep.tar",
             raw_tar(&[(header(b"a/../../x", b'0', 1, b""), b"x")]),
-            "\"..\" component",
+            "\"..\" component".into(),
         ),
         (
             "through.tar",
@@ -379,43 +432,43 @@ fn hostile_archives_are_refused_and_change_nothing() {
                 (header(b"l", b'2', 0, &out_link), b""),
                 (header(b"l/passwd", b'0', 1, b""), b"x"),
             ]),
-            "reached through the symlink l",
+            "reached through the symlink l".into(),
         ),
         (
             "hardout.tar",
             raw_tar(&[(header(b"h", b'1', 0, b"../../etc/x"), b"")]),
-            "its target leaves the tree",
+            "its target leaves the tree".into(),
         ),
         (
             "hardnone.tar",
             raw_tar(&[ok_entry, (header(b"h", b'1', 0, b"missing"), b"")]),
-            "not an earlier file of the archive",
+            "not an earlier file of the archive".into(),
         ),
         (
             "cut-header.tar",
             data[..300].to_vec(),
-            "truncated inside the header",
+            "truncated inside the header".into(),
         ),
         (
             "cut-data.tar",
             data[..1000].to_vec(),
-            "truncated inside an entry's data",
+            "truncated inside an entry's data".into(),
         ),
         (
             "cut-end.tar",
             data[..2560].to_vec(),
-            "without its end-of-archive block",
+            "without its end-of-archive block".into(),
         ),
-        ("corrupt.tar.gz", corrupt_gz, "corrupt"),
+        ("corrupt.tar.gz", corrupt_gz, "corrupt".into()),
         (
             "huge.tar",
             raw_tar(&[(huge, b"")]),
-            "claims 1152921504606846976 bytes",
+            "claims 1152921504606846976 bytes".into(),
         ),
         (
             "checksum.tar",
             raw_tar(&[ok_entry, (bad_sum, b"")]),
-            "bad header checksum",
+            "bad header checksum".into(),
         ),
     ];
     for (name, bytes, needle) in cases {
@@ -427,7 +480,7 @@ fn hostile_archives_are_refused_and_change_nothing() {
             "{name}: the line names the archive: {}",
             run.stderr
         );
-        run.fails(1, needle);
+        run.fails(1, &needle);
         assert_eq!(
             fs::read_dir(&outside).unwrap().count(),
             0,
@@ -573,4 +626,90 @@ fn a_dry_run_reads_the_archive_and_writes_nothing_on_the_volume() {
         "{}",
         run.stdout
     );
+}
+
+/// What GNU tar, bsdtar and tarfile all read from archives that packsync
+/// once read otherwise: a directory header's size field carries no data, a
+/// Solaris `X` header is a PAX header, a PAX global header's mtime applies
+/// to every later entry, an entry of an unknown type is a file, a zstd
+/// stream may start with a skippable frame.
+#[test]
+fn what_every_reference_reader_sees_is_published() {
+    let f = Fixture::new();
+    let renamed = [
+        pax_record("path", "renamed"),
+        pax_record("mtime", "1234567890.5"),
+    ]
+    .concat();
+    let global = [
+        pax_record("mtime", "1000000000"),
+        pax_record("comment", "0123abc"),
+    ]
+    .concat();
+    let local = pax_record("mtime", "1500000000");
+    let raw = raw_tar(&[
+        // A directory that claims 1024 bytes: the next two headers are
+        // entries (and so is a sized hardlink's, before any PAX header).
+        (header(b"d/", b'5', 1024, b""), b""),
+        (header(b"d/secret", b'0', 6, b""), b"SECRET"),
+        (header(b"d/lnk", b'1', 255, b"d/secret"), b""),
+        (header(b"d/after", b'0', 3, b""), b"aft"),
+        (header(b"g", b'g', global.len() as u64, b""), &global),
+        (header(b"X/x", b'X', renamed.len() as u64, b""), &renamed),
+        (header(b"orig", b'0', 2, b""), b"hi"),
+        (header(b"x/two", b'x', local.len() as u64, b""), &local),
+        (header(b"two", b'0', 1, b""), b"2"),
+        (header(b"odd", b'Z', 4, b""), b"data"),
+    ]);
+    // What pzstd writes: a skippable frame, then the zstd frame.
+    let mut zst = vec![0x50, 0x2a, 0x4d, 0x18, 4, 0, 0, 0, 0, 0, 0, 0];
+    zst.extend(zstd(&raw));
+    let a = f.archive("ref.tar.zst", &zst);
+    let run = f.sync_from(&[&a], &[]).ok();
+    assert!(
+        run.stderr
+            .contains("odd: tar entry of the unknown type 'Z', read as a regular file"),
+        "{}",
+        run.stderr
+    );
+    let d = f.dest();
+    let read = |p: &str| fs::read_to_string(d.join(p)).unwrap();
+    assert_eq!(
+        (read("d/secret"), read("d/lnk"), read("d/after")),
+        ("SECRET".into(), "SECRET".into(), "aft".into())
+    );
+    assert_eq!(ino(&d.join("d/secret")), ino(&d.join("d/lnk")));
+    assert!(!d.join("orig").exists());
+    assert_eq!(read("renamed"), "hi");
+    assert_eq!(
+        crate::fixture::mtime(&d.join("renamed")),
+        (1_234_567_890, 500_000_000)
+    );
+    assert_eq!(
+        crate::fixture::mtime(&d.join("odd")),
+        (1_000_000_000, 0)
+    );
+    assert_eq!(crate::fixture::mtime(&d.join("two")), (1_500_000_000, 0));
+    assert_eq!(read("odd"), "data");
+    // The same archive again is up to date.
+    let again = f.sync_from(&[&a], &[]).ok();
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+}
+
+#[test]
+fn an_archive_of_more_entries_than_max_entries_is_refused() {
+    let f = Fixture::new();
+    let small = f.archive("small.tar.gz", &gzip(&tar(&bundle("1", "{}"))));
+    f.sync_from(&[&small], &["--max-entries", "10"]).ok();
+    let many: Vec<E> = (0..30)
+        .map(|i| file(Box::leak(format!("f{i:02}").into_boxed_str()), "x"))
+        .collect();
+    let big = f.archive("many.tar.gz", &gzip(&tar(&many)));
+    f.unchanged_but_staging(|| f.sync_from(&[&big], &["--max-entries", "20"]))
+        .fails(
+            1,
+            "many.tar.gz: holds more than 20 entries (refused by --max-entries 20",
+        );
+    f.sync_from(&[&big], &["--max-entries", "30"]).ok();
+    assert!(f.dest().join("f29").exists());
 }
