@@ -197,7 +197,37 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
-    round_with(cfg, pass, true)
+    let err = match round_with(cfg, pass, true) {
+        Err(e) if !cfg.dry_run && out_of_space(&e) => e,
+        done => return done,
+    };
+    // The volume is full: staging that dead writers left (this host's
+    // processes gone, or any host's untouched past the stale age) may be
+    // what fills it. Remove it, as `gc` would, and try once more.
+    let freed = Volume::open(&cfg.dest, false)
+        .ok()
+        .and_then(|vol| Some((vol.state(false).ok().flatten()?, vol)))
+        .map_or(0, |(state, vol)| {
+            retire::remove_dead_staging(&vol, &state, config::STALE_STAGE)
+        });
+    if freed == 0 {
+        return Err(err);
+    }
+    let round = round_with(cfg, pass, true)?;
+    let line = format!(
+        "the volume was full: removed the staging of {freed} dead writer{} and tried again",
+        if freed == 1 { "" } else { "s" }
+    );
+    round.console.warn(&line);
+    Ok(round)
+}
+
+/// Whether `e` was caused by a full volume or an exhausted quota.
+fn out_of_space(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+    })
 }
 
 /// `round`; `shortcut`: sources that can tell they are unchanged since the

@@ -306,6 +306,14 @@ fn sweep_trash(vol: &Volume, state: &State, stale: Duration) {
     }
 }
 
+/// The staging of dead writers, removed before a sync gives up on a full
+/// volume: how many went.
+pub fn remove_dead_staging(vol: &Volume, state: &State, stale: Duration) -> u64 {
+    // What an earlier removal left in trash/ goes first.
+    sweep_trash(vol, state, stale);
+    remove_dead_stages(state, stale, None)
+}
+
 /// Staging of a dead process on this host, or of any host untouched for
 /// `stale`: moved into `trash/` first, checked again (a writer touches its
 /// staging before it publishes), then deleted.

@@ -685,10 +685,7 @@ fn what_every_reference_reader_sees_is_published() {
         crate::fixture::mtime(&d.join("renamed")),
         (1_234_567_890, 500_000_000)
     );
-    assert_eq!(
-        crate::fixture::mtime(&d.join("odd")),
-        (1_000_000_000, 0)
-    );
+    assert_eq!(crate::fixture::mtime(&d.join("odd")), (1_000_000_000, 0));
     assert_eq!(crate::fixture::mtime(&d.join("two")), (1_500_000_000, 0));
     assert_eq!(read("odd"), "data");
     // The same archive again is up to date.

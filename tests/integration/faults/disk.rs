@@ -105,6 +105,44 @@ fn a_full_disk_fails_cleanly_and_leaves_dest_as_it_was() {
     assert_clean(&f.state());
 }
 
+/// A writer that died (another host's, its staging untouched for two
+/// hours) left 3 MiB of staging on a 4 MiB volume: the next sync, out of
+/// space, removes that staging and tries again, instead of failing until
+/// someone runs `gc`.
+#[test]
+fn a_full_disk_frees_the_staging_of_dead_writers_and_tries_again() {
+    if skip("ENOSPC on a small tmpfs", true, false) {
+        return;
+    }
+    let f = Fixture::new();
+    let _tmpfs = Tmpfs::mount(&f.path("vol"), "4m");
+    variant_tree(&f.src(), 1, 20, 0);
+    ok(sync(&f));
+    let dead = f.state().join("stage/otherhost-4242-0123456789abcdef");
+    fs::create_dir_all(dead.join("packs/d0")).unwrap();
+    fs::write(dead.join("packs/d0/half.bin"), vec![7u8; 3 << 20]).unwrap();
+    for p in [dead.join("packs/d0"), dead.join("packs"), dead.clone()] {
+        let st = Command::new("touch")
+            .args(["-h", "-d", "2 hours ago"])
+            .arg(&p)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
+    variant_tree(&f.src(), 2, 20, 1); // 2 MiB: only fits without the dead staging
+    let out = sync(&f);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        stderr(&out)
+            .contains("the volume was full: removed the staging of 1 dead writer and tried again"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dead.exists(), "the dead writer's staging is gone");
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    assert_clean(&f.state());
+}
+
 #[test]
 fn an_unreadable_source_file_fails_cleanly() {
     if skip("an unreadable source file", true, false) {
