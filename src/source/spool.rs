@@ -64,6 +64,8 @@ pub struct LayerStats {
     pub skipped: u64,
     /// Whiteouts and opaque markers applied.
     pub whiteouts: u64,
+    /// Entries that carried extended attributes (not mirrored).
+    pub xattrs: u64,
 }
 
 /// A file's metadata and content hash, as its entry gave them.
@@ -98,6 +100,9 @@ pub struct Spool {
     borrowed: Option<Borrowed>,
     /// Entries read so far, over every layer (`--max-entries`).
     headers: u64,
+    /// The first entry of this archive or layer with extended attributes,
+    /// and the first attribute's name (for the warning).
+    first_xattr: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// The device number the scan gives borrowed files: no filesystem has it,
@@ -227,6 +232,7 @@ impl Spool {
             last_beat: std::time::Instant::now(),
             borrowed: None,
             headers: 0,
+            first_xattr: None,
         })
     }
 
@@ -312,7 +318,18 @@ impl Spool {
     ) -> Result<LayerStats> {
         let res = self.apply_stream(r, whiteouts, what, reporter);
         self.cached = None;
-        res.with_context(|| what.to_string())
+        let stats = res.with_context(|| what.to_string())?;
+        if let Some((path, attr)) = self.first_xattr.take() {
+            // Not mirrored yet: said once per archive or layer, never silently.
+            reporter.warn(&format!(
+                "{what}: {} {} extended attributes (first: {} on {}), which are not mirrored: DEST has none",
+                stats.xattrs,
+                if stats.xattrs == 1 { "entry carries" } else { "entries carry" },
+                escape(&attr),
+                escape(&path)
+            ));
+        }
+        Ok(stats)
     }
 
     fn apply_stream(
@@ -432,6 +449,12 @@ impl Spool {
                 escape(&path),
                 escape(&[b'\'', flag, b'\''])
             ));
+        }
+        if let Some((attr, _)) = h.xattrs.first() {
+            stats.xattrs += 1;
+            if self.first_xattr.is_none() {
+                self.first_xattr = Some((path.clone(), attr.clone()));
+            }
         }
         let dir = self.parent(parents, mtime)?;
         self.forget(&path);

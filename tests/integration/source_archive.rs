@@ -710,3 +710,39 @@ fn an_archive_of_more_entries_than_max_entries_is_refused() {
     f.sync_from(&[&big], &["--max-entries", "30"]).ok();
     assert!(f.dest().join("f29").exists());
 }
+
+/// Extended attributes are not mirrored yet: an archive that carries them
+/// says so in one warning, and the tree still lands.
+#[test]
+fn extended_attributes_are_named_not_dropped_silently() {
+    let f = Fixture::new();
+    let caps = [
+        pax_record("SCHILY.xattr.security.capability", "caps"),
+        pax_record("SCHILY.xattr.user.note", "x"),
+    ]
+    .concat();
+    let a = f.archive(
+        "caps.tar",
+        &raw_tar(&[
+            (header(b"x", b'x', caps.len() as u64, b""), &caps),
+            (header(b"bin/ping", b'0', 4, b""), b"ping"),
+            (header(b"bin/ls", b'0', 2, b""), b"ls"),
+        ]),
+    );
+    let run = f.sync_from(&[&a], &[]).ok();
+    let warned: Vec<&str> = run
+        .stderr
+        .lines()
+        .filter(|l| l.contains("extended attributes"))
+        .collect();
+    assert_eq!(
+        warned,
+        ["packsync: warning: caps.tar: 1 entry carries extended attributes (first: security.capability on bin/ping), which are not mirrored: DEST has none"],
+        "{}",
+        run.stderr
+    );
+    assert_eq!(
+        fs::read_to_string(f.dest().join("bin/ping")).unwrap(),
+        "ping"
+    );
+}
