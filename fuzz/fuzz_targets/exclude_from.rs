@@ -1,3 +1,6 @@
 //! The contents of an `--exclude-from FILE`.
 #![no_main]
-libfuzzer_sys::fuzz_target!(|data: &[u8]| packsync::fuzzing::exclude_from(data));
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    packsync::fuzzing::target("exclude_from", data);
+});

@@ -54,14 +54,10 @@ fn static_bin() -> PathBuf {
         .unwrap_or_else(|| repo().join("target/x86_64-unknown-linux-gnu/release/packsync"))
 }
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
-}
-
 /// Skip with one line, or fail under CI.
+#[track_caller]
 fn unavailable(why: &str) {
-    assert!(!in_ci(), "container tests: {why}");
-    eprintln!("skipped: container tests: {why}");
+    crate::fixture::skip(&format!("container tests: {why}"));
 }
 
 /// One rig in a private directory, with a registry on a free port; `down` when dropped.
@@ -403,7 +399,7 @@ struct Setup {
 
 fn setup() -> Option<Setup> {
     if !is_root() {
-        eprintln!("skipped: container tests need root");
+        unavailable("need root");
         return None;
     }
     if !script().exists() {

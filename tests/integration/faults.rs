@@ -35,8 +35,7 @@ pub fn skip(part: &str, need_root: bool, need_hooks: bool) -> bool {
         (_, true) => "needs --features fault-injection",
         _ => return false,
     };
-    eprintln!("skipped: {part} {why}");
-    true
+    crate::fixture::skip(&format!("{part} {why}"))
 }
 
 /// A seeded xorshift generator: the same seed replays the same trials.

@@ -96,6 +96,29 @@ pub fn stderr(out: &Output) -> String {
 }
 
 /// Whether the tests run as root (owners, mounts, device nodes).
+/// Whether this run is CI's (`CI` set, as `.ci/run` sets it): there, no
+/// test may skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// A test that cannot run here: one line on stderr, appended to the file
+/// `PACKSYNC_SKIP_LOG` names (so CI can count them); under CI a failure.
+/// Returns true, for `if skip(..) { return; }`.
+#[track_caller]
+pub fn skip(why: &str) -> bool {
+    let at = std::panic::Location::caller();
+    assert!(!in_ci(), "{why} (required under CI; at {at})");
+    eprintln!("skipped: {why}");
+    if let Some(log) = std::env::var_os("PACKSYNC_SKIP_LOG") {
+        use std::io::Write;
+        if let Ok(mut f) = fs::OpenOptions::new().create(true).append(true).open(log) {
+            let _ = writeln!(f, "{at}: {why}");
+        }
+    }
+    true
+}
+
 pub fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }

@@ -451,7 +451,7 @@ fn dir_layout_keeps_dest_a_real_directory_and_swaps_it_whole() {
     f.file("gone", "v1");
     let out = f.packsync(&["sync", "--layout", "dir", "src", "vol/packs"]);
     if out.code == 3 && out.stderr.contains("RENAME_EXCHANGE") {
-        eprintln!("skipped: the temp directory's filesystem lacks RENAME_EXCHANGE");
+        crate::fixture::skip("the temp directory's filesystem lacks RENAME_EXCHANGE");
         return;
     }
     out.ok();
@@ -489,7 +489,7 @@ fn dir_layout_takes_over_a_plain_directory() {
     write(&f.dest().join("stale"), "left by cp -aR");
     let out = f.sync(&["--layout", "dir"]);
     if out.code == 3 && out.stderr.contains("RENAME_EXCHANGE") {
-        eprintln!("skipped: the temp directory's filesystem lacks RENAME_EXCHANGE");
+        crate::fixture::skip("the temp directory's filesystem lacks RENAME_EXCHANGE");
         return;
     }
     out.ok();
@@ -502,7 +502,7 @@ struct Tmpfs(PathBuf);
 impl Tmpfs {
     fn mount(at: PathBuf) -> Option<Tmpfs> {
         if !crate::fixture::is_root() {
-            eprintln!("skipped: mounting a tmpfs needs root");
+            crate::fixture::skip("mounting a tmpfs needs root");
             return None;
         }
         fs::create_dir_all(&at).unwrap();
@@ -512,7 +512,7 @@ impl Tmpfs {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            eprintln!("skipped: cannot mount a tmpfs here");
+            crate::fixture::skip("cannot mount a tmpfs here");
             return None;
         }
         Some(Tmpfs(at))
@@ -555,14 +555,29 @@ fn dir_layout_works_on_tmpfs_and_refuses_a_mount_point() {
 
 #[test]
 fn dir_layout_is_refused_on_a_fuse_filesystem() {
-    // A directory on FUSE (GlusterFS, sshfs), e.g. a mount of the netfs rig.
+    // A directory on FUSE (GlusterFS, sshfs): PACKSYNC_TEST_FUSE_DIR, else
+    // a mount of the sshfs rig (as root, where the rig script is).
+    use crate::faults::netfs;
+    let (_lock, rig);
     let dir = match std::env::var_os("PACKSYNC_TEST_FUSE_DIR") {
         Some(d) => PathBuf::from(d),
-        None => {
-            eprintln!(
-                "skipped: set PACKSYNC_TEST_FUSE_DIR to a writable directory on a FUSE filesystem"
+        None if !crate::fixture::is_root() || !netfs::script().exists() => {
+            crate::fixture::skip(
+                "set PACKSYNC_TEST_FUSE_DIR to a writable directory on a FUSE filesystem, \
+                 or run as root with the netfs rig",
             );
             return;
+        }
+        None => {
+            _lock = netfs::rig_lock();
+            rig = match netfs::Rig::up("sshfs") {
+                Ok(r) => r,
+                Err(e) => {
+                    crate::fixture::skip(&format!("the sshfs rig did not come up: {e}"));
+                    return;
+                }
+            };
+            rig.mnt("A")
         }
     };
     let f = Fixture::new();
@@ -746,7 +761,7 @@ fn dir_layout_keeps_a_twin_of_the_same_generation_for_the_grace_period() {
     f.file("a", "v1");
     let first = f.packsync(&["sync", "--layout", "dir", "src", "vol/packs"]);
     if first.code == 3 && first.stderr.contains("RENAME_EXCHANGE") {
-        eprintln!("skipped: the temp directory's filesystem lacks RENAME_EXCHANGE");
+        crate::fixture::skip("the temp directory's filesystem lacks RENAME_EXCHANGE");
         return;
     }
     first.ok();

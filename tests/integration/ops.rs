@@ -295,7 +295,7 @@ fn sync_checksum_repairs_what_verify_found() {
 #[test]
 fn verify_sees_a_changed_owner_as_root() {
     if !is_root() {
-        eprintln!("skipped: owners are mirrored only as root");
+        crate::fixture::skip("owners are mirrored only as root");
         return;
     }
     let f = Fixture::new();

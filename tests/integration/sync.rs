@@ -521,7 +521,7 @@ fn json_command_line_errors_are_json_and_keep_clap_usage_on_stderr() {
 #[test]
 fn owners_are_mirrored_as_root() {
     if !is_root() {
-        eprintln!("skipped: owners are mirrored only as root");
+        crate::fixture::skip("owners are mirrored only as root");
         return;
     }
     let f = Fixture::new();
@@ -585,7 +585,7 @@ fn completions_are_committed_and_current() {
 #[test]
 fn no_fsync_flushes_nothing_even_where_each_file_is_fsynced() {
     if !cfg!(feature = "fault-injection") {
-        eprintln!("skipped: needs --features fault-injection (PACKSYNC_TEST_FLUSH)");
+        crate::fixture::skip("needs --features fault-injection (PACKSYNC_TEST_FLUSH)");
         return;
     }
     if std::process::Command::new("strace")
@@ -593,7 +593,7 @@ fn no_fsync_flushes_nothing_even_where_each_file_is_fsynced() {
         .output()
         .is_err()
     {
-        eprintln!("skipped: no strace");
+        crate::fixture::skip("no strace");
         return;
     }
     let f = Fixture::new();

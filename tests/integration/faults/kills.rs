@@ -54,6 +54,9 @@ fn sigkill_at_random_instants_leaves_a_complete_generation() {
         if status.success() {
             finished += 1;
         } else {
+            // Killed, or done: any other exit (a bug's exit 1) is a failure.
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(9), "trial {trial}: {status:?}");
             killed += 1;
         }
         let was = assert_one_of(&f.dest(), &sources);

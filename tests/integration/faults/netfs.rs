@@ -31,10 +31,6 @@ pub fn script() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/netfs-rig.sh"))
 }
 
-fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "0" && v != "false")
-}
-
 /// One rig, in a private directory; `down` when dropped.
 pub struct Rig {
     env: Vec<(String, String)>,
@@ -196,19 +192,17 @@ fn on_backends(what: &str, backends: &[&str]) {
         return;
     }
     if !script().exists() {
-        assert!(!in_ci(), "{} is missing", script().display());
-        eprintln!("skipped: {} is missing", script().display());
+        crate::fixture::skip(&format!("{} is missing", script().display()));
         return;
     }
     let _lock = rig_lock();
     for &backend in backends {
         let rig = match Rig::up(backend) {
             Ok(r) => r,
-            Err(e) if !in_ci() => {
-                eprintln!("skipped: {backend} rig did not come up: {e}");
+            Err(e) => {
+                crate::fixture::skip(&format!("{backend} rig did not come up: {e}"));
                 continue;
             }
-            Err(e) => panic!("{backend} rig did not come up: {e}"),
         };
         fidelity(backend, &rig);
         writers_and_readers(backend, &rig);
@@ -701,9 +695,17 @@ fn kills(backend: &str, rig: &Rig) {
             let mut child = spawn(src, victim);
             thread::sleep(Duration::from_micros(rng.below(span)));
             let _ = child.kill();
-            if child.wait().unwrap().success() {
+            let status = child.wait().unwrap();
+            if status.success() {
                 finished += 1;
             } else {
+                // Killed, or done: any other exit (a bug's exit 1) is a failure.
+                use std::os::unix::process::ExitStatusExt;
+                assert_eq!(
+                    status.signal(),
+                    Some(9),
+                    "{backend} trial {trial}: {status:?}"
+                );
                 killed += 1;
             }
             let was = one_of(&a, &sources, false);
