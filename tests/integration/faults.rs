@@ -236,6 +236,7 @@ pub fn entries(state: &Path, sub: &str) -> Vec<String> {
 /// No staging, trash or leases left, and a manifest for every generation.
 #[track_caller]
 pub fn assert_clean(state: &Path) {
+    assert!(state.is_dir(), "no state directory at {}", state.display());
     for sub in ["stage", "trash", "leases"] {
         assert_eq!(
             entries(state, sub),

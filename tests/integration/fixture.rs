@@ -96,6 +96,25 @@ pub fn stderr(out: &Output) -> String {
 }
 
 /// Whether the tests run as root (owners, mounts, device nodes).
+/// A generation's digest as the README defines it: the SHA-256 of its
+/// manifest's entry lines (each with its newline) and `label LABEL`.
+pub fn digest_of(entry_lines: &str, label: &str) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(entry_lines.as_bytes());
+    h.update(format!("label {label}").as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The SHA-256 of `data`, in hex.
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Whether this run is CI's (`CI` set, as `.ci/run` sets it): there, no
 /// test may skip.
 pub fn in_ci() -> bool {
@@ -309,7 +328,19 @@ pub fn snapshot(root: &Path, inodes: bool) -> Vec<String> {
 }
 
 fn walk(root: &Path, dir: &Path, inodes: bool, out: &mut Vec<String>) {
-    let Ok(rd) = fs::read_dir(dir) else { return };
+    // A missing root lists nothing; any other failure shows in the listing,
+    // so an unreadable directory or file never passes for an empty one.
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if dir == root && e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            out.push(format!(
+                "{:?} unreadable directory: {e}",
+                dir.strip_prefix(root).unwrap()
+            ));
+            return;
+        }
+    };
     for e in rd {
         let e = e.unwrap();
         let p = e.path();
@@ -320,8 +351,10 @@ fn walk(root: &Path, dir: &Path, inodes: bool, out: &mut Vec<String>) {
         } else if m.is_dir() {
             "d".to_string()
         } else {
-            let data = fs::read(&p).unwrap_or_default();
-            format!("f {} {:x}", m.size(), fxhash(&data))
+            match fs::read(&p) {
+                Ok(data) => format!("f {} {:x}", m.size(), fxhash(&data)),
+                Err(e) => format!("f {} unreadable: {e}", m.size()),
+            }
         };
         let ino = if inodes {
             format!(" ino={}", m.ino())

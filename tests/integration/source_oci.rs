@@ -552,6 +552,11 @@ fn an_unchanged_tag_fetches_no_blob_and_a_moved_tag_publishes() {
     sync().ok();
     assert_eq!(tree(&f.dest()), amd64_tree("v1"));
     assert!(reg.requests("/blobs/") > blobs, "fetched on drift");
+    assert_eq!(
+        ino(&f.dest().join("opt/packs/core.yaml")),
+        core,
+        "the repair hardlinks what did not drift"
+    );
 
     // The tag moves: one changed file; the unchanged ones are hardlinked
     // from the previous generation.
@@ -573,7 +578,6 @@ fn an_unchanged_tag_fetches_no_blob_and_a_moved_tag_publishes() {
         core_now,
         "an unchanged file is hardlinked from the live generation"
     );
-    let _ = core;
 }
 
 #[test]

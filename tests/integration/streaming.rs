@@ -234,8 +234,36 @@ fn a_generation_made_before_streaming_keeps_its_name_and_is_up_to_date() {
         set_mtime(&path, t, 123_456_789);
     }
     let v = json(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
-    // The name the binary of main (before this change) gives this tree.
-    assert_eq!(v["generation"], "d1217733c0e6face", "{v}");
+    // The name the README's definition gives this tree: the manifest lines
+    // written out by hand (pre-order, names sorted bytewise; the two names
+    // of pack.yaml in hardlink group 0, the hash on the first name only),
+    // their SHA-256 with the label.
+    let sha = |s: &str| crate::fixture::sha256_hex(s.as_bytes());
+    let at = "1700000000.123456789";
+    let lines = [
+        format!("d 0755 0 0 0 {at} - - ."),
+        format!("d 0755 0 0 0 {at} - - other"),
+        format!(
+            "f 0644 0 0 11 {at} {} 0 other/pack-link",
+            sha("name: pack\n")
+        ),
+        format!("f 0644 0 0 0 {at} {} - other/x", sha("")),
+        format!("d 0755 0 0 0 {at} - - pack"),
+        format!("f 0644 0 0 8 {at} {} - pack/a%20b%25c", sha("escaped\n")),
+        format!("d 0755 0 0 0 {at} - - pack/actions"),
+        format!("l 0777 0 0 12 {at} - - pack/actions/meta ../pack.yaml"),
+        format!(
+            "f 0751 0 0 12 {at} {} - pack/actions/run.py",
+            sha("print('hi')\n")
+        ),
+        format!("d 0755 0 0 0 {at} - - pack/empty"),
+        format!("f 0644 0 0 11 {at} - 0 pack/pack.yaml"),
+    ];
+    let text: String = lines.iter().map(|l| format!("{l}\n")).collect();
+    let digest = crate::fixture::digest_of(&text, "v1");
+    assert_eq!(v["generation"], &digest[..16], "{v}");
+    // The binary of main before streaming gave this tree that name too.
+    assert_eq!(&digest[..16], "d1217733c0e6face");
     let v = json(&f.sync(&["--json", "--chown", "0:0", "--label", "v1"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 }
