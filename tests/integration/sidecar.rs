@@ -211,16 +211,20 @@ fn a_change_is_published_within_one_period_and_idle_rounds_print_nothing() {
     });
     l.more_rounds("up_to_date", 1);
     let first = live(&fx);
+    let rounds = || l.rounds("up_to_date") + l.rounds("published");
     fx.file("b.txt", "two");
-    let changed = Instant::now();
+    let before = rounds();
     l.until("b.txt in DEST", || {
         read(&fx.dest().join("b.txt")).as_deref() == Some("two")
     });
-    // One period, plus what a round takes on a loaded machine.
+    // Within one period: the round under way when b.txt was written may
+    // miss it, the next one publishes it (counted in rounds, not seconds;
+    // the latency is measured in bench/).
+    let after = rounds();
     assert!(
-        changed.elapsed() < Duration::from_millis(1000 + 2000),
-        "published after {:?}",
-        changed.elapsed()
+        after - before <= 2,
+        "published {} rounds after the change",
+        after - before
     );
     assert_ne!(live(&fx), first);
     l.more_rounds("up_to_date", 2);
@@ -402,14 +406,17 @@ fn malformed_or_slow_http_requests_get_a_4xx_and_leave_the_loop_running() {
     l.until("a round while a client stalls", || {
         read(&fx.dest().join("b.txt")).is_some()
     });
-    // Nor does it hold back a probe: within the kubelet's default 1 s timeout.
-    let asked = Instant::now();
+    // Nor does it hold back a probe: answered while the stalled client is
+    // still waiting for its own answer (so not after it).
     assert_eq!(l.status("/healthz"), 200);
+    idle.set_nonblocking(true).unwrap();
+    let mut byte = [0u8; 1];
+    let pending = idle.read(&mut byte);
     assert!(
-        asked.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        asked.elapsed()
+        matches!(&pending, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the stalled client was answered before the probe: {pending:?}"
     );
+    idle.set_nonblocking(false).unwrap();
     let mut answer = String::new();
     idle.set_read_timeout(Some(DEADLINE)).unwrap();
     idle.read_to_string(&mut answer).unwrap();
