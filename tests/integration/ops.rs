@@ -163,9 +163,7 @@ fn status_shows_the_live_generation_and_the_retained_ones() {
     let file_line = lines.lines().find(|l| l.ends_with(" pack/a.txt")).unwrap();
     let sha = crate::fixture::sha256_hex(b"two!");
     assert!(
-        file_line.starts_with("f 0644 ")
-            && file_line.contains(&format!(" 4 "))
-            && file_line.contains(&sha),
+        file_line.starts_with("f 0644 ") && file_line.contains(" 4 ") && file_line.contains(&sha),
         "{file_line}"
     );
     let digest = crate::fixture::digest_of(lines, "v2");
