@@ -121,6 +121,104 @@ pub fn common_paths(files: usize, big: usize) -> Vec<String> {
     v
 }
 
+/// Every entry below `root`, as a reader sees it: path, kind, mode, and a
+/// file's content and mtime or a link's target (directories' mtimes are
+/// the time the source was written, not part of a variant). Sorted.
+pub fn listing(root: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let rd = match fs::read_dir(dir) {
+            Ok(rd) => rd,
+            Err(e) => return out.push(format!("{} unreadable: {e}", dir.display())),
+        };
+        for e in rd {
+            let p = match e {
+                Ok(e) => e.path(),
+                Err(e) => return out.push(format!("{} unreadable: {e}", dir.display())),
+            };
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            let m = match fs::symlink_metadata(&p) {
+                Ok(m) => m,
+                Err(e) => {
+                    out.push(format!("{rel} unreadable: {e}"));
+                    continue;
+                }
+            };
+            let mode = m.permissions().mode() & 0o7777;
+            if m.file_type().is_symlink() {
+                out.push(format!("{rel} l {:?}", fs::read_link(&p).ok()));
+            } else if m.is_dir() {
+                out.push(format!("{rel} d {mode:o}"));
+                walk(root, &p, out);
+            } else {
+                let data = fs::read(&p).map(|b| String::from_utf8_lossy(&b).into_owned());
+                out.push(format!("{rel} f {mode:o} {} {data:?}", m.mtime()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
+
+/// What a reader must see of each variant of `variant_tree(_, v, files,
+/// big)`: its `listing`, made (below `dir`) the first time it is asked for.
+pub struct Variants {
+    dir: PathBuf,
+    files: usize,
+    big: usize,
+    made: std::sync::Mutex<std::collections::HashMap<u32, Vec<String>>>,
+}
+
+impl Variants {
+    pub fn new(dir: PathBuf, files: usize, big: usize) -> Variants {
+        Variants {
+            dir,
+            files,
+            big,
+            made: Default::default(),
+        }
+    }
+
+    pub fn listing(&self, v: u32) -> Vec<String> {
+        let mut made = self.made.lock().unwrap();
+        made.entry(v)
+            .or_insert_with(|| {
+                let root = self.dir.join(v.to_string());
+                variant_tree(&root, v, self.files, self.big);
+                let l = listing(&root);
+                fs::remove_dir_all(&root).unwrap();
+                l
+            })
+            .clone()
+    }
+
+    /// Whether `root` (a resolved DEST) holds one variant, whole; else a
+    /// line saying what is extra and what is missing.
+    pub fn whole(&self, root: &Path) -> Result<u32, String> {
+        let got = listing(root);
+        let v = fs::read(root.join("d0/f0000.txt"))
+            .ok()
+            .and_then(|b| variant_of(&b));
+        let want = v.map(|v| self.listing(v));
+        match (v, &want) {
+            (Some(v), Some(w)) if *w == got => Ok(v),
+            _ => {
+                let extra: Vec<_> = got
+                    .iter()
+                    .filter(|l| want.as_ref().is_none_or(|w| !w.contains(l)))
+                    .collect();
+                let lost: Vec<_> = want.iter().flatten().filter(|l| !got.contains(l)).collect();
+                Err(format!(
+                    "torn read in {} (variant {v:?}): extra {extra:?}, missing {lost:?}",
+                    root.display()
+                ))
+            }
+        }
+    }
+}
+
 /// The variant a file's content names (`v<N> ...`).
 pub fn variant_of(bytes: &[u8]) -> Option<u32> {
     let rest = bytes.strip_prefix(b"v")?;

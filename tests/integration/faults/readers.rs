@@ -6,14 +6,12 @@
 //! holds while DEST moves); a reader that opens paths through DEST never
 //! gets ENOENT for a path every generation has.
 
-use std::collections::HashMap;
 use std::fs;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 
-use super::{common_paths, ok, packsync, variant_of, variant_tree};
+use super::{common_paths, ok, packsync, variant_of, variant_tree, Variants};
 use crate::fixture::Fixture;
 
 const SWAPS: u32 = 150;
@@ -33,80 +31,25 @@ struct Counts {
     missing: AtomicU64,
 }
 
-/// Every entry below `root`, as a reader sees it: path, kind, mode, and a
-/// file's content and mtime or a link's target (directories' mtimes are
-/// the time the source was written, not part of a variant). Sorted.
-pub fn listing(root: &Path) -> Vec<String> {
-    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
-        let rd = match fs::read_dir(dir) {
-            Ok(rd) => rd,
-            Err(e) => return out.push(format!("{} unreadable: {e}", dir.display())),
-        };
-        for e in rd {
-            let p = match e {
-                Ok(e) => e.path(),
-                Err(e) => return out.push(format!("{} unreadable: {e}", dir.display())),
-            };
-            let rel = p.strip_prefix(root).unwrap().display().to_string();
-            let m = match fs::symlink_metadata(&p) {
-                Ok(m) => m,
-                Err(e) => {
-                    out.push(format!("{rel} unreadable: {e}"));
-                    continue;
-                }
-            };
-            let mode = m.permissions().mode() & 0o7777;
-            if m.file_type().is_symlink() {
-                out.push(format!("{rel} l {:?}", fs::read_link(&p).ok()));
-            } else if m.is_dir() {
-                out.push(format!("{rel} d {mode:o}"));
-                walk(root, &p, out);
-            } else {
-                let data = fs::read(&p).map(|b| String::from_utf8_lossy(&b).into_owned());
-                out.push(format!("{rel} f {mode:o} {} {data:?}", m.mtime()));
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, root, &mut out);
-    out.sort();
-    out
-}
-
 /// Resolve DEST once, like `packsync exec`, then read the whole tree below
 /// it: it must be one variant's, whole.
-fn read_whole(dest: &Path, want: &HashMap<u32, Vec<String>>, c: &Counts) {
+fn read_whole(dest: &Path, want: &Variants, c: &Counts) {
     let before = fs::read_link(dest).ok();
     let Ok(root) = fs::canonicalize(dest) else {
         c.torn.fetch_add(1, Ordering::Relaxed);
         return;
     };
-    let got = listing(&root);
+    let whole = want.whole(&root);
     if fs::read_link(dest).ok() != before {
         c.straddled.fetch_add(1, Ordering::Relaxed);
     }
-    let v = fs::read(root.join("d0/f0000.txt"))
-        .ok()
-        .and_then(|b| variant_of(&b));
-    match v.and_then(|v| want.get(&v)) {
-        Some(w) if *w == got => {
-            c.whole.fetch_add(1, Ordering::Relaxed);
+    match whole {
+        Ok(_) => c.whole.fetch_add(1, Ordering::Relaxed),
+        Err(e) => {
+            eprintln!("{e}");
+            c.torn.fetch_add(1, Ordering::Relaxed)
         }
-        w => {
-            let extra: Vec<_> = got
-                .iter()
-                .filter(|l| w.is_none_or(|w| !w.contains(l)))
-                .collect();
-            let lost: Vec<_> = w.map_or(Vec::new(), |w| {
-                w.iter().filter(|l| !got.contains(l)).collect()
-            });
-            eprintln!(
-                "torn read in {} (variant {v:?}): extra {extra:?}, missing {lost:?}",
-                root.display()
-            );
-            c.torn.fetch_add(1, Ordering::Relaxed);
-        }
-    }
+    };
 }
 
 fn read_through(dest: &Path, paths: &[String], i: usize, c: &Counts) {
@@ -135,14 +78,7 @@ fn readers_during_swaps_see_whole_generations() {
         .output()
         .unwrap());
     let paths = common_paths(FILES, 0);
-    // What a reader must see of each variant: its source, listed.
-    let want: HashMap<u32, Vec<String>> = (0..=SWAPS)
-        .map(|v| {
-            let dir = f.path("want");
-            variant_tree(&dir, v, FILES, 0);
-            (v, listing(&dir))
-        })
-        .collect();
+    let want = Variants::new(f.path("want"), FILES, 0);
     let counts = Counts::default();
     let done = AtomicBool::new(false);
     thread::scope(|s| {
