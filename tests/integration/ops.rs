@@ -1156,3 +1156,66 @@ fn out_of_range_durations_and_numbers_are_refused_in_one_line() {
         "--grace",
     );
 }
+
+// ---- gc: what the README promises ----
+
+fn generations(f: &Fixture) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(f.state().join("gen"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `--keep 2` by default; nothing retired less than `--grace` ago is
+/// collected, even with `--keep 0`; past the grace, only the live one stays.
+#[test]
+fn gc_keeps_two_by_default_and_nothing_inside_the_grace() {
+    let f = Fixture::new();
+    for v in ["1", "2", "3", "4", "5"] {
+        f.file("a.txt", v);
+        f.sync(&[]).ok();
+    }
+    // The syncs' own collection ran with --grace 0 (Fixture::sync): the live
+    // generation and the two before it.
+    assert_eq!(generations(&f).len(), 3, "{:?}", generations(&f));
+    f.file("a.txt", "6");
+    f.packsync(&["sync", "--keep", "0", "src", "vol/packs"])
+        .ok();
+    // Retired seconds ago, inside the default 15 minutes: kept.
+    f.packsync(&["gc", "vol/packs", "--keep", "0"]).ok();
+    assert_eq!(generations(&f).len(), 4, "{:?}", generations(&f));
+    f.packsync(&["gc", "vol/packs", "--keep", "0", "--grace", "0"])
+        .ok();
+    assert_eq!(generations(&f), [live_gen(&f)]);
+}
+
+/// Another host's staging is collected once untouched for an hour, and
+/// not before (its writer may be alive there).
+#[test]
+fn gc_removes_another_hosts_staging_after_an_hour() {
+    let f = Fixture::new();
+    f.file("a.txt", "1");
+    f.sync(&[]).ok();
+    let stage = f.state().join("stage");
+    let plant = |name: &str, ago: &str| {
+        let dir = stage.join(name);
+        fs::create_dir_all(dir.join("packs")).unwrap();
+        fs::write(dir.join("packs/half"), "x").unwrap();
+        for p in [dir.join("packs"), dir.clone()] {
+            let st = Command::new("touch")
+                .args(["-h", "-d", ago])
+                .arg(&p)
+                .status()
+                .unwrap();
+            assert!(st.success());
+        }
+        dir
+    };
+    let old = plant("otherhost-17-0123456789abcdef", "61 minutes ago");
+    let young = plant("otherhost-18-0123456789abcdee", "59 minutes ago");
+    f.packsync(&["gc", "vol/packs"]).ok();
+    assert!(!old.exists(), "an hour untouched: collected");
+    assert!(young.exists(), "younger than an hour: kept");
+}
