@@ -403,7 +403,10 @@ mod tests {
             assert!(parse_header(bad).is_err(), "{bad:?}");
         }
         // A token is never quoted back, whichever part holds it.
-        for bad in ["Authorization Bearer s3cret: x", "Authorization: Bearer s3cret\u{1}"] {
+        for bad in [
+            "Authorization Bearer s3cret: x",
+            "Authorization: Bearer s3cret\u{1}",
+        ] {
             let e = parse_header(bad).unwrap_err().to_string();
             assert!(!e.contains("s3cret"), "{e}");
         }

@@ -228,10 +228,16 @@ impl Client {
         let mut asked = url.clone();
         if plain {
             let port = url.port_or_known_default();
-            asked.set_scheme("https").expect("http and https are special");
+            asked
+                .set_scheme("https")
+                .expect("http and https are special");
             asked.set_port(port).expect("a URL with a host");
         }
         clock::retry(RETRY_WAITS, |_| {
+            // A signal during a wait between attempts: no further attempt.
+            if let Some(sig) = crate::sys::signals::pending() {
+                return ControlFlow::Break(Err(Failed::Ended(Abort::Signal(sig))));
+            }
             let guard = Guard::new(self.timeout, self.round);
             let mut r = self
                 .agent(&guard, plain)
@@ -456,17 +462,19 @@ impl Body {
 
 impl Read for Body {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.read(buf).map_err(|e| match self.guard.aborted() {
-            // ureq may have wrapped the socket's error (chunked bodies).
-            Some(why) => why.io(),
-            None => match e.kind() {
-            io::ErrorKind::UnexpectedEof => io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection closed before the whole body arrived",
-            ),
-            _ => e,
-            },
-        })
+        self.inner
+            .read(buf)
+            .map_err(|e| match self.guard.aborted() {
+                // ureq may have wrapped the socket's error (chunked bodies).
+                Some(why) => why.io(),
+                None => match e.kind() {
+                    io::ErrorKind::UnexpectedEof => io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the connection closed before the whole body arrived",
+                    ),
+                    _ => e,
+                },
+            })
     }
 }
 

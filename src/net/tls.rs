@@ -55,8 +55,8 @@ pub fn config(ca_file: Option<&Path>) -> Result<Arc<rustls::ClientConfig>> {
         }
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-        .build()?;
+    let webpki =
+        WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone()).build()?;
     let cfg = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()?
         .dangerous()
@@ -91,7 +91,10 @@ impl ServerCertVerifier for Verifier {
         );
         match verdict {
             Err(rustls::Error::InvalidCertificate(_))
-                if self.pinned.iter().any(|p| p.as_ref() == end_entity.as_ref()) =>
+                if self
+                    .pinned
+                    .iter()
+                    .any(|p| p.as_ref() == end_entity.as_ref()) =>
             {
                 let parsed = ParsedCertificate::try_from(end_entity)?;
                 verify_server_name(&parsed, server_name)?;

@@ -229,9 +229,7 @@ impl Read for Tls {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         match self.0.read(buf) {
             // A close_notify is the end of the stream.
-            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted && is_close_notify(&e) => {
-                Ok(0)
-            }
+            Err(e) if e.kind() == io::ErrorKind::ConnectionAborted && is_close_notify(&e) => Ok(0),
             r => r,
         }
     }
@@ -287,7 +285,8 @@ impl ureq::TlsConnector for Connector {
         let bare = dns_name.trim_start_matches('[').trim_end_matches(']');
         let name = rustls_pki_types::ServerName::try_from(bare.to_string())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let mut conn = rustls::ClientConnection::new(cfg.clone(), name).map_err(io::Error::other)?;
+        let mut conn =
+            rustls::ClientConnection::new(cfg.clone(), name).map_err(io::Error::other)?;
         while conn.is_handshaking() {
             conn.complete_io(&mut sliced)?;
         }

@@ -352,7 +352,9 @@ impl<R: Read> Read for Checked<'_, R> {
             return Err(longer(self));
         }
         // One byte past the size is enough to know it is too long.
-        let room = (self.size - self.seen).saturating_add(1).min(buf.len() as u64) as usize;
+        let room = (self.size - self.seen)
+            .saturating_add(1)
+            .min(buf.len() as u64) as usize;
         let n = self.inner.read(&mut buf[..room])?;
         self.seen += n as u64;
         if self.seen > self.size {
@@ -826,10 +828,61 @@ mod tests {
         // Read again after that (`finish` after the decoder failed on it):
         // the same cause, not an overflow.
         let e = c.finish(true).unwrap_err();
-        assert!(e.to_string().contains("longer than the 11 bytes its descriptor says"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("longer than the 11 bytes its descriptor says"),
+            "{e}"
+        );
         // A consumer that stops early: `finish` still reads to the end and checks.
         let mut part = Checked::new(&bad[..], &d, &quiet);
         part.read_exact(&mut [0; 3]).unwrap();
         assert!(part.finish(false).is_err());
+    }
+
+    /// An endless blob of zeros that counts what was read from it.
+    struct Endless<'a> {
+        read: &'a std::sync::atomic::AtomicU64,
+        stopped: &'a std::sync::atomic::AtomicBool,
+    }
+
+    impl Read for Endless<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.stopped.load(SeqCst) {
+                return Err(io::Error::other("stopped"));
+            }
+            if self.read.load(SeqCst) > 1 << 30 {
+                return Err(io::Error::other("drained a GiB"));
+            }
+            buf.fill(0);
+            self.read.fetch_add(buf.len() as u64, SeqCst);
+            Ok(buf.len())
+        }
+    }
+
+    #[test]
+    fn a_consumer_that_fails_stops_the_transfer_and_its_error_stands() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        let (read, stopped) = (AtomicU64::new(0), AtomicBool::new(false));
+        let mut raw = Endless {
+            read: &read,
+            stopped: &stopped,
+        };
+        let e = pipelined_until(
+            &mut raw,
+            "layer 1",
+            &|| stopped.store(true, SeqCst),
+            |r, _| io::copy(r, &mut io::sink()).map(|_| ()),
+            |plain| {
+                plain.read_exact(&mut [0; 512])?;
+                bail!("entry ../escape refused")
+            },
+        )
+        .unwrap_err();
+        assert_eq!(format!("{e:#}"), "entry ../escape refused");
+        assert!(stopped.load(SeqCst), "the transfer was stopped");
+        // What was in flight (a few chunks), not the rest of the blob.
+        let n = read.load(SeqCst);
+        assert!(n < 64 << 20, "{n} bytes read");
     }
 }

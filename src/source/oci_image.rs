@@ -149,7 +149,9 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
             Ok(Document::Image(layers))
         }
         (Some(_), Some(_)) => bail!("a document with both manifests and layers"),
-        (None, None) if raw.config.is_some() || matches!(declared, OCI_MANIFEST | DOCKER_MANIFEST) => {
+        (None, None)
+            if raw.config.is_some() || matches!(declared, OCI_MANIFEST | DOCKER_MANIFEST) =>
+        {
             bail!("an image manifest without layers")
         }
         (None, None) => bail!("neither an image manifest nor an index"),
@@ -328,7 +330,9 @@ mod tests {
 
     #[test]
     fn refusals_name_what_the_document_is() {
-        let why = |doc: &str, ctype: Option<&str>| format!("{:#}", parse(doc.as_bytes(), ctype).unwrap_err());
+        let why = |doc: &str, ctype: Option<&str>| {
+            format!("{:#}", parse(doc.as_bytes(), ctype).unwrap_err())
+        };
         let no_layers = format!(
             r#"{{"schemaVersion":2,"mediaType":"{OCI_MANIFEST}","config":{{"digest":"{}","size":1}}}}"#,
             d(1)

@@ -82,7 +82,9 @@ impl Out<'_> {
 
     fn body(&mut self, data: &[u8]) -> std::io::Result<()> {
         self.tcp.write_all(data)?;
-        self.seen.sent.fetch_add(data.len() as u64, Ordering::SeqCst);
+        self.seen
+            .sent
+            .fetch_add(data.len() as u64, Ordering::SeqCst);
         Ok(())
     }
 }
@@ -176,7 +178,10 @@ fn a_refused_entry_closes_the_connection_at_once() {
         srv.seen.closed.load(Ordering::SeqCst)
     });
     let sent = srv.seen.sent.load(Ordering::SeqCst);
-    assert!(sent < 64 << 20, "the server sent {sent} bytes before the close");
+    assert!(
+        sent < 64 << 20,
+        "the server sent {sent} bytes before the close"
+    );
 }
 
 #[test]
@@ -201,7 +206,11 @@ fn sigterm_ends_a_stalled_download_with_143_and_no_staging() {
     .unwrap();
     let run = wait_bounded(child, Duration::from_secs(5));
     assert_eq!(run.code, 143, "{}", run.stderr);
-    assert!(run.stderr.contains("interrupted by SIGTERM"), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("interrupted by SIGTERM"),
+        "{}",
+        run.stderr
+    );
     assert!(!run.stderr.contains("stall"), "{}", run.stderr);
     assert!(staging_left(&f).is_empty(), "{:?}", staging_left(&f));
     assert_eq!(tree(&f.dest()), vec!["keep.txt=last good\n".to_string()]);
@@ -233,7 +242,10 @@ fn a_body_that_trickles_is_a_stall() {
 #[test]
 fn headers_that_trickle_are_not_an_answer() {
     let srv = Server::start(|out| {
-        for b in b"HTTP/1.1 200 OK\r\nX-Padding: ".iter().chain([b'a'; 100].iter()) {
+        for b in b"HTTP/1.1 200 OK\r\nX-Padding: "
+            .iter()
+            .chain([b'a'; 100].iter())
+        {
             out.head(std::str::from_utf8(&[*b]).unwrap())?;
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -244,7 +256,10 @@ fn headers_that_trickle_are_not_an_answer() {
     f.refused(
         &["sync", "--timeout", "1s", &url, "vol/packs"],
         1,
-        &format!("no whole answer from 127.0.0.1:{} within 1s (--timeout)", srv.port),
+        &format!(
+            "no whole answer from 127.0.0.1:{} within 1s (--timeout)",
+            srv.port
+        ),
     );
 }
 
@@ -297,7 +312,13 @@ fn a_bad_header_is_never_echoed() {
         let file = f.path("headers");
         fs::write(&file, format!("# tokens\n{bad}\n")).unwrap();
         let run = f.refused(
-            &["sync", "--header-file", file.to_str().unwrap(), url, "vol/packs"],
+            &[
+                "sync",
+                "--header-file",
+                file.to_str().unwrap(),
+                url,
+                "vol/packs",
+            ],
             2,
             "bad line 2 in --header-file",
         );
@@ -311,7 +332,11 @@ fn openssl(dir: &std::path::Path, args: &[&str]) {
         .current_dir(dir)
         .output()
         .unwrap();
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Serves argv[3] for every GET over HTTPS (argv[1], argv[2]: certificate
@@ -364,9 +389,21 @@ fn a_self_signed_ca_file_is_the_servers_certificate() {
     openssl(
         &dir,
         &[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", "key.pem",
-            "-out", "cert.pem",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "cert.pem",
         ],
     );
     let tar = dir.join("b.tar");
@@ -374,17 +411,37 @@ fn a_self_signed_ca_file_is_the_servers_certificate() {
     let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
     let mut srv = python(
         TLS_PY,
-        &[cert.to_str().unwrap(), key.to_str().unwrap(), tar.to_str().unwrap()],
+        &[
+            cert.to_str().unwrap(),
+            key.to_str().unwrap(),
+            tar.to_str().unwrap(),
+        ],
     );
     let port = first_line(&mut srv.0);
     let url = format!("https://127.0.0.1:{port}/b.tar");
-    f.refused(&["sync", &url, "vol/packs"], 1, "TLS failure with 127.0.0.1:");
-    f.packsync(&["sync", "--ca-file", cert.to_str().unwrap(), &url, "vol/packs"])
-        .ok();
+    f.refused(
+        &["sync", &url, "vol/packs"],
+        1,
+        "TLS failure with 127.0.0.1:",
+    );
+    f.packsync(&[
+        "sync",
+        "--ca-file",
+        cert.to_str().unwrap(),
+        &url,
+        "vol/packs",
+    ])
+    .ok();
     assert_eq!(tree(&f.dest()), vec!["hello.txt=hello\n".to_string()]);
     // Pinned to that certificate: the same server under another name is refused.
     let other = format!("https://localhost:{port}/b.tar");
-    let run = f.packsync(&["sync", "--ca-file", cert.to_str().unwrap(), &other, "vol/packs"]);
+    let run = f.packsync(&[
+        "sync",
+        "--ca-file",
+        cert.to_str().unwrap(),
+        &other,
+        "vol/packs",
+    ]);
     assert_eq!(run.code, 1, "{}", run.stderr);
 }
 
@@ -405,22 +462,54 @@ fn https_is_never_redirected_to_plain_http() {
     openssl(
         &dir,
         &[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test ca",
-            "-keyout", "ca.key", "-out", "ca.pem",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=test ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
         ],
     );
     openssl(
         &dir,
         &[
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout",
-            "key.pem", "-out", "leaf.csr",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "leaf.csr",
         ],
     );
     openssl(
         &dir,
         &[
-            "x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "2", "-extfile", "ext", "-out", "cert.pem",
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+            "-out",
+            "cert.pem",
         ],
     );
     // The plain server holds a good bundle: following the redirect would publish it.
@@ -428,7 +517,10 @@ fn https_is_never_redirected_to_plain_http() {
         let mut t = tar_header("hello.txt", 6).to_vec();
         t.extend(b"hello\n");
         t.resize(512 * 4, 0);
-        out.head(&format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", t.len()))?;
+        out.head(&format!(
+            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+            t.len()
+        ))?;
         out.body(&t)
     });
     let tar = dir.join("b.tar");
@@ -452,5 +544,9 @@ fn https_is_never_redirected_to_plain_http() {
         1,
         &format!("redirect from https to http refused (to {target})"),
     );
-    assert_eq!(plain.seen.requests.load(Ordering::SeqCst), 0, "plain HTTP was asked");
+    assert_eq!(
+        plain.seen.requests.load(Ordering::SeqCst),
+        0,
+        "plain HTTP was asked"
+    );
 }
