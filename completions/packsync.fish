@@ -57,7 +57,8 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l ca-file -d 'T
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l insecure-registry -d 'Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header -d 'Send this header with https:// and http:// sources (repeatable), e.g. \'Authorization: Bearer TOKEN\'' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line' -r -F
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, or on a read that stalls, after DUR' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l round-timeout -d 'End the downloads of a sync (each round with --every) after DUR (default: no bound)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-entries -d 'Refuse (exit 1) an archive, bundle or image that holds more than N entries' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'

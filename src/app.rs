@@ -143,7 +143,15 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
     if cfg.every.is_some() {
         return crate::sidecar::run(cfg);
     }
-    round(cfg, Pass::ONCE)?.report(Output::of(cfg.json, cfg.quiet))
+    match round(cfg, Pass::ONCE) {
+        Ok(r) => r.report(Output::of(cfg.json, cfg.quiet)),
+        // A round a signal cut short (a download that stopped at once, say)
+        // failed because of it: its staging is gone by now.
+        Err(_) if sys::signals::pending().is_some() => {
+            Err(crate::error::Failure::Interrupted(sys::signals::pending().unwrap_or(0)).into())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// How a round differs when it is one of `--every`'s.

@@ -205,9 +205,12 @@ pub struct SyncArgs {
     /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line
     #[arg(long, value_name = "FILE")]
     pub header_file: Option<PathBuf>,
-    /// Give up on a connection, or on a read that stalls, after DUR
+    /// Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR
     #[arg(long, value_name = "DUR", default_value = config::DEFAULT_NET_TIMEOUT, value_parser = parse_duration)]
     pub timeout: Duration,
+    /// End the downloads of a sync (each round with --every) after DUR (default: no bound)
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub round_timeout: Option<Duration>,
     /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
     #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform)]
     pub platform: Option<config::Platform>,
@@ -272,6 +275,10 @@ fn refused_value(e: &clap::Error) -> Option<anyhow::Error> {
     let flag = text(ContextKind::InvalidArg)?.split(' ').next()?;
     let value = text(ContextKind::InvalidValue)?;
     let why = std::error::Error::source(e)?;
+    if flag == "--header" {
+        // A header's value is often a token: it is never shown.
+        return Some(error::usage(format!("invalid value for --header: {why}")));
+    }
     Some(bad_value(flag, value, why))
 }
 
@@ -398,12 +405,17 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         let text = sys::read_text(f).map_err(|e| {
             error::usage(format!("{}: cannot read --header-file: {e}", f.display()))
         })?;
-        for line in text
+        for (n, line) in text
             .lines()
-            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'))
         {
             headers.push(config::parse_header(line).map_err(|e| {
-                error::usage(format!("{}: bad line in --header-file: {e}", f.display()))
+                error::usage(format!(
+                    "{}: bad line {} in --header-file: {e}",
+                    f.display(),
+                    n + 1
+                ))
             })?);
         }
     }
@@ -411,12 +423,16 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     if s.timeout.is_zero() {
         return Err(bad_value("--timeout", "0", "must be more than zero"));
     }
+    if s.round_timeout.is_some_and(|d| d.is_zero()) {
+        return Err(bad_value("--round-timeout", "0", "must be more than zero"));
+    }
     let remote = config::Remote {
         registry_auth: s.registry_auth,
         ca_file: s.ca_file,
         insecure_registries: s.insecure_registry,
         headers,
         timeout: s.timeout,
+        round_timeout: s.round_timeout,
         platform: s.platform,
     };
     let mut paths = s.paths;

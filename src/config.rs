@@ -160,7 +160,7 @@ pub struct SyncConfig {
 /// archive of empty entries could otherwise make the spool hold.
 pub const DEFAULT_MAX_ENTRIES: u64 = 2_000_000;
 
-/// `--timeout`: connecting, and each stall while reading, at most this long.
+/// `--timeout`: connecting, headers and documents whole, and a body's stall window.
 pub const DEFAULT_NET_TIMEOUT: &str = "30s";
 
 /// The flags of sources that are not on this host (`https://`, `oci://`,
@@ -178,8 +178,11 @@ pub struct Remote {
     pub insecure_registries: Vec<String>,
     /// `--header 'NAME: VALUE'` and the lines of `--header-file` (URLs only).
     pub headers: Vec<(String, String)>,
-    /// `--timeout DUR`
+    /// `--timeout DUR`: connecting, an answer's headers and a document
+    /// whole, and the stall window of a body.
     pub timeout: Duration,
+    /// `--round-timeout DUR`: the transfers of one sync end by then (None: no bound).
+    pub round_timeout: Option<Duration>,
     /// `--platform OS/ARCH[/VARIANT]` (None: the running one).
     pub platform: Option<Platform>,
 }
@@ -229,8 +232,9 @@ pub fn parse_header(s: &str) -> Result<(String, String)> {
     })?;
     let name = name.trim();
     let token = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    // Neither part is quoted back: a misplaced colon would show a token.
     if name.is_empty() || !name.bytes().all(token) {
-        bail!("{name:?} is not a header name");
+        bail!("the part before the first ':' is not a header name");
     }
     let value = value.trim();
     if value.bytes().any(|b| b.is_ascii_control() && b != b'\t') {
@@ -405,6 +409,14 @@ mod tests {
         );
         for bad in ["NoColon", ": v", "Bad Name: v", "X: a\r\nInjected: b"] {
             assert!(parse_header(bad).is_err(), "{bad:?}");
+        }
+        // A token is never quoted back, whichever part holds it.
+        for bad in [
+            "Authorization Bearer s3cret: x",
+            "Authorization: Bearer s3cret\u{1}",
+        ] {
+            let e = parse_header(bad).unwrap_err().to_string();
+            assert!(!e.contains("s3cret"), "{e}");
         }
         assert_eq!(
             parse_registry_host("Reg.example:5000").unwrap(),

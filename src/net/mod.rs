@@ -1,9 +1,13 @@
 //! The HTTP client of the sources that are not on this host (`https://`,
 //! `oci://`): blocking (ureq on rustls, no async runtime), TLS verified
 //! against the system's roots, the roots compiled into the binary and
-//! `--ca-file`; `--timeout` for connecting and for each stall of a read;
-//! redirects followed by hand, so that credentials and `--header`s never go
-//! to another host; plain HTTP only where the caller allows it.
+//! `--ca-file`; `--timeout` for connecting, for an answer's headers (and
+//! a document's body) to arrive whole, and as the stall window of a body
+//! (`wire`); `--round-timeout` over all of it; redirects followed by hand,
+//! so that credentials and `--header`s never go to another host and an
+//! `https://` request never goes on over plain HTTP; plain HTTP only where
+//! the caller allows it. A connection is not kept for another request: the
+//! first failure closes it, nothing more is read.
 //!
 //! Everything a peer sends is hostile until parsed: a body that is parsed
 //! (a manifest, an index, a token) is read to a bound (`read_document`),
@@ -12,18 +16,22 @@
 
 pub mod auth;
 mod tls;
+mod wire;
 
 use std::fmt;
 use std::io::{self, Read};
 use std::net::IpAddr;
 use std::ops::ControlFlow;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 pub use url::Url;
 
 use crate::clock;
 use crate::config::Remote;
+pub use wire::Abort;
+use wire::Guard;
 
 /// The most a parsed document (a manifest, an index, token JSON) may hold.
 pub const MAX_DOCUMENT: u64 = 4 << 20;
@@ -35,11 +43,13 @@ const MAX_REDIRECTS: usize = 5;
 /// time: a refused or reset connection, 429, 502, 503, 504.
 const RETRY_WAITS: &[u64] = &[0, 250, 1000];
 
-/// One client per sync: a pool of connections and the TLS roots, built once.
+/// One client per sync: the TLS roots, built once, and the sync's
+/// `--round-timeout` deadline.
 pub struct Client {
-    agent: ureq::Agent,
+    tls: Arc<rustls::ClientConfig>,
     insecure: Vec<String>,
     timeout: Duration,
+    round: Option<(Instant, Duration)>,
 }
 
 /// A request: GET (or HEAD) of `url` with these headers. `auth` is the
@@ -73,7 +83,7 @@ impl<'a> Get<'a> {
 pub struct Reply {
     pub status: u16,
     resp: ureq::Response,
-    timeout: Duration,
+    guard: Arc<Guard>,
 }
 
 /// Why a request has no answer: the peer's status, or no answer at all.
@@ -90,6 +100,10 @@ pub enum Failed {
     PlainHttp(String),
     /// No answer: DNS, connect, TLS, a timeout, a broken connection.
     Transport(String),
+    /// A redirect from `https://` to this `http://` URL.
+    Downgrade(String),
+    /// Ended from this side: a signal, `--timeout`, `--round-timeout`.
+    Ended(Abort),
 }
 
 impl Failed {
@@ -110,6 +124,10 @@ impl fmt::Display for Failed {
                 "refusing plain HTTP to {host} (pass --insecure-registry {host} to allow it)"
             ),
             Failed::Transport(why) => f.write_str(why),
+            Failed::Downgrade(url) => {
+                write!(f, "redirect from https to http refused (to {url})")
+            }
+            Failed::Ended(why) => write!(f, "{why}"),
         }
     }
 }
@@ -119,20 +137,29 @@ impl std::error::Error for Failed {}
 impl Client {
     /// The client for `remote`'s flags: an unreadable `--ca-file` is a usage error.
     pub fn new(remote: &Remote) -> Result<Client> {
-        let tls = tls::config(remote.ca_file.as_deref())?;
-        let agent = ureq::AgentBuilder::new()
-            .tls_config(tls)
-            .timeout_connect(remote.timeout)
-            .timeout_read(remote.timeout)
-            .timeout_write(remote.timeout)
-            .redirects(0)
-            .user_agent(concat!("packsync/", env!("CARGO_PKG_VERSION")))
-            .build();
         Ok(Client {
-            agent,
+            tls: tls::config(remote.ca_file.as_deref())?,
             insecure: remote.insecure_registries.clone(),
             timeout: remote.timeout,
+            round: remote.round_timeout.map(|d| (Instant::now() + d, d)),
         })
+    }
+
+    /// An agent for one attempt of one request: its connection goes
+    /// through `guard`, with TLS or (`plain`) without, and is never pooled.
+    fn agent(&self, guard: &Arc<Guard>, plain: bool) -> ureq::Agent {
+        let connector = wire::Connector {
+            tls: (!plain).then(|| self.tls.clone()),
+            guard: guard.clone(),
+            timeout: self.timeout,
+        };
+        ureq::AgentBuilder::new()
+            .tls_connector(Arc::new(connector))
+            .timeout_connect(self.timeout)
+            .max_idle_connections(0)
+            .redirects(0)
+            .user_agent(concat!("packsync/", env!("CARGO_PKG_VERSION")))
+            .build()
     }
 
     /// Whether plain HTTP may go to `url`'s host: loopback always (as
@@ -151,13 +178,18 @@ impl Client {
     pub fn send(&self, req: &Get<'_>) -> Result<Reply, Failed> {
         let mut url = req.url.clone();
         let first = origin(&url);
+        let mut https = false;
         for _ in 0..=MAX_REDIRECTS {
+            https |= url.scheme() == "https";
+            if url.scheme() == "http" && https {
+                return Err(Failed::Downgrade(url.to_string()));
+            }
             if url.scheme() == "http" && !req.any_http && !self.plain_http_allowed(&url) {
                 return Err(Failed::PlainHttp(host_port(&url)));
             }
             // Credentials and the user's headers go to the host they were given for.
             let same = origin(&url) == first;
-            let resp = self.once(req, &url, same)?;
+            let (resp, guard) = self.once(req, &url, same)?;
             let status = resp.status();
             let location = resp.header("location").map(str::to_string);
             match location {
@@ -173,7 +205,7 @@ impl Client {
                     return Ok(Reply {
                         status,
                         resp,
-                        timeout: self.timeout,
+                        guard,
                     })
                 }
             }
@@ -183,11 +215,36 @@ impl Client {
         )))
     }
 
-    fn once(&self, req: &Get<'_>, url: &Url, same_host: bool) -> Result<ureq::Response, Failed> {
+    fn once(
+        &self,
+        req: &Get<'_>,
+        url: &Url,
+        same_host: bool,
+    ) -> Result<(ureq::Response, Arc<Guard>), Failed> {
+        // ureq lets a connector take over https:// connections only: plain
+        // HTTP is asked for as https:// to the same port, with the Host
+        // header of the http:// URL, and the connector speaks no TLS.
+        let plain = url.scheme() == "http";
+        let mut asked = url.clone();
+        if plain {
+            let port = url.port_or_known_default();
+            asked
+                .set_scheme("https")
+                .expect("http and https are special");
+            asked.set_port(port).expect("a URL with a host");
+        }
         clock::retry(RETRY_WAITS, |_| {
+            // A signal during a wait between attempts: no further attempt.
+            if let Some(sig) = crate::sys::signals::pending() {
+                return ControlFlow::Break(Err(Failed::Ended(Abort::Signal(sig))));
+            }
+            let guard = Guard::new(self.timeout, self.round);
             let mut r = self
-                .agent
-                .request_url(if req.head { "HEAD" } else { "GET" }, url);
+                .agent(&guard, plain)
+                .request_url(if req.head { "HEAD" } else { "GET" }, &asked);
+            if plain {
+                r = r.set("Host", &host_port(url));
+            }
             if same_host {
                 for (k, v) in req.headers {
                     r = r.set(k, v);
@@ -196,8 +253,20 @@ impl Client {
                     r = r.set("Authorization", a);
                 }
             }
-            match r.call() {
-                Ok(resp) => ControlFlow::Break(Ok(resp)),
+            let answer = r.call();
+            match guard.aborted() {
+                Some(Abort::Late(t)) => {
+                    return ControlFlow::Break(Err(Failed::Transport(format!(
+                        "no whole answer from {} within {} (--timeout)",
+                        host_port(url),
+                        humantime::format_duration(t)
+                    ))))
+                }
+                Some(why) => return ControlFlow::Break(Err(Failed::Ended(why))),
+                None => {}
+            }
+            match answer {
+                Ok(resp) => ControlFlow::Break(Ok((resp, guard))),
                 Err(ureq::Error::Status(code, resp)) => {
                     let failed = Failed::Status {
                         code,
@@ -329,12 +398,13 @@ impl Reply {
         self.header("content-length")?.trim().parse().ok()
     }
 
-    /// The body as it streams; a stall longer than `--timeout` is an error
-    /// saying so.
+    /// The body as it streams: less than 1 KiB in `--timeout` of waiting
+    /// is a stall, an error saying so.
     pub fn into_reader(self) -> Body {
+        self.guard.stream();
         Body {
             inner: self.resp.into_reader(),
-            timeout: self.timeout,
+            guard: self.guard,
         }
     }
 
@@ -346,8 +416,13 @@ impl Reply {
                 "the answer is larger than {max} bytes"
             )));
         }
+        // Not streamed: the whole document within `--timeout` of the request.
         let mut out = Vec::new();
-        let mut body = self.into_reader().take(max + 1);
+        let mut body = Body {
+            inner: self.resp.into_reader(),
+            guard: self.guard,
+        }
+        .take(max + 1);
         body.read_to_end(&mut out)
             .map_err(|e| Failed::Transport(format!("reading the answer: {e}")))?;
         if out.len() as u64 > max {
@@ -360,27 +435,46 @@ impl Reply {
 }
 
 /// A response body; its read errors say what went wrong in words.
+/// Dropping it closes the connection.
 pub struct Body {
     inner: Box<dyn Read + Send + Sync + 'static>,
-    timeout: Duration,
+    guard: Arc<Guard>,
+}
+
+/// Ends a `Body`'s transfer from another thread: the read under way (or
+/// the next) fails within a fraction of a second, nothing more is read.
+#[derive(Clone, Default)]
+pub struct Stop(Option<Arc<Guard>>);
+
+impl Stop {
+    pub fn stop(&self) {
+        if let Some(g) = &self.0 {
+            g.stop();
+        }
+    }
+}
+
+impl Body {
+    pub fn stopper(&self) -> Stop {
+        Stop(Some(self.guard.clone()))
+    }
 }
 
 impl Read for Body {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.inner.read(buf).map_err(|e| match e.kind() {
-            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => io::Error::new(
-                io::ErrorKind::TimedOut,
-                format!(
-                    "the download stalled for {} (--timeout)",
-                    humantime::format_duration(self.timeout)
-                ),
-            ),
-            io::ErrorKind::UnexpectedEof => io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the connection closed before the whole body arrived",
-            ),
-            _ => e,
-        })
+        self.inner
+            .read(buf)
+            .map_err(|e| match self.guard.aborted() {
+                // ureq may have wrapped the socket's error (chunked bodies).
+                Some(why) => why.io(),
+                None => match e.kind() {
+                    io::ErrorKind::UnexpectedEof => io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the connection closed before the whole body arrived",
+                    ),
+                    _ => e,
+                },
+            })
     }
 }
 

@@ -105,14 +105,22 @@ impl Stream for Bundle {
                 ),
             },
         };
+        let stop = download.body.stopper();
         let mut counted = Counted {
             inner: &mut download,
             reporter,
         };
-        super::oci_fetch::pipelined(
+        // The rest after the archive's end is read for the body's hash;
+        // after a failure nothing more is read, and dropping the body
+        // closes the connection.
+        super::oci_fetch::pipelined_until(
             &mut counted,
             &self.label,
-            |c| io::copy(c, &mut io::sink()).map(|_| ()),
+            &|| stop.stop(),
+            |c, failed| match failed {
+                true => Ok(()),
+                false => io::copy(c, &mut io::sink()).map(|_| ()),
+            },
             |plain| spool.apply(plain, false, &self.label, reporter).map(|_| ()),
         )?;
         let id = download

@@ -39,8 +39,9 @@ pub trait Store: Send + Sync {
     fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)>;
     /// A document (manifest, index) a descriptor names, checked.
     fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)>;
-    /// A layer as it streams (checked by the caller).
-    fn blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>>;
+    /// A layer as it streams (checked by the caller), and how to end its
+    /// transfer from another thread.
+    fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)>;
     /// `what` for messages: `oci://host/repo:tag`.
     fn label(&self) -> &str;
 }
@@ -126,11 +127,15 @@ pub fn fetch(
             i + 1,
             short(&layer.digest)
         );
-        let raw = store.blob(layer)?;
+        let (raw, stop) = store.blob(layer)?;
         let mut checked = Checked::new(raw, layer, fetched);
-        pipelined(&mut checked, &what, Checked::finish, |plain| {
-            sink.layer(plain, &what)
-        })?;
+        pipelined_until(
+            &mut checked,
+            &what,
+            &|| stop.stop(),
+            Checked::finish,
+            |plain| sink.layer(plain, &what),
+        )?;
     }
     Ok(())
 }
@@ -140,22 +145,46 @@ pub fn fetch(
 const CHUNK: usize = 256 << 10;
 const CHUNKS: usize = 4;
 
-/// Decompress `raw` (gzip, zstd or plain: told by its first bytes) on a
-/// thread of its own while `consume` reads the plain stream, so that
-/// inflating and hashing the download overlap writing the files. `end`
-/// runs on `raw` after the plain stream ended, before `consume` sees its
-/// end (the digest check: a failure there reaches `consume` as a read
-/// error, so nothing is taken for complete), and also when decoding or
-/// `consume` failed: a blob that is not what its digest says is then the
-/// cause named (`end`'s error wins), not what the decompressor or the tar
-/// reader made of it, after `what`.
+/// After a decoding failure, the rest of a blob is read for its digest
+/// (the better cause to name) only if this much is left at most.
+const TAIL: u64 = 1 << 20;
+
+/// `pipelined_until` for a reader that needs no stop (a file), where `end`
+/// runs only when decoding and `consume` succeeded.
 pub fn pipelined<R: Read + Send>(
     raw: &mut R,
     what: &str,
     end: impl FnOnce(&mut R) -> io::Result<()> + Send,
     consume: impl FnOnce(&mut dyn Read) -> Result<()>,
 ) -> Result<()> {
+    let end = |r: &mut R, failed: bool| if failed { Ok(()) } else { end(r) };
+    pipelined_until(raw, what, &|| {}, end, consume)
+}
+
+/// Decompress `raw` (gzip, zstd or plain: told by its first bytes) on a
+/// thread of its own while `consume` reads the plain stream, so that
+/// inflating and hashing the download overlap writing the files.
+///
+/// `end(raw, failed)` runs on `raw` after the plain stream ended, before
+/// `consume` sees its end (the digest check: a failure there reaches
+/// `consume` as a read error, so nothing is taken for complete), and
+/// with `failed` after decoding failed: a blob that is not what its
+/// digest says is then the cause named (`end`'s error wins), not what the
+/// decompressor made of it, after `what`. When `consume` fails on its
+/// own (a refused entry, ENOSPC, a signal), that is the first failure:
+/// `stop` ends the transfer under way, `end` does not run, nothing more
+/// is read.
+pub fn pipelined_until<R: Read + Send>(
+    raw: &mut R,
+    what: &str,
+    stop: &(dyn Fn() + Sync),
+    end: impl FnOnce(&mut R, bool) -> io::Result<()> + Send,
+    consume: impl FnOnce(&mut dyn Read) -> Result<()>,
+) -> Result<()> {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let (tx, rx) = std::sync::mpsc::sync_channel::<io::Result<Vec<u8>>>(CHUNKS);
+    let gave_up = AtomicBool::new(false);
+    let gave_up = &gave_up;
     std::thread::scope(|s| {
         let producer = s.spawn(move || -> Option<io::Error> {
             let decode = (|| -> io::Result<()> {
@@ -177,11 +206,14 @@ pub fn pipelined<R: Read + Send>(
                     }
                     buf.truncate(n);
                     if tx.send(Ok(buf)).is_err() {
-                        return Ok(()); // the consumer stopped: its error stands
+                        return Ok(()); // the consumer ended (done, or failed)
                     }
                 }
             })();
-            let checked = end(raw).err();
+            if gave_up.load(Ordering::SeqCst) {
+                return None; // the consumer's failure stands
+            }
+            let checked = end(raw, decode.is_err()).err();
             match (&checked, decode) {
                 (Some(e), _) => {
                     let _ = tx.send(Err(io::Error::new(e.kind(), e.to_string())));
@@ -197,16 +229,23 @@ pub fn pipelined<R: Read + Send>(
             rx,
             cur: Vec::new(),
             at: 0,
+            relayed: false,
         };
         let consumed = consume(&mut reader);
+        // A failure of the consumer's own, not one the producer handed it.
+        let own = consumed.is_err() && !reader.relayed;
+        if own {
+            gave_up.store(true, Ordering::SeqCst);
+            stop();
+        }
         drop(reader);
         let checked = producer.join().expect("the decompressing thread panicked");
         if let Some(sig) = crate::sys::signals::pending() {
             return Err(crate::error::Failure::Interrupted(sig).into());
         }
         match checked {
-            Some(e) => Err(anyhow::Error::new(e).context(what.to_string())),
-            None => consumed,
+            Some(e) if !own => Err(anyhow::Error::new(e).context(what.to_string())),
+            _ => consumed,
         }
     })
 }
@@ -216,6 +255,8 @@ struct Chunks {
     rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
     cur: Vec<u8>,
     at: usize,
+    /// An error came from the producer.
+    relayed: bool,
 }
 
 impl Read for Chunks {
@@ -227,13 +268,18 @@ impl Read for Chunks {
                     self.cur = chunk;
                     self.at = 0;
                 }
-                Ok(Err(e)) => return Err(e),
-                Err(RecvTimeoutError::Disconnected) => return Ok(0),
-                // A signal while the download waits: the caller reports it.
-                Err(RecvTimeoutError::Timeout) if crate::sys::signals::pending().is_some() => {
-                    return Err(io::Error::new(io::ErrorKind::Interrupted, "interrupted"));
+                Ok(Err(e)) => {
+                    self.relayed = true;
+                    return Err(e);
                 }
-                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return Ok(0),
+                // A signal while the download waits: the caller reports it
+                // (not `Interrupted`, which readers retry).
+                Err(RecvTimeoutError::Timeout) => {
+                    if let Some(sig) = crate::sys::signals::pending() {
+                        return Err(io::Error::other(crate::error::Failure::Interrupted(sig)));
+                    }
+                }
             }
         }
         let n = buf.len().min(self.cur.len() - self.at);
@@ -277,8 +323,12 @@ impl<'a, R: Read> Checked<'a, R> {
         }
     }
 
-    /// Read what the consumer left (a tar's padding after its end) and check.
-    pub fn finish(&mut self) -> io::Result<()> {
+    /// Read what the consumer left (a tar's padding after its end) and
+    /// check; after a decoding failure (`failed`), only a short rest.
+    pub fn finish(&mut self, failed: bool) -> io::Result<()> {
+        if failed && self.size.saturating_sub(self.seen) > TAIL {
+            return Ok(());
+        }
         io::copy(self, &mut io::sink()).map(|_| ())
     }
 
@@ -292,15 +342,23 @@ impl<R: Read> Read for Checked<'_, R> {
         if self.done {
             return Ok(0);
         }
+        let longer = |c: &Self| {
+            c.bad(format!(
+                "the blob is longer than the {} bytes its descriptor says",
+                c.size
+            ))
+        };
+        if self.seen > self.size {
+            return Err(longer(self));
+        }
         // One byte past the size is enough to know it is too long.
-        let room = (self.size - self.seen + 1).min(buf.len() as u64) as usize;
+        let room = (self.size - self.seen)
+            .saturating_add(1)
+            .min(buf.len() as u64) as usize;
         let n = self.inner.read(&mut buf[..room])?;
         self.seen += n as u64;
         if self.seen > self.size {
-            return Err(self.bad(format!(
-                "the blob is longer than the {} bytes its descriptor says",
-                self.size
-            )));
+            return Err(longer(self));
         }
         self.hasher.update(&buf[..n]);
         (self.fetched)(n as u64);
@@ -572,15 +630,14 @@ impl Store for Registry {
         Ok((bytes, ctype))
     }
 
-    fn blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>> {
+    fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)> {
         let path = self.repo_path("blobs", &desc.digest);
         let what = || format!("blob {} missing", short(&desc.digest));
         let reply = self.get(&path, None, &what)?;
         let label = self.label.clone();
-        Ok(Box::new(Named {
-            inner: reply.into_reader(),
-            label,
-        }))
+        let body = reply.into_reader();
+        let stop = body.stopper();
+        Ok((Box::new(Named { inner: body, label }), stop))
     }
 }
 
@@ -723,11 +780,9 @@ impl Store for Layout {
         Ok((bytes, ctype))
     }
 
-    fn blob(&self, desc: &Descriptor) -> Result<Box<dyn Read + Send + '_>> {
-        Ok(Box::new(io::BufReader::with_capacity(
-            256 << 10,
-            self.open_blob(&desc.digest)?,
-        )))
+    fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)> {
+        let file = io::BufReader::with_capacity(256 << 10, self.open_blob(&desc.digest)?);
+        Ok((Box::new(file), net::Stop::default()))
     }
 }
 
@@ -758,7 +813,7 @@ mod tests {
         let quiet = |_: u64| {};
         let mut ok = Checked::new(&data[..], &d, &quiet);
         assert_eq!(read_all(&mut ok).unwrap(), data);
-        ok.finish().unwrap();
+        ok.finish(false).unwrap();
 
         let mut bad = data.clone();
         bad[0] ^= 1;
@@ -767,11 +822,67 @@ mod tests {
         let e = read_all(&mut Checked::new(&data[..5], &d, &quiet)).unwrap_err();
         assert!(e.to_string().contains("truncated: 5 of 11"), "{e}");
         let long = [&data[..], b"x"].concat();
-        let e = read_all(&mut Checked::new(&long[..], &d, &quiet)).unwrap_err();
+        let mut c = Checked::new(&long[..], &d, &quiet);
+        let e = read_all(&mut c).unwrap_err();
         assert!(e.to_string().contains("longer than the 11 bytes"), "{e}");
+        // Read again after that (`finish` after the decoder failed on it):
+        // the same cause, not an overflow.
+        let e = c.finish(true).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("longer than the 11 bytes its descriptor says"),
+            "{e}"
+        );
         // A consumer that stops early: `finish` still reads to the end and checks.
         let mut part = Checked::new(&bad[..], &d, &quiet);
         part.read_exact(&mut [0; 3]).unwrap();
-        assert!(part.finish().is_err());
+        assert!(part.finish(false).is_err());
+    }
+
+    /// An endless blob of zeros that counts what was read from it.
+    struct Endless<'a> {
+        read: &'a std::sync::atomic::AtomicU64,
+        stopped: &'a std::sync::atomic::AtomicBool,
+    }
+
+    impl Read for Endless<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            use std::sync::atomic::Ordering::SeqCst;
+            if self.stopped.load(SeqCst) {
+                return Err(io::Error::other("stopped"));
+            }
+            if self.read.load(SeqCst) > 1 << 30 {
+                return Err(io::Error::other("drained a GiB"));
+            }
+            buf.fill(0);
+            self.read.fetch_add(buf.len() as u64, SeqCst);
+            Ok(buf.len())
+        }
+    }
+
+    #[test]
+    fn a_consumer_that_fails_stops_the_transfer_and_its_error_stands() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+        let (read, stopped) = (AtomicU64::new(0), AtomicBool::new(false));
+        let mut raw = Endless {
+            read: &read,
+            stopped: &stopped,
+        };
+        let e = pipelined_until(
+            &mut raw,
+            "layer 1",
+            &|| stopped.store(true, SeqCst),
+            |r, _| io::copy(r, &mut io::sink()).map(|_| ()),
+            |plain| {
+                plain.read_exact(&mut [0; 512])?;
+                bail!("entry ../escape refused")
+            },
+        )
+        .unwrap_err();
+        assert_eq!(format!("{e:#}"), "entry ../escape refused");
+        assert!(stopped.load(SeqCst), "the transfer was stopped");
+        // What was in flight (a few chunks), not the rest of the blob.
+        let n = read.load(SeqCst);
+        assert!(n < 64 << 20, "{n} bytes read");
     }
 }

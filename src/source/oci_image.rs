@@ -89,6 +89,9 @@ struct Raw {
 pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
     let raw: Raw = serde_json::from_slice(data)
         .map_err(|e| anyhow::anyhow!("not an image manifest or index: {e}"))?;
+    if raw.schema_version == Some(1) {
+        bail!("Docker schema 1 manifests are not supported (schemaVersion 1)");
+    }
     if raw.schema_version != Some(2) {
         bail!(
             "unsupported manifest schemaVersion {} (only 2)",
@@ -146,8 +149,10 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
             Ok(Document::Image(layers))
         }
         (Some(_), Some(_)) => bail!("a document with both manifests and layers"),
-        (None, None) if declared.contains("v1+prettyjws") || declared.contains("manifest.v1") => {
-            bail!("Docker schema 1 manifests are not supported")
+        (None, None)
+            if raw.config.is_some() || matches!(declared, OCI_MANIFEST | DOCKER_MANIFEST) =>
+        {
+            bail!("an image manifest without layers")
         }
         (None, None) => bail!("neither an image manifest nor an index"),
     }
@@ -321,5 +326,22 @@ mod tests {
             MAX_BLOB + 1
         );
         assert!(parse(huge.as_bytes(), None).is_err());
+    }
+
+    #[test]
+    fn refusals_name_what_the_document_is() {
+        let why = |doc: &str, ctype: Option<&str>| {
+            format!("{:#}", parse(doc.as_bytes(), ctype).unwrap_err())
+        };
+        let no_layers = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{OCI_MANIFEST}","config":{{"digest":"{}","size":1}}}}"#,
+            d(1)
+        );
+        assert_eq!(why(&no_layers, None), "an image manifest without layers");
+        assert_eq!(
+            why(r#"{"schemaVersion":2}"#, Some(OCI_MANIFEST)),
+            "an image manifest without layers"
+        );
+        assert!(why(r#"{"schemaVersion":1,"fsLayers":[]}"#, None).contains("Docker schema 1"));
     }
 }

@@ -5,6 +5,7 @@ mod copy;
 mod examples;
 mod faults;
 mod fixture;
+mod hostile_remote;
 mod layouts;
 mod ops;
 mod property;
