@@ -557,7 +557,12 @@ impl Spool {
             return Err(refused("its target is not a file"));
         };
         if join(&tparts) == path {
-            return Ok(()); // a link to itself: the file is already there
+            // A link to itself: the file an earlier entry made stays; with
+            // no earlier file, GNU tar and bsdtar fail on it too.
+            return match dir.stat(name) {
+                Ok(st) if sys::kind_of(&st) == StatKind::File => Ok(()),
+                _ => Err(refused("its target is not an earlier file of the archive")),
+            };
         }
         if self.is_borrowed(&join(&tparts)) {
             // Its bytes are in the live generation, not here: a seeded

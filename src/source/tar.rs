@@ -436,20 +436,15 @@ fn number(field: &[u8], what: &str, at: u64) -> io::Result<i128> {
     let invalid = || bad(format!("bad {what} field in the header at byte {at}"));
     if let Some(&first) = field.first() {
         if first & 0x80 != 0 {
-            let negative = first == 0xff;
-            let mut v: i128 = if negative { -1 } else { 0 };
-            let mut bytes = field.iter().copied();
-            let top = bytes.next().unwrap_or(0) & 0x7f;
-            if !negative {
-                v = top as i128;
+            // Two's complement in the remaining 7 + 8n bits, as GNU tar
+            // writes a time before 1970: bit 6 of the first byte is the sign.
+            let mut v = (first & 0x7f) as i128;
+            if first & 0x40 != 0 {
+                v -= 0x80;
             }
-            for b in bytes {
+            for &b in &field[1..] {
                 v = v.checked_mul(256).ok_or_else(invalid)?;
-                v = if negative {
-                    v.checked_add(b as i128 - 255).ok_or_else(invalid)?
-                } else {
-                    v.checked_add(b as i128).ok_or_else(invalid)?
-                };
+                v = v.checked_add(b as i128).ok_or_else(invalid)?;
                 if v.unsigned_abs() > u64::MAX as u128 {
                     return Err(invalid());
                 }
@@ -561,6 +556,10 @@ impl Pax {
             let invalid = || bad(format!("bad PAX header at byte {at}: {}", shown(record)));
             let eq = record.iter().position(|&c| c == b'=').ok_or_else(invalid)?;
             let (key, value) = (&record[..eq], &record[eq + 1..]);
+            // GNU tar and bsdtar refuse a key with a NUL in it.
+            if key.contains(&0) {
+                return Err(invalid());
+            }
             let text = || std::str::from_utf8(value).map_err(|_| invalid());
             match key {
                 b"path" => self.path = Some(value.to_vec()),
@@ -788,6 +787,38 @@ pub(crate) mod tests {
             .unwrap_err()
             .to_string()
             .contains("long name"));
+    }
+
+    #[test]
+    fn base_256_numbers_keep_their_sign() {
+        // -1, -2 and -86400 (a day before 1970) as GNU tar writes them.
+        let mut minus_one = [0xffu8; 12];
+        assert_eq!(number(&minus_one, "mtime", 0).unwrap(), -1);
+        minus_one[11] = 0xfe;
+        assert_eq!(number(&minus_one, "mtime", 0).unwrap(), -2);
+        let day = (-86400i64).to_be_bytes();
+        let mut field = [0xffu8; 12];
+        field[4..].copy_from_slice(&day);
+        field[0] = 0xff;
+        assert_eq!(number(&field, "mtime", 0).unwrap(), -86400);
+        let mut big = [0u8; 12];
+        big[0] = 0x80;
+        big[11] = 5;
+        assert_eq!(number(&big, "size", 0).unwrap(), 5);
+        let mut h = header(b"old", b'0', 0, b"");
+        h[136..148].copy_from_slice(&field);
+        seal(&mut h);
+        let got = read_all(&archive(&[(h, b"")])).unwrap();
+        assert_eq!(got[0].0.mtime, (-86400, 0));
+    }
+
+    #[test]
+    fn a_pax_key_with_a_nul_is_refused() {
+        let rec = pax("SCHILY.xattr.null\0", "x");
+        let a = archive(&[(header(b"P", b'x', rec.len() as u64, b""), &rec)]);
+        assert!(names(&a)
+            .unwrap_err()
+            .starts_with("bad PAX header at byte 0: "));
     }
 
     #[test]
