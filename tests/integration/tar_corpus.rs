@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -155,7 +154,8 @@ fn record(key: &str, value: &[u8]) -> Vec<u8> {
     r
 }
 
-/// An archive being written, with the offset of every header block.
+/// An archive being written, with the offset of every entry's own header
+/// block (extension headers not counted).
 #[derive(Default)]
 struct Tar {
     out: Vec<u8>,
@@ -165,7 +165,9 @@ struct Tar {
 impl Tar {
     /// A header and `data` (padded), whatever the header's size says.
     fn raw(&mut self, h: &H, data: &[u8]) -> &mut Tar {
-        self.headers.push(self.out.len());
+        if !b"xgXLK".contains(&h.flag) {
+            self.headers.push(self.out.len());
+        }
         self.out.extend_from_slice(&h.block());
         self.out.extend_from_slice(data);
         self.out.resize(self.out.len().div_ceil(512) * 512, 0);
@@ -777,56 +779,120 @@ fn hex(data: &[u8]) -> String {
     data.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn sha256(data: &[u8]) -> String {
+/// The SHA-256 of a file, streamed; of its first MiB only past 64 MiB
+/// (archives from elsewhere hold sparse files of many GiB).
+fn digest_of(file: fs::File, size: u64) -> String {
     use sha2::Digest;
-    hex(&sha2::Sha256::digest(data))
+    use std::io::Read;
+    let mut h = sha2::Sha256::new();
+    let limit = if size > 64 << 20 { 1 << 20 } else { u64::MAX };
+    std::io::copy(&mut file.take(limit), &mut h).unwrap();
+    hex(&h.finalize())
 }
 
+fn file_digest(path: &Path, size: u64) -> String {
+    digest_of(fs::File::open(path).unwrap(), size)
+}
+
+/// How deep `snap` reads (a handle a level).
+const MAX_DEPTH: usize = 4096;
+
+/// The tree below `root`, read one name at a time from directory handles
+/// (no path is resolved: trees deeper than PATH_MAX are read, to
+/// `MAX_DEPTH`).
 fn snap(root: &Path) -> Snap {
+    use rustix::fs::{openat, readlinkat, statat, AtFlags, Dir, FileType, Mode, OFlags};
     fn walk(
-        root: &Path,
-        dir: &Path,
+        dir: &std::os::fd::OwnedFd,
+        prefix: &str,
+        depth: usize,
         ents: &mut BTreeMap<String, Ent>,
         inodes: &mut BTreeMap<u64, Vec<String>>,
     ) {
-        for e in fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            let m = fs::symlink_metadata(&p).unwrap();
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            let what = if m.file_type().is_symlink() {
-                format!("l {}", fs::read_link(&p).unwrap().display())
-            } else if m.is_dir() {
-                "d".into()
-            } else if m.is_file() {
-                if m.nlink() > 1 {
-                    inodes.entry(m.ino()).or_default().push(rel.clone());
-                }
-                format!("f {} {}", m.size(), sha256(&fs::read(&p).unwrap()))
-            } else {
-                format!("special {:o}", m.mode() & 0o170000)
+        if depth == MAX_DEPTH {
+            // node-tar's excessively-deep.tar goes 222371 levels down.
+            let deeper = Ent {
+                what: format!("deeper than {MAX_DEPTH} levels"),
+                mode: 0,
+                mtime: (0, 0),
+                owner: (0, 0),
             };
-            let mode = if m.file_type().is_symlink() {
+            ents.insert(format!("{prefix}…"), deeper);
+            return;
+        }
+        let mut names = Vec::new();
+        for e in Dir::read_from(dir).unwrap() {
+            let name = e.unwrap().file_name().to_owned();
+            if name.as_bytes() != b"." && name.as_bytes() != b".." {
+                names.push(name);
+            }
+        }
+        for name in names {
+            let m = statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).unwrap();
+            let rel = format!("{prefix}{}", name.to_string_lossy());
+            let kind = FileType::from_raw_mode(m.st_mode);
+            let open = |flags| {
+                openat(
+                    dir,
+                    name.as_c_str(),
+                    flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .unwrap()
+            };
+            let what = match kind {
+                FileType::Symlink => {
+                    let t = readlinkat(dir, name.as_c_str(), Vec::new()).unwrap();
+                    format!("l {}", t.to_string_lossy())
+                }
+                FileType::Directory => "d".into(),
+                FileType::RegularFile => {
+                    if m.st_nlink > 1 {
+                        inodes.entry(m.st_ino).or_default().push(rel.clone());
+                    }
+                    let size = m.st_size as u64;
+                    let file = fs::File::from(open(OFlags::RDONLY));
+                    format!("f {size} {}", digest_of(file, size))
+                }
+                other => format!("special {other:?}"),
+            };
+            let mode = if kind == FileType::Symlink {
                 0
             } else {
-                m.permissions().mode() & 0o7777
+                m.st_mode & 0o7777
             };
             ents.insert(
-                rel,
+                rel.clone(),
                 Ent {
                     what,
                     mode,
-                    mtime: (m.mtime(), m.mtime_nsec()),
-                    owner: (m.uid(), m.gid()),
+                    mtime: (m.st_mtime, m.st_mtime_nsec as i64),
+                    owner: (m.st_uid, m.st_gid),
                 },
             );
-            if m.is_dir() {
-                walk(root, &p, ents, inodes);
+            if kind == FileType::Directory {
+                let sub = open(OFlags::RDONLY | OFlags::DIRECTORY);
+                walk(&sub, &format!("{rel}/"), depth + 1, ents, inodes);
             }
         }
     }
+    // A handle a level: as many as the hard limit allows.
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        limit.current = limit.maximum;
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
     let mut ents = BTreeMap::new();
     let mut inodes = BTreeMap::new();
-    walk(root, root, &mut ents, &mut inodes);
+    let top = openat(
+        rustix::fs::CWD,
+        root,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .unwrap();
+    walk(&top, "", 0, &mut ents, &mut inodes);
     let mut links: Vec<Vec<String>> = inodes
         .into_values()
         .filter(|g| g.len() > 1)
@@ -841,7 +907,8 @@ fn snap(root: &Path) -> Snap {
 
 /// How `got` differs from the reference `want`, one line a difference. A
 /// directory of `want` whose mtime is `since` or later was made by its
-/// extractor, not named by the archive: only its kind counts.
+/// extractor, not named by the archive: only its kind counts. Devices and
+/// FIFOs of `want` may be missing from `got`.
 fn differences(got: &Snap, want: &Snap, since: i64) -> Vec<String> {
     let mut out = Vec::new();
     let mut paths: Vec<&String> = got.ents.keys().chain(want.ents.keys()).collect();
@@ -849,6 +916,8 @@ fn differences(got: &Snap, want: &Snap, since: i64) -> Vec<String> {
     paths.dedup();
     for p in paths {
         match (got.ents.get(p), want.ents.get(p)) {
+            // Devices and FIFOs are skipped with a warning, as in a directory.
+            (None, Some(w)) if w.what.starts_with("special") => {}
             (None, Some(w)) => out.push(format!("missing {p:?} ({})", short(&w.what))),
             (Some(g), None) => out.push(format!("extra {p:?} ({})", short(&g.what))),
             (Some(g), Some(w)) => {
@@ -940,22 +1009,34 @@ struct Reference {
 /// archive says when run as root, as both tools do by default).
 fn extract(tool: &'static str, archive: &Path, into: &Path) -> Reference {
     fs::create_dir(into).unwrap();
-    let out = Command::new(tool)
+    // Its messages to a file: an extractor may print without end.
+    let log = into.with_extension("log");
+    let status = Command::new(tool)
         .arg("-xf")
         .arg(archive)
         .arg("-C")
         .arg(into)
         .arg("--numeric-owner")
+        .env("LC_ALL", "C.UTF-8")
         .stdin(Stdio::null())
-        .output()
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap())
+        .status()
         .unwrap();
-    let tree = if out.status.success() {
+    let tree = if status.success() {
         Ok(snap(into))
     } else {
-        let err = String::from_utf8_lossy(&out.stderr);
+        use std::io::Read;
+        let mut err = Vec::new();
+        fs::File::open(&log)
+            .unwrap()
+            .take(4096)
+            .read_to_end(&mut err)
+            .unwrap();
+        let err = String::from_utf8_lossy(&err);
         Err(format!(
             "exit {:?}: {}",
-            out.status.code(),
+            status.code(),
             err.lines().take(2).collect::<Vec<_>>().join(" / ")
         ))
     };
@@ -1093,13 +1174,25 @@ fn run_corpus(what: &str, cases: Vec<Case>) {
     if !have_extractors() {
         return;
     }
-    let mut bad = Vec::new();
-    for c in &cases {
-        match differential(&c.name, &c.bytes, c.expect) {
-            Ok(how) => eprintln!("{what}: {}: {how}", c.name),
-            Err(why) => bad.push(format!("{}: {why}", c.name)),
-        }
-    }
+    // Trees are walked recursively: a deep one (node-tar's
+    // excessively-deep.tar) needs more than a test thread's stack.
+    let bad = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .stack_size(256 << 20)
+            .spawn_scoped(s, || {
+                let mut bad = Vec::new();
+                for c in &cases {
+                    match differential(&c.name, &c.bytes, c.expect) {
+                        Ok(how) => eprintln!("{what}: {}: {how}", c.name),
+                        Err(why) => bad.push(format!("{}: {why}", c.name)),
+                    }
+                }
+                bad
+            })
+            .unwrap()
+            .join()
+            .unwrap()
+    });
     assert!(
         bad.is_empty(),
         "{what}: {} of {} archives break the rule:\n{}",
@@ -1179,29 +1272,38 @@ fn archives_from_elsewhere_publish_what_tar_or_bsdtar_extracts() {
 
 /// A random archive of a few entries: files, directories (some with a size
 /// field and no data), symlinks, hardlinks to earlier files, PAX and GNU
-/// names, global and Solaris headers; then, for some, a mutation (a header
-/// byte changed and the header resealed, a size field rewritten, a cut).
-fn random_archive(rng: &mut Rng) -> Vec<u8> {
-    const PARTS: [&str; 6] = ["a", "b", "dir", "x y", "long-component", "."];
+/// names, global and Solaris headers; then, for some, a mutation (a byte
+/// of an entry's header changed and the header resealed, a size field
+/// rewritten, a cut). Extension headers are left whole: tarfile reads
+/// them unlike every other reader (it stops at a bad mode field of an `x`
+/// header, which GNU tar, bsdtar and packsync never read; it takes a GNU
+/// long name to the first NUL of its block, past the record's size).
+fn random_archive(rng: &mut Rng) -> (Vec<u8>, bool) {
+    // Directories and leaves from different names, so that most archives
+    // have no file in the way of a directory (some still do: `.`, reuse).
+    const DIRS: [&str; 4] = ["d", "x y", "e", "."];
+    const LEAVES: [&str; 4] = ["f", "long-component", "g", "h i"];
+    let pick = |rng: &mut Rng, from: &[&'static str]| from[rng.below(from.len() as u64) as usize];
     let mut t = Tar::default();
     let mut files: Vec<String> = Vec::new();
     for _ in 0..1 + rng.below(7) {
-        let depth = 1 + rng.below(3);
-        let mut name: Vec<&str> = (0..depth)
-            .map(|_| PARTS[rng.below(PARTS.len() as u64) as usize])
-            .collect();
-        if rng.below(12) == 0 {
-            name.insert(0, "");
+        let mut flag = [b'0', b'0', b'5', b'2', b'1', 0][rng.below(6) as usize];
+        if flag == b'1' && files.is_empty() {
+            flag = b'0';
         }
-        let mut name = name.join("/");
+        let mut parts: Vec<&str> = (0..rng.below(3)).map(|_| pick(rng, &DIRS)).collect();
+        parts.push(pick(rng, if flag == b'5' { &DIRS } else { &LEAVES }));
+        if rng.below(12) == 0 {
+            parts.insert(0, "");
+        }
+        let mut name = parts.join("/");
         if name.trim_matches(['/', '.']).is_empty() {
-            name = "a".into();
+            name = "d".into();
         }
         if rng.below(10) == 0 {
             name = format!("{}/{name}", "w".repeat(100 + rng.below(60) as usize));
         }
         let data: Vec<u8> = (0..rng.below(1300)).map(|_| rng.next() as u8).collect();
-        let flag = [b'0', b'0', b'5', b'2', b'1', 0][rng.below(6) as usize];
         let mut e = h("placeholder", flag);
         e.mtime = T0 + rng.below(1000) as i64;
         e.mode = [0o644, 0o755, 0o600, 0o4711][rng.below(4) as usize];
@@ -1213,19 +1315,21 @@ fn random_archive(rng: &mut Rng) -> Vec<u8> {
                 }
             }
             b'2' => {
-                e.link = PARTS[rng.below(5) as usize].as_bytes().to_vec();
+                e.link = pick(rng, &LEAVES).as_bytes().to_vec();
                 if rng.below(4) == 0 {
                     e.size = 700;
                 }
             }
             b'1' => {
-                let target = files.get(rng.below(files.len() as u64 + 1) as usize);
-                let target = target.map_or(&b"a"[..], |t| t.as_bytes());
-                e.link = target[..target.len().min(100)].to_vec();
+                let target = &files[rng.below(files.len() as u64) as usize];
+                e.link = target.as_bytes()[..target.len().min(100)].to_vec();
             }
             _ => e.size = data.len() as i64,
         }
         let data: &[u8] = if matches!(flag, b'0' | 0) { &data } else { b"" };
+        // The name the entry ends up with: whole where an extension or the
+        // prefix carries it, else cut to the 100 bytes of the name field.
+        let mut full = name.clone();
         match rng.below(8) {
             0 => {
                 t.ext(b'x', &[("path", name.as_bytes())]);
@@ -1241,26 +1345,28 @@ fn random_archive(rng: &mut Rng) -> Vec<u8> {
             }
             3 => {
                 t.ext(b'g', &[("mtime", b"1300000000")]);
+                full.truncate(100);
             }
             4 if name.len() > 100 => {
                 let cut = name[..name.len() - 1].rfind('/').unwrap_or(0);
                 if cut > 0 && cut <= 155 && name.len() - cut - 1 <= 100 {
                     e.prefix = name.as_bytes()[..cut].to_vec();
                     name = name[cut + 1..].to_string();
+                } else {
+                    full.truncate(100);
                 }
             }
-            _ => {}
+            _ => full.truncate(100),
         }
-        let ustar = &name.as_bytes()[..name.len().min(100)];
-        e.name = ustar.to_vec();
+        e.name = name.as_bytes()[..name.len().min(100)].to_vec();
         if flag == b'0' || flag == 0 {
-            files.push(name.clone());
+            files.push(full);
         }
         t.raw(&e, data);
     }
     let headers = t.headers.clone();
     let mut out = t.end();
-    match rng.below(5) {
+    let mutated = match rng.below(5) {
         0 => {
             // One header byte changed, the checksum made right again.
             let at = headers[rng.below(headers.len() as u64) as usize];
@@ -1268,25 +1374,31 @@ fn random_archive(rng: &mut Rng) -> Vec<u8> {
             let i = at + field + rng.below(12) as usize;
             out[i] = [0u8, b'/', b'.', b'0', b'7', b'5', b'x', 0x80, 0xff][rng.below(9) as usize];
             seal(&mut out[at..at + 512]);
+            true
         }
         1 => {
             let at = headers[rng.below(headers.len() as u64) as usize];
             let size = [0i64, 1, 511, 512, 513, 1536][rng.below(6) as usize];
             num(&mut out[at + 124..at + 136], size, false);
             seal(&mut out[at..at + 512]);
+            true
         }
         2 if rng.below(3) == 0 => {
             let cut = rng.below(out.len() as u64) as usize;
             out.truncate(cut);
+            true
         }
-        _ => {}
-    }
-    out
+        _ => false,
+    };
+    (out, mutated)
 }
 
 /// Python's tarfile on each archive: the tree an extraction makes of its
-/// listing (path → kind, size, content digest or link target), or why
-/// packsync must refuse it, or why there is no verdict (`unsure`).
+/// listing (hex path → kind, size, content digest or hex link target); or
+/// why packsync must refuse it (a name that leaves the tree, a hardlink to
+/// no earlier file); or that tarfile stopped before the end-of-archive
+/// block (`stops`) or failed (`error`); or why there is no verdict
+/// (`unsure`).
 const ORACLE: &str = r#"
 import hashlib, json, os, sys, tarfile
 
@@ -1329,7 +1441,7 @@ def verdict(path):
             elif m.isreg():
                 data = t.extractfile(m).read()
                 put(ps, ['f', len(data), hashlib.sha256(data).hexdigest()])
-            elif m.issym(): put(ps, ['l', m.linkname])
+            elif m.issym(): put(ps, ['l', os.fsencode(m.linkname).hex()])
             elif m.islnk():
                 tp = '/'.join(parts(m.linkname))
                 node = tree.get(tp)
@@ -1340,15 +1452,18 @@ def verdict(path):
         end = t.offset
         raw.seek(end)
         if raw.read(512) != b'\0' * 512:
-            raise Refuse('tarfile stops at byte %d, before any end-of-archive block' % end)
+            return {'stops': 'tarfile stops at byte %d, before any end-of-archive block' % end}
     return {'tree': {os.fsencode(p).hex(): v for p, v in tree.items()}}
+
+def text(e):
+    return str(e).encode('utf-8', 'backslashreplace').decode()
 
 out = {}
 for path in sys.argv[1:]:
     try: out[os.path.basename(path)] = verdict(path)
-    except Refuse as e: out[os.path.basename(path)] = {'refuse': str(e)}
-    except Unsure as e: out[os.path.basename(path)] = {'unsure': str(e)}
-    except Exception as e: out[os.path.basename(path)] = {'error': '%s: %s' % (type(e).__name__, e)}
+    except Refuse as e: out[os.path.basename(path)] = {'refuse': text(e)}
+    except Unsure as e: out[os.path.basename(path)] = {'unsure': text(e)}
+    except Exception as e: out[os.path.basename(path)] = {'error': type(e).__name__ + ': ' + text(e)}
 json.dump(out, sys.stdout)
 "#;
 
@@ -1362,13 +1477,12 @@ fn listing(root: &Path) -> BTreeMap<String, serde_json::Value> {
             let rel = hex(p.strip_prefix(root).unwrap().as_os_str().as_bytes());
             let v = if m.file_type().is_symlink() {
                 let t = fs::read_link(&p).unwrap();
-                serde_json::json!(["l", String::from_utf8_lossy(t.as_os_str().as_bytes())])
+                serde_json::json!(["l", hex(t.as_os_str().as_bytes())])
             } else if m.is_dir() {
                 walk(root, &p, out);
                 serde_json::json!(["d"])
             } else {
-                let data = fs::read(&p).unwrap();
-                serde_json::json!(["f", data.len(), sha256(&data)])
+                serde_json::json!(["f", m.len(), file_digest(&p, m.len())])
             };
             out.insert(rel, v);
         }
@@ -1385,9 +1499,14 @@ fn random_archives_list_as_python_tarfile_lists_them() {
     fs::create_dir(&dir).unwrap();
     const N: usize = 160;
     let mut names = Vec::new();
+    let mut mutated = std::collections::HashSet::new();
     for i in 0..N {
         let name = format!("r{i:03}.tar");
-        fs::write(dir.join(&name), random_archive(&mut rng)).unwrap();
+        let (bytes, changed) = random_archive(&mut rng);
+        fs::write(dir.join(&name), bytes).unwrap();
+        if changed {
+            mutated.insert(name.clone());
+        }
         names.push(name);
     }
     let out = Command::new("python3")
@@ -1422,9 +1541,19 @@ fn random_archives_list_as_python_tarfile_lists_them() {
             refused += 1;
             continue;
         }
-        if let Some(why) = v.get("refuse").or(v.get("error")) {
+        if let Some(why) = v.get("refuse") {
             keep();
             bad.push(format!("{name}: published, but tarfile says {why}"));
+            continue;
+        }
+        // tarfile parses every field of every header, also those a PAX
+        // record overrides and GNU tar and bsdtar skip: on a mutated
+        // archive its failure is no verdict, on a generated one it is.
+        if let Some(why) = v.get("error").or(v.get("stops")) {
+            if !mutated.contains(name) {
+                keep();
+                bad.push(format!("{name}: published, but tarfile says {why}"));
+            }
             continue;
         }
         let Some(tree) = v.get("tree") else { continue };
