@@ -15,3 +15,4 @@ mod source_http;
 mod source_oci;
 mod streaming;
 mod sync;
+mod tar_corpus;
