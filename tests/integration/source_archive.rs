@@ -376,16 +376,18 @@ fn hostile_archives_are_refused_and_change_nothing() {
     let members = trailing.len();
     trailing.extend_from_slice(b"garbage after the stream\n");
     let global_path = pax_record("path", "everything");
+    let pax_size = pax_record("size", "1024");
     let bad_mtime = pax_record("mtime", "1350244992.023960108467a");
 
     let cases: Vec<(&str, Vec<u8>, String)> = vec![
         (
-            "sized-symlink.tar",
+            "sized-pax-symlink.tar",
             raw_tar(&[
-                (header(b"s", b'2', 1024, b"fine"), b""),
+                (header(b"x", b'x', pax_size.len() as u64, b""), &pax_size),
+                (header(b"s", b'2', 0, b"fine"), b""),
                 (header(b"d/secret", b'0', 6, b""), b"SECRET"),
             ]),
-            "the symlink entry at byte 0 claims 1024 bytes of data (refused".into(),
+            "the symlink entry at byte 1024 claims 1024 bytes of data (refused".into(),
         ),
         (
             "trailing.tar.gz",
@@ -653,6 +655,7 @@ fn what_every_reference_reader_sees_is_published() {
         (header(b"d/", b'5', 1024, b""), b""),
         (header(b"d/secret", b'0', 6, b""), b"SECRET"),
         (header(b"d/lnk", b'1', 255, b"d/secret"), b""),
+        (header(b"d/sym", b'2', 512, b"after"), b""),
         (header(b"d/after", b'0', 3, b""), b"aft"),
         (header(b"g", b'g', global.len() as u64, b""), &global),
         (header(b"X/x", b'X', renamed.len() as u64, b""), &renamed),
@@ -679,6 +682,7 @@ fn what_every_reference_reader_sees_is_published() {
         ("SECRET".into(), "SECRET".into(), "aft".into())
     );
     assert_eq!(ino(&d.join("d/secret")), ino(&d.join("d/lnk")));
+    assert_eq!(fs::read_link(d.join("d/sym")).unwrap(), Path::new("after"));
     assert!(!d.join("orig").exists());
     assert_eq!(read("renamed"), "hi");
     assert_eq!(
