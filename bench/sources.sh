@@ -9,7 +9,10 @@
 #   * a no-op (the tag unchanged) and a 1% update (a new top layer touching
 #     1% of the files);
 #   * peak RSS of the cold image publish vs a directory sync of the same
-#     tree, and of the 1% update.
+#     tree, and of the 1% update;
+#   * a second image shape, one layer of 20,000 small files (64 B-2 KiB)
+#     and one 50 MiB random blob: cold publish vs skopeo copy + umoci, and
+#     syscalls per entry of both (strace -c -f).
 #
 #   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target x86_64-unknown-linux-gnu
 #   bench/sources.sh          # RUNS=5 by default; prints median, min, max
@@ -92,7 +95,12 @@ base = [tar_of(e) for e in layers_entries]
 # The 1% update: a fourth layer rewriting 130 files.
 changed = [(p, content(7, len(d), b"v2")[: len(d)]) for p, d in list(files.items())[::100]]
 top = tar_of(changed)
-idx = {"schemaVersion": 2, "manifests": [image("1", base), image("2", base + [top])]}
+# The second shape: 20,000 small files and a 50 MiB random blob, one layer.
+small = [("app/data/d%03d/f%05d.txt" % (k % 200, k), os.urandom(random.randint(32, 1024)).hex().encode())
+         for k in range(20000)]
+small.append(("app/blob.bin", os.urandom(50 << 20)))
+tester = image("t1", [tar_of(small)])
+idx = {"schemaVersion": 2, "manifests": [image("1", base), image("2", base + [top]), tester]}
 json.dump(idx, open(os.path.join(lay, "index.json"), "w"))
 open(os.path.join(lay, "oci-layout"), "w").write('{"imageLayoutVersion": "1.0.0"}')
 # The same tree as one tar.gz, and as a directory.
@@ -123,6 +131,7 @@ until curl -s -o /dev/null "http://127.0.0.1:$port/v2/"; do sleep 0.1; done
 for tag in 1 2; do
   skopeo copy -q --dest-tls-verify=false "oci:$W/layout:$tag" "docker://127.0.0.1:$port/venv:$tag"
 done
+skopeo copy -q --dest-tls-verify=false "oci:$W/layout:t1" "docker://127.0.0.1:$port/tester:1"
 python3 -u -m http.server --directory "$W" --bind 127.0.0.1 0 >"$W/http.log" 2>&1 &
 pids+=($!)
 until hport=$(sed -n 's/.*port \([0-9]*\).*/\1/p' "$W/http.log" | head -1) && [ -n "$hport" ]; do sleep 0.1; done
@@ -138,8 +147,8 @@ row() { printf '%-44s ' "$1"; }
 fresh() { rm -rf "$W/vol" "$W/o" "$W/u" "$W/x"; mkdir -p "$W/vol" "$W/x"; sync; }
 rootless=--rootless
 [ "$(id -u)" = 0 ] && rootless=
-skopeo_umoci() {
-  skopeo copy -q --src-tls-verify=false "docker://127.0.0.1:$port/venv:1" "oci:$W/o:1" &&
+skopeo_umoci() { # [REPO]: venv by default
+  skopeo copy -q --src-tls-verify=false "docker://127.0.0.1:$port/${1:-venv}:1" "oci:$W/o:1" &&
     umoci raw unpack $rootless --image "$W/o:1" "$W/u"
 }
 
@@ -157,6 +166,17 @@ pair() { # pair LABEL_A LABEL_B: runs a() and b(), each after fresh, RUNS times
 a() { "$P" sync -q "$img:1" "$W/vol/venv"; }
 b() { skopeo_umoci; }
 pair "packsync sync oci:// (cold)" "skopeo copy + umoci raw unpack (cold)"
+a() { "$P" sync -q "oci://127.0.0.1:$port/tester:1" "$W/vol/t"; }
+b() { skopeo_umoci tester; }
+pair "packsync sync oci:// 20k files + 50 MiB (cold)" "skopeo copy + umoci (the same image, cold)"
+# Syscalls per entry of both (20,001 entries and their directories).
+sys_per_entry() { strace -c -f -o "$W/strace.out" "$@" >/dev/null 2>&1; awk '$NF == "total" { print $(NF-2) }' "$W/strace.out"; }
+fresh
+n=$(sys_per_entry "$P" sync -q "oci://127.0.0.1:$port/tester:1" "$W/vol/t")
+row "  packsync: syscalls per entry"; awk -v n="$n" 'BEGIN { printf "%.1f (%d in all)\n", n / 20201, n }'
+fresh
+n=$(sys_per_entry skopeo_umoci tester)
+row "  skopeo + umoci: syscalls per entry"; awk -v n="$n" 'BEGIN { printf "%.1f (%d in all)\n", n / 20201, n }'
 a() { "$P" sync -q "$url" "$W/vol/venv"; }
 b() { curl -s "$url" | tar -xz -C "$W/x"; }
 pair "packsync sync http:// tar.gz (cold)" "curl | tar -xz (cold)"
