@@ -821,14 +821,15 @@ fn quick(
 
 /// Ask every SOURCE whether it still holds what the live generation's
 /// manifest names for it (`Source::unchanged_since`): a remote kind
-/// answers with one request (resolving a tag, a conditional GET), before
+/// answers with one request (resolving a tag, a conditional GET), an
+/// archive by hashing its file (no entry unpacked), before
 /// anything is written, so a 401, a 404 or a server that is down fails
 /// here with the volume untouched. When every one says yes, the live
 /// generation's tree as its manifest records it: nothing is fetched, and
 /// plan compares the live tree with it by size, mtime and mode (file
 /// hashes left out), the drift check. `None` otherwise (no live
-/// generation, another number of sources, `--checksum`, a directory or
-/// archive source, `shortcut` off).
+/// generation, another number of sources, `--checksum`, a directory
+/// source, `shortcut` off).
 fn recorded_tree(
     cfg: &SyncConfig,
     sources: &Sources,

@@ -195,9 +195,13 @@ pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
     }
 }
 
-/// A regular FILE: an archive, or exit 2.
+/// A regular FILE: an archive, or exit 2. Its SHA-256 is its identity:
+/// the same file again is up to date without being unpacked
+/// (`Source::unchanged_since`).
 fn open_file(file: &Path, shown: String, sub: Option<Vec<u8>>) -> Result<Box<dyn Source>> {
-    Ok(Box::new(Streamed::new(Archive::open(file, shown, sub)?)))
+    Ok(Box::new(oci::Fetched::new(Archive::open(
+        file, shown, sub,
+    )?)))
 }
 
 /// `FILE//PATH` split at the first `//` whose left side is a regular file;

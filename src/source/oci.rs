@@ -33,9 +33,9 @@ use crate::scan::Filter;
 use crate::sys::DirFd;
 use crate::tree::{Time, Tree};
 
-/// A stream that names its content (an image digest, a URL's validators)
-/// and can tell, with one request, whether it still holds what a recorded
-/// identity names.
+/// A stream that names its content (an image digest, a URL's validators,
+/// an archive's SHA-256) and can tell, with one request or one read of the
+/// file, whether it still holds what a recorded identity names.
 pub trait Named: Stream {
     fn unchanged_since(&self, recorded: &str) -> Result<bool>;
 
@@ -229,9 +229,16 @@ impl Named for super::http::Bundle {
     }
 }
 
-/// A remote kind as a `Source`: spooled as `Streamed` does, and able to say
-/// it is unchanged (`Source::unchanged_since`); the identity is then the
-/// one recorded.
+impl Named for super::Archive {
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        super::Archive::unchanged_since(self, recorded)
+    }
+}
+
+/// A kind that names its content (an image, a URL, an archive FILE by its
+/// SHA-256) as a `Source`: spooled as `Streamed` does, and able to say it
+/// is unchanged (`Source::unchanged_since`); the identity is then the one
+/// recorded.
 pub struct Fetched<S> {
     inner: Streamed<S>,
     unchanged: OnceLock<String>,
