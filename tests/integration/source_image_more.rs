@@ -139,3 +139,61 @@ fn an_unchanged_archive_is_up_to_date_without_unpacking_and_drift_is_repaired() 
         "a = 3\n"
     );
 }
+
+/// One image per platform, each a single file naming it, under tag `multi`.
+fn multi_platform(platforms: &[(&str, &str, Option<&str>)]) -> String {
+    let images: Vec<String> = platforms
+        .iter()
+        .map(|(os, arch, variant)| {
+            let v = variant.map_or(String::new(), |v| format!(r#","variant":"{v}""#));
+            let name = format!("{os}-{arch}-{}", variant.unwrap_or("none"));
+            format!(
+                r#"{{"os":"{os}","arch":"{arch}"{v},"layers":[{{"compression":"gzip","entries":[{{"name":"platform","data":"{name}"}}]}}]}}"#
+            )
+        })
+        .collect();
+    format!(r#"[{{"tag":"multi","platforms":[{}]}}]"#, images.join(","))
+}
+
+#[test]
+fn platform_variants_match_as_containerd_matches_them() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    // What `buildah manifest add` writes: arm64 without a variant; arm/v6
+    // listed before arm/v7.
+    crate::source_oci::write_layout(
+        &layout,
+        &multi_platform(&[
+            ("linux", "amd64", None),
+            ("linux", "arm64", None),
+            ("linux", "arm", Some("v6")),
+            ("linux", "arm", Some("v7")),
+        ]),
+        "multi",
+    );
+    let src = format!("oci-layout:{}:multi", layout.display());
+    for (i, (asked, want)) in [
+        ("linux/arm64/v8", "linux-arm64-none"),
+        ("linux/arm64", "linux-arm64-none"),
+        ("linux/arm", "linux-arm-v7"),
+        ("linux/arm/v6", "linux-arm-v6"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dest = format!("vol/p{i}");
+        f.packsync(&["sync", "--grace", "0", "--platform", asked, &src, &dest])
+            .ok();
+        assert_eq!(
+            tree(&f.path(&dest)),
+            [format!("platform={want}")],
+            "--platform {asked}"
+        );
+    }
+    f.packsync(&["sync", "--platform", "linux/arm/v5", &src, "vol/none"])
+        .fails(1, "no image for linux/arm/v5 in the index (it has linux/amd64, linux/arm64, linux/arm/v6, linux/arm/v7");
+    assert!(!f.path("vol/none").exists());
+}
