@@ -197,15 +197,15 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
-    round_with(cfg, pass, true)
+    round_with(cfg, pass, true, None)
 }
 
 /// `round`; `shortcut`: sources that can tell they are unchanged since the
 /// live generation (an image tag on the same digest, a URL answering 304)
 /// are not fetched, the live manifest's entries standing in for them. If
 /// the live tree drifted from them after all, the round starts again
-/// without the shortcut.
-fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
+/// without the shortcut. `note`: why it starts again, shown as a warning.
+fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>) -> Result<Round> {
     let start = Instant::now();
     // Validate: nothing is written before the guards have passed.
     let sources = Sources::open(cfg)?;
@@ -218,6 +218,9 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     } else {
         Console::new(output, bar)
     };
+    if let Some(n) = note {
+        console.warn(&n);
+    }
 
     // A directory at a time, the sources against the live generation: a
     // sync that finds nothing to do ends here, having held no whole tree.
@@ -335,13 +338,15 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     if noop && !up_to_date(cfg, &plan, &live) {
         // Drift (or a new label): fetch after all.
         drop((live, made));
-        return round_with(cfg, pass, false);
+        return round_with(cfg, pass, false, None);
     }
     if resumed && !sources.all.iter().all(|s| s.intact(&tree)) {
         // A file taken from the live generation drifted there (or a new
-        // layer needed a lower one's file): fetch every layer after all.
+        // layer needed a lower one's file: that is said): fetch every
+        // layer after all.
+        let why = sources.all.iter().find_map(|s| s.why_not_intact());
         drop((live, made, early, scratch));
-        return round_with(cfg, pass, false);
+        return round_with(cfg, pass, false, why);
     }
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
     let live_names: Option<Vec<&[u8]>> = live

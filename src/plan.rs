@@ -443,10 +443,21 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
             bad_src.insert(*g);
         }
     }
+    // A live group of which one path alone is kept, as a file apart (the
+    // source rewrote or dropped the others: an image layer that writes one
+    // path of a hardlinked file), is reused: its inode holds no other path
+    // of the new tree. Two or more kept apart would be joined.
+    let mut live_paired: HashMap<u32, usize> = HashMap::new();
+    for (_, _, lg) in pairs {
+        if let Some(l) = lg {
+            *live_paired.entry(*l).or_default() += 1;
+        }
+    }
+    let apart = |l: &u32| l2s.get(l) == Some(&None) && live_paired.get(l).copied() > Some(1);
     let mut broken_paths = std::collections::HashSet::new();
     for (path, sg, lg) in pairs {
         let broken = sg.is_some_and(|s| bad_src.contains(&s) || s2l.get(&s) == Some(&None))
-            || lg.is_some_and(|l| bad_live.contains(&l) || l2s.get(&l) == Some(&None));
+            || lg.is_some_and(|l| bad_live.contains(&l) || apart(&l));
         if broken {
             plan.changed += 1;
             plan.note(Op::Change, Kind::File, path);
@@ -856,6 +867,23 @@ mod tests {
             .collect();
         assert_eq!(reused, vec![false, false]);
         assert_eq!((p.reused, p.copied), (0, 2));
+
+        // One path of the live group kept as a file apart, the other
+        // rewritten (an image layer writing one path of a hardlinked
+        // file): the kept one is reused, nothing is joined.
+        let mut a2 = a.clone();
+        if let Node::File(file) = &mut a2.node {
+            file.group = None;
+        }
+        let mut b2 = f("b", 9, 9);
+        if let Node::File(file) = &mut b2.node {
+            file.group = None;
+        }
+        let mut src = t(vec![a2, b2]);
+        let p = build(&mut src, Some(&live), &C);
+        assert_eq!(itemized(&p), vec!["~ b"]);
+        assert!(matches!(&src.entries[0].node, Node::File(f) if f.reuse));
+        assert_eq!((p.reused, p.copied), (1, 1));
     }
 
     #[test]

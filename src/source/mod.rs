@@ -150,6 +150,12 @@ pub trait Source: Send + Sync {
         let _ = tree;
         true
     }
+
+    /// Where `intact` said no because of what a new layer holds (not
+    /// drift): one line saying why every layer is fetched after all.
+    fn why_not_intact(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The source a SOURCE argument names: the one place where its kind is

@@ -315,6 +315,11 @@ impl<S: Named> Source for Fetched<S> {
             .filled()
             .is_none_or(|s| !s.seeded() || s.intact(tree))
     }
+
+    fn why_not_intact(&self) -> Option<String> {
+        let why = self.inner.filled()?.why_incomplete()?;
+        Some(format!("{}: {why}", self.label()))
+    }
 }
 
 /// An image in a registry or a layout, resolved at most once per sync.

@@ -120,6 +120,9 @@ struct Borrowed {
     /// Something a later layer needed of a borrowed file (a hardlink to
     /// it): the spool is not what the layers give, only a full apply is.
     incomplete: bool,
+    /// Why, where a layer asked for it (the line the sync shows when it
+    /// then applies every layer).
+    why: Option<String>,
 }
 
 impl Borrowed {
@@ -514,6 +517,14 @@ impl Spool {
             // spool cannot make it (the sync then applies every layer).
             if let Some(b) = &mut self.borrowed {
                 b.incomplete = true;
+                b.why.get_or_insert_with(|| {
+                    format!(
+                        "{} in a new layer is a hardlink to {} of a lower layer, whose bytes \
+                         an update that only adds layers does not fetch: fetching every layer",
+                        escape(path),
+                        escape(target)
+                    )
+                });
             }
             return Ok(());
         }
@@ -702,6 +713,7 @@ impl Spool {
     ) -> Result<Spooled> {
         let incomplete = self.incomplete();
         let seeded = self.borrowed.is_some();
+        let why = self.borrowed.as_ref().and_then(|b| b.why.clone());
         let (root, prefix) = match subpath {
             None => (self.root, Vec::new()),
             Some(p) => {
@@ -730,6 +742,7 @@ impl Spool {
             identity,
             borrowed: std::sync::Mutex::new(self.borrowed.map(|b| b.files)),
             incomplete,
+            why,
             seeded,
         })
     }
@@ -813,6 +826,8 @@ pub struct Spooled {
     /// The borrowed files (`Spool::seed`), until the scan puts them on its tree.
     borrowed: std::sync::Mutex<Option<Listed>>,
     incomplete: bool,
+    /// Why a seeded spool is incomplete, where a layer said.
+    why: Option<String>,
     seeded: bool,
 }
 
@@ -830,6 +845,12 @@ impl Spooled {
     /// Whether the spool was seeded (`Spool::seed`).
     pub fn seeded(&self) -> bool {
         self.seeded
+    }
+
+    /// Why a seeded spool cannot be published as it is, where a layer
+    /// needed what it does not hold (a hardlink to a borrowed file).
+    pub fn why_incomplete(&self) -> Option<&str> {
+        self.why.as_deref()
     }
 
     /// For a seeded spool, after the plan: whether it held all the layers
@@ -1470,6 +1491,11 @@ mod tests {
         apply(&mut s, &upper, true).unwrap();
         assert!(s.incomplete());
         let src = s.finish("x".into(), "id".into(), None).unwrap();
+        let why = src.why_incomplete().unwrap();
+        assert!(
+            why.starts_with("app/again in a new layer is a hardlink to app/lib/a of a lower layer"),
+            "{why}"
+        );
         let tree = src
             .scan(0, &Filter::default(), &Collected::default())
             .unwrap();

@@ -197,3 +197,159 @@ fn platform_variants_match_as_containerd_matches_them() {
         .fails(1, "no image for linux/arm/v5 in the index (it has linux/amd64, linux/arm64, linux/arm/v6, linux/arm/v7");
     assert!(!f.path("vol/none").exists());
 }
+
+/// The layer digests of the manifest `digest` in the layout `dir`.
+fn layer_digests(dir: &std::path::Path, digest: &str) -> Vec<String> {
+    let blob = |d: &str| {
+        dir.join("blobs/sha256")
+            .join(d.strip_prefix("sha256:").unwrap())
+    };
+    let m: serde_json::Value = serde_json::from_slice(&fs::read(blob(digest)).unwrap()).unwrap();
+    m["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["digest"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Copy the layout `from` to `to` (a flat copy of its files).
+fn copy_layout(from: &std::path::Path, to: &std::path::Path) {
+    fs::create_dir_all(to.join("blobs/sha256")).unwrap();
+    for name in ["oci-layout", "index.json"] {
+        fs::copy(from.join(name), to.join(name)).unwrap();
+    }
+    for e in fs::read_dir(from.join("blobs/sha256")).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), to.join("blobs/sha256").join(e.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn a_new_layer_rewriting_one_member_of_a_hardlink_group_fetches_only_that_layer() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    // Lower layers: a group of three paths (h.py, h-link.py, h2.py), a
+    // group of two (p.py, p-link.py), files apart. Each top layer (tags 2,
+    // 3, 4) rewrites one member of a group, as a RUN step that writes one
+    // path of a hardlinked file gives it (overlayfs copies that path up
+    // alone), or links a new path to a lower file.
+    let base = r#"{"compression":"gzip","entries":[
+            {"name":"app","type":"dir"},{"name":"app/lib","type":"dir"},
+            {"name":"app/lib/a.py","data":"a"},{"name":"app/lib/h.py","data":"h"},
+            {"name":"app/lib/h-link.py","type":"hardlink","target":"app/lib/h.py"},
+            {"name":"app/lib/h2.py","type":"hardlink","target":"app/lib/h.py"}]},
+          {"compression":"gzip","entries":[
+            {"name":"app/p.py","data":"p"},
+            {"name":"app/p-link.py","type":"hardlink","target":"app/p.py"}]}"#;
+    let tops = [
+        ("2", r#"{"name":"app/lib/h.py","data":"h rewritten"}"#),
+        ("3", r#"{"name":"app/p-link.py","data":"p-link rewritten"}"#),
+        (
+            "4",
+            r#"{"name":"app/lib/h2.py","data":"h2 rewritten"},{"name":"app/again.py","type":"hardlink","target":"app/lib/a.py"}"#,
+        ),
+    ];
+    let mut images = vec![format!(
+        r#"{{"tag":"1","platforms":[{{"os":"linux","arch":"amd64","layers":[{base}]}}]}}"#
+    )];
+    for (tag, top) in tops {
+        images.push(format!(
+            r#"{{"tag":"{tag}","platforms":[{{"os":"linux","arch":"amd64","layers":[{base},{{"compression":"gzip","entries":[{top}]}}]}}]}}"#
+        ));
+    }
+    let images = format!("[{}]", images.join(","));
+    let mut manifests = std::collections::BTreeMap::new();
+    for tag in ["1", "2", "3", "4"] {
+        manifests.insert(
+            tag,
+            crate::source_oci::write_layout(&layout, &images, tag)[0].clone(),
+        );
+    }
+    let lower = layer_digests(&layout, &manifests["1"]);
+    assert_eq!(lower.len(), 2);
+    // What each image is, from a layout that keeps every blob.
+    let whole = f.path("whole");
+    copy_layout(&layout, &whole);
+    let expected = |tag: &str| {
+        let dest = format!("vol/fresh-{tag}");
+        let src = format!("oci-layout:{}:{tag}", whole.display());
+        f.packsync(&["sync", "--grace", "0", &src, &dest]).ok();
+        let p = f.path(&dest);
+        (tree(&p), links(&p))
+    };
+    let want: Vec<_> = ["2", "3", "4"].iter().map(|t| expected(t)).collect();
+    // The merged trees as overlayfs shows them: the rewritten path apart,
+    // the rest of its group still one inode.
+    assert_eq!(
+        want[0].1,
+        [
+            r#"hardlinks ["app/lib/h-link.py", "app/lib/h2.py"]"#,
+            r#"hardlinks ["app/p-link.py", "app/p.py"]"#
+        ]
+    );
+    assert!(want[0].0.contains(&"app/lib/h.py=h rewritten".to_string()));
+    assert_eq!(
+        want[1].1,
+        [r#"hardlinks ["app/lib/h-link.py", "app/lib/h.py", "app/lib/h2.py"]"#]
+    );
+    assert_eq!(
+        want[2].1,
+        [
+            r#"hardlinks ["app/again.py", "app/lib/a.py"]"#,
+            r#"hardlinks ["app/lib/h-link.py", "app/lib/h.py"]"#,
+            r#"hardlinks ["app/p-link.py", "app/p.py"]"#
+        ]
+    );
+
+    // Each update onto a live generation of tag 1 from a layout without
+    // the lower layers' blobs: only the new top layer can be read.
+    for (i, tag) in ["2", "3", "4"].iter().enumerate() {
+        let dest = format!("vol/up-{tag}");
+        let bare = f.path("bare");
+        let _ = fs::remove_dir_all(&bare);
+        copy_layout(&whole, &bare);
+        let src1 = format!("oci-layout:{}:1", bare.display());
+        f.packsync(&["sync", "--grace", "0", &src1, &dest]).ok();
+        // Tag 4 links a new path to a lower layer's file, whose bytes the
+        // update does not have: every layer is fetched, and one line says why.
+        let shortcut = *tag != "4";
+        if shortcut {
+            for l in &lower {
+                let hex = l.strip_prefix("sha256:").unwrap();
+                fs::remove_file(bare.join("blobs/sha256").join(hex)).unwrap();
+            }
+        }
+        let src = format!("oci-layout:{}:{tag}", bare.display());
+        let run = f
+            .packsync(&["sync", "--grace", "0", "--json", &src, &dest])
+            .ok();
+        let v = json(&run);
+        assert_eq!(v["status"], "synced", "{v}");
+        let warnings = v["warnings"].as_array().unwrap();
+        if shortcut {
+            assert!(warnings.is_empty(), "{v}");
+        } else {
+            assert_eq!(warnings.len(), 1, "{v}");
+            let w = warnings[0].as_str().unwrap();
+            assert!(
+                w.contains(&format!("{src}: app/again.py in a new layer is a hardlink to app/lib/a.py of a lower layer"))
+                    && w.ends_with("fetching every layer"),
+                "{w}"
+            );
+        }
+        let p = f.path(&dest);
+        assert_eq!((tree(&p), links(&p)), want[i], "tag {tag}");
+        // The generation a fresh sync of the image makes, byte for byte.
+        assert_eq!(
+            fs::read_link(&p).unwrap().file_name(),
+            fs::read_link(f.path(&format!("vol/fresh-{tag}")))
+                .unwrap()
+                .file_name(),
+            "tag {tag}"
+        );
+    }
+}
