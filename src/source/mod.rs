@@ -3,8 +3,9 @@
 //! see only the `Tree` and these calls, never what kind of source it is.
 //!
 //! `open` is the one place that decides the kind of a SOURCE argument: a
-//! directory (`dir.rs`), or a FILE holding an archive (`archive.rs`, told by
-//! its content; `tar.rs` reads it). A kind whose content arrives as a stream
+//! directory (`dir.rs`), a FILE holding an archive (`archive.rs`, told by
+//! its content; `tar.rs` reads it), an image (`oci.rs`: in a registry, a
+//! layout directory, or an image archive FILE, `oci_archive.rs`), a URL. A kind whose content arrives as a stream
 //! (an archive, an image's layers) implements `spool::Stream`: before the
 //! scan, `spool_all` materialises it into a private spool inside this
 //! writer's staging directory (`spool.rs`), which is then scanned like a
@@ -16,6 +17,7 @@ mod archive;
 mod dir;
 mod http;
 pub(crate) mod oci;
+mod oci_archive;
 pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;
@@ -174,6 +176,11 @@ pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
         if text.starts_with("oci-layout:") {
             return Ok(Box::new(oci::Fetched::new(oci::open_layout(text, remote)?)));
         }
+        if text.starts_with("oci-archive:") || text.starts_with("docker-archive:") {
+            return Ok(Box::new(oci::Fetched::new(oci::open_archive(
+                text, remote,
+            )?)));
+        }
         if text.starts_with("https://") || text.starts_with("http://") {
             return Ok(Box::new(oci::Fetched::new(http::open(text, remote)?)));
         }
@@ -203,8 +210,13 @@ pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
 
 /// A regular FILE: an archive, or exit 2. Its SHA-256 is its identity:
 /// the same file again is up to date without being unpacked
-/// (`Source::unchanged_since`).
+/// (`Source::unchanged_since`). A FILE that is an image archive (`podman
+/// save`, `docker save`) is exit 2 with a line naming the SOURCE form
+/// that reads it, not unpacked as a tar of `blobs/`.
 fn open_file(file: &Path, shown: String, sub: Option<Vec<u8>>) -> Result<Box<dyn Source>> {
+    if let Some(hint) = oci_archive::image_hint(file, &shown) {
+        return Err(error::usage(hint));
+    }
     Ok(Box::new(oci::Fetched::new(Archive::open(
         file, shown, sub,
     )?)))

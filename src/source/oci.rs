@@ -1,5 +1,7 @@
-//! Image sources: `oci://HOST[:PORT]/REPO[:TAG][@sha256:…]` (a registry)
-//! and `oci-layout:DIR[:TAG]` (an OCI image layout on disk). The root
+//! Image sources: `oci://HOST[:PORT]/REPO[:TAG][@sha256:…]` (a registry),
+//! `oci-layout:DIR[:TAG]` (an OCI image layout on disk), and
+//! `oci-archive:FILE[:TAG]`, `docker-archive:FILE[:REF]` (an image saved
+//! as a tar: `oci_archive.rs`). The root
 //! filesystem of the image is its layers applied in order, with OCI
 //! whiteouts, into the spool (`spool::Spool::apply`); each layer is checked
 //! for size and digest as it streams (`oci_fetch`). The identity a
@@ -354,6 +356,27 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         subpath,
         platform: platform_of(remote),
         path: None,
+        resolved: Mutex::new(None),
+        resume: Mutex::new(None),
+        applied: Mutex::new(None),
+    })
+}
+
+/// `oci-archive:FILE[:TAG]` and `docker-archive:FILE[:NAME:TAG|:@N]`:
+/// FILE must be an uncompressed tar of an image (exit 2 otherwise).
+pub fn open_archive(arg: &str, remote: &Remote) -> Result<Image> {
+    let parts = if arg.starts_with("oci-archive:") {
+        super::oci_archive::open_oci(arg)?
+    } else {
+        super::oci_archive::open_docker(arg)?
+    };
+    Ok(Image {
+        store: parts.store,
+        label: arg.to_string(),
+        base: parts.base,
+        subpath: parts.subpath,
+        platform: platform_of(remote),
+        path: Some(parts.path),
         resolved: Mutex::new(None),
         resume: Mutex::new(None),
         applied: Mutex::new(None),

@@ -353,3 +353,324 @@ fn a_new_layer_rewriting_one_member_of_a_hardlink_group_fetches_only_that_layer(
         );
     }
 }
+
+/// An uncompressed ustar archive of `members` (a name ending in `/` is a
+/// directory), as `skopeo copy … oci-archive:` and `podman save` write
+/// them: the outer tar of an image archive.
+fn outer_tar(members: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, data) in members {
+        let mut h = [0u8; 512];
+        assert!(name.len() < 100, "{name}");
+        h[..name.len()].copy_from_slice(name.as_bytes());
+        let dir = name.ends_with('/');
+        let octal = |h: &mut [u8; 512], at: usize, len: usize, v: u64| {
+            let s = format!("{v:0w$o}\0", w = len - 1);
+            h[at..at + len].copy_from_slice(s.as_bytes());
+        };
+        octal(&mut h, 100, 8, if dir { 0o755 } else { 0o644 });
+        octal(&mut h, 108, 8, 0);
+        octal(&mut h, 116, 8, 0);
+        octal(&mut h, 124, 12, if dir { 0 } else { data.len() as u64 });
+        octal(&mut h, 136, 12, 1_700_000_000);
+        h[156] = if dir { b'5' } else { b'0' };
+        h[257..263].copy_from_slice(b"ustar\0");
+        h[263..265].copy_from_slice(b"00");
+        h[148..156].copy_from_slice(b"        ");
+        let sum: u32 = h.iter().map(|&b| b as u32).sum();
+        h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+        out.extend_from_slice(&h);
+        if !dir {
+            out.extend_from_slice(data);
+            out.resize(out.len().div_ceil(512) * 512, 0);
+        }
+    }
+    out.resize(out.len() + 1024, 0);
+    out
+}
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The files of the layout `dir` as members of an oci-archive.
+fn oci_archive_of(dir: &std::path::Path) -> Vec<u8> {
+    let mut members = vec![
+        (
+            "oci-layout".to_string(),
+            fs::read(dir.join("oci-layout")).unwrap(),
+        ),
+        ("blobs/".to_string(), Vec::new()),
+        ("blobs/sha256/".to_string(), Vec::new()),
+    ];
+    let mut blobs: Vec<_> = fs::read_dir(dir.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    blobs.sort();
+    for b in blobs {
+        let name = format!("blobs/sha256/{}", b.file_name().unwrap().to_string_lossy());
+        members.push((name, fs::read(&b).unwrap()));
+    }
+    // skopeo writes index.json last.
+    members.push((
+        "index.json".to_string(),
+        fs::read(dir.join("index.json")).unwrap(),
+    ));
+    outer_tar(&members)
+}
+
+/// Flip one byte of the member `name`'s data inside the tar `bytes`.
+fn corrupt_member(bytes: &mut [u8], name: &str) {
+    let mut at = 0;
+    while at + 512 <= bytes.len() && bytes[at] != 0 {
+        let h = &bytes[at..at + 512];
+        let n = h.iter().take(100).position(|&b| b == 0).unwrap_or(100);
+        let size = u64::from_str_radix(
+            std::str::from_utf8(&h[124..135])
+                .unwrap()
+                .trim_matches('\0'),
+            8,
+        )
+        .unwrap() as usize;
+        if &h[..n] == name.as_bytes() {
+            bytes[at + 512 + size / 2] ^= 0xff;
+            return;
+        }
+        at += 512 + size.div_ceil(512) * 512;
+    }
+    panic!("no member {name}");
+}
+
+#[test]
+fn an_oci_archive_is_an_image_source_and_a_plain_file_gets_a_hint() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    let images = r#"[{"tag":"1.0","platforms":[
+        {"os":"linux","arch":"amd64","layers":[
+          {"compression":"gzip","entries":[{"name":"opt","type":"dir"},
+            {"name":"opt/packs","type":"dir"},{"name":"opt/packs/core.yaml","data":"core"},
+            {"name":"opt/packs/gone.yaml","data":"removed by the next layer"},
+            {"name":"opt/packs/st2.yaml","data":"st2"},
+            {"name":"opt/packs/st2-link.yaml","type":"hardlink","target":"opt/packs/st2.yaml"}]},
+          {"compression":"none","entries":[{"name":"opt/packs/.wh.gone.yaml"},
+            {"name":"etc","type":"dir"},{"name":"etc/motd","data":"hello"}]}]},
+        {"os":"linux","arch":"arm64","layers":[
+          {"compression":"gzip","entries":[{"name":"arm","data":"arm"}]}]}]}]"#;
+    let platforms = crate::source_oci::write_layout(&layout, images, "1.0");
+    fs::write(f.path("img.tar"), oci_archive_of(&layout)).unwrap();
+    // What the same image gives from the layout directory.
+    let lay = format!("oci-layout:{}:1.0", layout.display());
+    let amd64 = ["--platform", "linux/amd64"];
+    let run = |src: &str, dest: &str| {
+        let mut args = vec!["sync", "--grace", "0"];
+        args.extend(amd64);
+        args.extend([src, dest]);
+        f.packsync(&args)
+    };
+    run(&lay, "vol/from-layout").ok();
+    let want = tree(&f.path("vol/from-layout"));
+    assert!(
+        want.contains(&"opt/packs/st2-link.yaml=st2".to_string()),
+        "{want:?}"
+    );
+
+    run("oci-archive:img.tar:1.0", "vol/packs").ok();
+    assert_eq!(tree(&f.dest()), want);
+    assert_eq!(links(&f.dest()), links(&f.path("vol/from-layout")));
+    let status = f.packsync(&["status", "vol/packs"]).ok();
+    let archive = fs::canonicalize(f.path("img.tar")).unwrap();
+    let id = format!("oci-archive:{}@{}", archive.display(), platforms[0]);
+    assert!(status.stdout.contains(&id), "{}", status.stdout);
+    // Without a tag: the only image; the same again is up to date and
+    // writes nothing.
+    let again = f.unchanged_by(|| run("oci-archive:img.tar", "vol/packs").ok());
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+    // //PATH and --platform as for any image.
+    run("oci-archive:img.tar:1.0//opt/packs", "vol/sub").ok();
+    assert_eq!(
+        tree(&f.path("vol/sub")),
+        ["core.yaml=core", "st2-link.yaml=st2", "st2.yaml=st2"]
+    );
+    f.packsync(&[
+        "sync",
+        "--platform",
+        "linux/arm64",
+        "oci-archive:img.tar",
+        "vol/arm",
+    ])
+    .ok();
+    assert_eq!(tree(&f.path("vol/arm")), ["arm=arm"]);
+
+    // Refusals: a tag the archive lacks, a layer that is not what its
+    // digest says (exit 1, nothing changed), a file that is no tar.
+    f.refused(
+        &["sync", "oci-archive:img.tar:2.0", "vol/packs"],
+        1,
+        "no tag 2.0 in the layout (it has 1.0)",
+    );
+    let layer = layer_digests(&layout, &platforms[0])[0].clone();
+    let mut bad = fs::read(f.path("img.tar")).unwrap();
+    corrupt_member(&mut bad, &format!("blobs/sha256/{}", &layer[7..]));
+    fs::write(f.path("bad.tar"), bad).unwrap();
+    let mut args = vec!["sync", "--grace", "0"];
+    args.extend(amd64);
+    args.extend(["oci-archive:bad.tar:1.0", "vol/packs"]);
+    f.unchanged_but_staging(|| f.packsync(&args).fails(1, "digest mismatch"));
+    fs::write(f.path("notar"), "plain words").unwrap();
+    f.refused(
+        &["sync", "oci-archive:notar", "vol/packs"],
+        2,
+        "oci-archive:notar: not an image archive",
+    );
+    f.refused(
+        &["sync", "oci-archive:missing.tar", "vol/packs"],
+        2,
+        "missing.tar: no such file",
+    );
+
+    // The archive as a plain FILE SOURCE: exit 2 with the form to use,
+    // nothing unpacked.
+    f.refused(
+        &["sync", "img.tar", "vol/packs"],
+        2,
+        "img.tar is an OCI image archive: use oci-archive:img.tar",
+    );
+}
+
+/// A `podman save` docker-archive of one image: `manifest.json`, the
+/// config as `HEX.json`, each layer an uncompressed tar named `HEX.tar`
+/// (its diff_id), or, with `legacy`, `ID/layer.tar` as Docker wrote it.
+fn docker_archive(layers: &[Vec<u8>], tags: &[&str], legacy: bool) -> (Vec<u8>, String) {
+    let diff_ids: Vec<String> = layers
+        .iter()
+        .map(|l| format!("sha256:{}", sha256_hex(l)))
+        .collect();
+    let config = serde_json::to_vec(&serde_json::json!({
+        "architecture": "amd64", "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }))
+    .unwrap();
+    let config_hex = sha256_hex(&config);
+    let mut members = Vec::new();
+    let mut names = Vec::new();
+    for (i, l) in layers.iter().enumerate() {
+        let name = if legacy {
+            let id = format!("{i:064x}");
+            members.push((format!("{id}/"), Vec::new()));
+            members.push((format!("{id}/VERSION"), b"1.0".to_vec()));
+            format!("{id}/layer.tar")
+        } else {
+            format!("{}.tar", sha256_hex(l))
+        };
+        members.push((name.clone(), l.clone()));
+        names.push(name);
+    }
+    members.push((format!("{config_hex}.json"), config));
+    let manifest = serde_json::json!([{
+        "Config": format!("{config_hex}.json"), "RepoTags": tags, "Layers": names,
+    }]);
+    members.push((
+        "manifest.json".into(),
+        serde_json::to_vec(&manifest).unwrap(),
+    ));
+    (outer_tar(&members), format!("sha256:{config_hex}"))
+}
+
+#[test]
+fn a_docker_archive_is_an_image_source_checked_against_its_diff_ids() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let f = Fixture::new();
+    let lower = tar_of(
+        r#"[{"name":"app","type":"dir"},{"name":"app/a.py","data":"a"},
+            {"name":"app/gone.py","data":"gone"},
+            {"name":"app/b.py","data":"b"},{"name":"app/b-link.py","type":"hardlink","target":"app/b.py"}]"#,
+        false,
+    );
+    let upper = tar_of(
+        r#"[{"name":"app/.wh.gone.py"},{"name":"app/c.py","data":"c"}]"#,
+        false,
+    );
+    let want = [
+        "app/",
+        "app/a.py=a",
+        "app/b-link.py=b",
+        "app/b.py=b",
+        "app/c.py=c",
+    ];
+    for legacy in [false, true] {
+        let (bytes, id) = docker_archive(
+            &[lower.clone(), upper.clone()],
+            &["localhost/app:1.0"],
+            legacy,
+        );
+        fs::write(f.path("saved.tar"), &bytes).unwrap();
+        let dest = format!("vol/legacy-{legacy}");
+        f.packsync(&["sync", "--grace", "0", "docker-archive:saved.tar", &dest])
+            .ok();
+        assert_eq!(tree(&f.path(&dest)), want, "legacy {legacy}");
+        assert_eq!(
+            links(&f.path(&dest)),
+            [r#"hardlinks ["app/b-link.py", "app/b.py"]"#]
+        );
+        // Named by the image ID (its config's digest).
+        let status = f.packsync(&["status", &dest]).ok();
+        let file = fs::canonicalize(f.path("saved.tar")).unwrap();
+        assert!(
+            status
+                .stdout
+                .contains(&format!("docker-archive:{}@{id}", file.display())),
+            "{}",
+            status.stdout
+        );
+    }
+    // By its tag (as podman writes it, or as the user types it), or by index.
+    for src in [
+        "docker-archive:saved.tar:app:1.0",
+        "docker-archive:saved.tar:localhost/app:1.0",
+        "docker-archive:saved.tar:@0",
+    ] {
+        f.packsync(&["sync", "--grace", "0", src, "vol/packs"]).ok();
+        assert_eq!(tree(&f.path("vol/packs")), want, "{src}");
+    }
+    f.refused(
+        &["sync", "docker-archive:saved.tar:app:2.0", "vol/packs"],
+        1,
+        "no image app:2.0 in the archive (it has localhost/app:1.0)",
+    );
+    // A layer that is not what the config's diff_ids say: exit 1.
+    let (bytes, _) = docker_archive(&[lower.clone(), upper.clone()], &["app:1.0"], true);
+    let mut bad = bytes.clone();
+    let needle = upper.clone();
+    let start = bad
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap();
+    bad[start + 512] ^= 1; // the first data block of the layer: "c"
+    fs::write(f.path("bad.tar"), bad).unwrap();
+    f.unchanged_but_staging(|| {
+        f.packsync(&[
+            "sync",
+            "--grace",
+            "0",
+            "docker-archive:bad.tar",
+            "vol/packs",
+        ])
+        .fails(1, "digest mismatch")
+    });
+    // As a plain FILE SOURCE: the hint.
+    f.refused(
+        &["sync", "saved.tar", "vol/packs"],
+        2,
+        "saved.tar is a Docker image archive (docker save): use docker-archive:saved.tar",
+    );
+}
