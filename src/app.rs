@@ -288,7 +288,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let warnings = Collected::default();
     let recorded = recorded_tree(cfg, &sources, state.as_ref(), &dest, shortcut)?;
     let noop = recorded.is_some();
-    let resumed = !noop && resume_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
+    let resumed = !noop && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -889,6 +889,7 @@ fn recorded_tree(
 /// starts again without the shortcut: a drifted file is repaired.
 fn resume_live(
     cfg: &SyncConfig,
+    vol: &Volume,
     sources: &Sources,
     state: Option<&State>,
     dest: &Dest,
@@ -913,9 +914,12 @@ fn resume_live(
     let Some(record) = header.layers_of(0) else {
         return Ok(false);
     };
+    // The live tree as its manifest records it, and its root: a file a
+    // new layer links to is read from there (checked by its hash).
     let base = || {
         let (mut r, _) = state.manifest_reader(gen).ok()?;
-        Manifest::read_checked(&mut r).ok().map(|m| m.tree)
+        let tree = Manifest::read_checked(&mut r).ok()?.tree;
+        Some((tree, layout::open_generation(vol, state, gen).ok()))
     };
     sources.all[0].resume(record, &shape, &base)
 }

@@ -140,7 +140,12 @@ pub trait Source: Send + Sync {
     /// reads the live tree as its manifest records it. Then the spool
     /// lists the live files instead of fetching them, and after the plan
     /// `intact` must hold, else the sync starts again without this.
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
     }

@@ -48,7 +48,12 @@ pub trait Named: Stream {
     }
 
     /// `Source::resume`.
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
     }
@@ -75,7 +80,12 @@ impl Named for Image {
         )
     }
 
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         let Some(rec) = Record::parse(record) else {
             return Ok(false);
         };
@@ -96,7 +106,7 @@ impl Named for Image {
         if !below {
             return Ok(false);
         }
-        let Some(tree) = base() else {
+        let Some((tree, live)) = base() else {
             return Ok(false);
         };
         *self.resume.lock().unwrap() = Some((
@@ -104,6 +114,7 @@ impl Named for Image {
                 tree,
                 newest: rec.newest,
                 root_given: rec.root_given,
+                live,
             },
             rec.layers.len(),
         ));
@@ -308,7 +319,12 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.stream().record(spooled, shape)
     }
 
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         self.inner.stream().resume(record, shape, base)
     }
 
