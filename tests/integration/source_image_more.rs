@@ -121,6 +121,23 @@ fn an_unchanged_archive_is_up_to_date_without_unpacking_and_drift_is_repaired() 
     assert_eq!(links(&f.dest()), want_links);
     assert_eq!(sync_json(&f, "bundle.tar.gz")["status"], "up to date");
 
+    // Drift in the hardlinks alone: the two links of b.py made two files
+    // (same bytes, mode and mtime) is repaired too.
+    let live = fs::canonicalize(f.dest()).unwrap();
+    let link = live.join("app/b-link.py");
+    let m = fs::metadata(&link).unwrap();
+    let app = fs::metadata(live.join("app")).unwrap();
+    fs::remove_file(&link).unwrap();
+    fs::copy(live.join("app/b.py"), &link).unwrap();
+    crate::fixture::set_mtime(&link, m.mtime(), m.mtime_nsec() as u32);
+    let at = live.join("app");
+    crate::fixture::set_mtime(&at, app.mtime(), app.mtime_nsec() as u32);
+    assert!(links(&f.dest()).is_empty());
+    let relinked = sync_json(&f, "bundle.tar.gz");
+    assert_eq!(relinked["status"], "synced", "{relinked}");
+    assert_eq!(links(&f.dest()), want_links);
+    assert_eq!(sync_json(&f, "bundle.tar.gz")["status"], "up to date");
+
     // The same archive, another //PATH: another tree, not up to date.
     let sub = sync_json(&f, "bundle.tar.gz//app");
     assert_eq!(sub["status"], "synced", "{sub}");
