@@ -35,6 +35,9 @@ use crate::sys;
 
 /// More members than any image archive holds (each layer is one to four).
 const MAX_MEMBERS: usize = 1 << 16;
+/// The names of all members together, at most (a hostile tar's 64 KiB
+/// names would otherwise add up to gigabytes).
+const MAX_NAME_BYTES: usize = 16 << 20;
 /// How many symlinks one member name may go through.
 const MAX_HOPS: usize = 8;
 
@@ -158,10 +161,19 @@ impl Members {
         }
         let fd = Arc::new(fd);
         let mut by_name = HashMap::new();
+        let mut bytes = 0usize;
         Members::walk(&fd, |name, m| {
+            bytes += name.len()
+                + match m {
+                    Member::Symlink(t) | Member::Hardlink(t) => t.len(),
+                    _ => 0,
+                };
             by_name.insert(name.to_vec(), m.clone());
-            true
+            bytes <= MAX_NAME_BYTES
         })?;
+        if bytes > MAX_NAME_BYTES {
+            bail!("member names longer than {MAX_NAME_BYTES} bytes in all");
+        }
         Ok(Members { fd, by_name })
     }
 
@@ -701,6 +713,21 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("compressed"), "{e}");
+    }
+
+    #[test]
+    fn member_names_are_bounded_in_all() {
+        use super::super::tar::tests::pax;
+        // 300 members of 60 KiB names each: 18 MB of names.
+        let mut entries: Vec<([u8; 512], Vec<u8>)> = Vec::new();
+        for i in 0..300 {
+            let rec = pax("path", &format!("{i}{}", "n".repeat(60 << 10)));
+            entries.push((header(b"x", b'x', rec.len() as u64, b""), rec));
+            entries.push((header(b"f", b'0', 0, b""), Vec::new()));
+        }
+        let refs: Vec<([u8; 512], &[u8])> = entries.iter().map(|(h, d)| (*h, &d[..])).collect();
+        let e = members(&archive(&refs)).err().unwrap().to_string();
+        assert!(e.contains("member names longer than"), "{e}");
     }
 
     #[test]
