@@ -205,7 +205,7 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
-    let err = match round_with(cfg, pass, true) {
+    let err = match round_with(cfg, pass, true, None) {
         Err(e) if !cfg.dry_run && out_of_space(&e) => e,
         done => return done,
     };
@@ -221,13 +221,11 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     if freed == 0 {
         return Err(err);
     }
-    let round = round_with(cfg, pass, true)?;
     let line = format!(
         "the volume was full: removed the staging of {freed} dead writer{} and tried again",
         if freed == 1 { "" } else { "s" }
     );
-    round.console.warn(&line);
-    Ok(round)
+    round_with(cfg, pass, true, Some(line))
 }
 
 /// Whether `e` was caused by a full volume or an exhausted quota.
@@ -242,8 +240,8 @@ fn out_of_space(e: &anyhow::Error) -> bool {
 /// live generation (an image tag on the same digest, a URL answering 304)
 /// are not fetched, the live manifest's entries standing in for them. If
 /// the live tree drifted from them after all, the round starts again
-/// without the shortcut.
-fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
+/// without the shortcut. `note`: why it starts again, shown as a warning.
+fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>) -> Result<Round> {
     let start = Instant::now();
     // Validate: nothing is written before the guards have passed.
     crate::source::spool::limit_entries(cfg.max_entries);
@@ -257,15 +255,24 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     } else {
         Console::new(output, bar)
     };
+    if let Some(n) = note {
+        console.warn(&n);
+    }
 
-    // A directory at a time, the sources against the live generation: a
-    // sync that finds nothing to do ends here, having held no whole tree.
+    // A directory at a time, the sources against the live generation (or,
+    // for sources unchanged since it, the live generation against its
+    // manifest): a sync that finds nothing to do ends here, having held no
+    // whole tree.
     let state = vol.state(false)?;
     let adjust = Adjust::of(cfg);
-    if let Some(q) = state
-        .as_ref()
-        .and_then(|state| quick(cfg, &vol, state, &dest, &sources, &adjust))
-    {
+    let same_gen = unchanged_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
+    let quick = state.as_ref().and_then(|state| {
+        quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
+            let gen = same_gen.as_ref()?;
+            recorded_quick(cfg, &vol, state, gen, &adjust)
+        })
+    });
+    if let Some(q) = quick {
         let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
         let totals = Totals {
             empty: q.compared.entries == 0,
@@ -322,9 +329,12 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     // directory made only for it goes again if the sync stops short of
     // staging (`MadeState`).
     let warnings = Collected::default();
-    let recorded = recorded_tree(cfg, &sources, state.as_ref(), &dest, shortcut)?;
+    let recorded = match (&same_gen, state.as_ref()) {
+        (Some(gen), Some(state)) => recorded_tree(state, gen),
+        _ => None,
+    };
     let noop = recorded.is_some();
-    let resumed = !noop && resume_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
+    let resumed = !noop && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -374,13 +384,15 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool) -> Result<Round> {
     if noop && !up_to_date(cfg, &plan, &live) {
         // Drift (or a new label): fetch after all.
         drop((live, made));
-        return round_with(cfg, pass, false);
+        return round_with(cfg, pass, false, None);
     }
     if resumed && !sources.all.iter().all(|s| s.intact(&tree)) {
         // A file taken from the live generation drifted there (or a new
-        // layer needed a lower one's file): fetch every layer after all.
+        // layer needed a lower one's file: that is said): fetch every
+        // layer after all.
+        let why = sources.all.iter().find_map(|s| s.why_not_intact());
         drop((live, made, early, scratch));
-        return round_with(cfg, pass, false);
+        return round_with(cfg, pass, false, why);
     }
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
     let live_names: Option<Vec<&[u8]>> = live
@@ -848,6 +860,7 @@ fn quick(
             // Directories only: compared by metadata, as a directory sync is.
             by_content: 0,
         },
+        recorded: None,
     };
     let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
     Some(Quick {
@@ -860,21 +873,20 @@ fn quick(
 
 /// Ask every SOURCE whether it still holds what the live generation's
 /// manifest names for it (`Source::unchanged_since`): a remote kind
-/// answers with one request (resolving a tag, a conditional GET), before
-/// anything is written, so a 401, a 404 or a server that is down fails
-/// here with the volume untouched. When every one says yes, the live
-/// generation's tree as its manifest records it: nothing is fetched, and
-/// plan compares the live tree with it by size, mtime and mode (file
-/// hashes left out), the drift check. `None` otherwise (no live
-/// generation, another number of sources, `--checksum`, a directory or
-/// archive source, `shortcut` off).
-fn recorded_tree(
+/// answers with one request (resolving a tag, a conditional GET), an
+/// archive by hashing its file (no entry unpacked), before anything is
+/// written, so a 401, a 404 or a server that is down fails here with the
+/// volume untouched. Every source is asked (each remote one resolves now),
+/// even after a no. The live generation when every one says yes; `None`
+/// otherwise (no live generation, another number of sources,
+/// `--checksum`, a directory source, `shortcut` off).
+fn unchanged_live(
     cfg: &SyncConfig,
     sources: &Sources,
     state: Option<&State>,
     dest: &Dest,
     shortcut: bool,
-) -> Result<Option<Tree>> {
+) -> Result<Option<String>> {
     let header = match (dest, state) {
         (Dest::Live(gen), Some(state)) if shortcut && !cfg.checksum => state
             .manifest_reader(gen)
@@ -890,24 +902,78 @@ fn recorded_tree(
     let mut all = recorded.is_some();
     for (i, s) in sources.all.iter().enumerate() {
         let r = recorded.map_or("", |r| r[i].as_str());
-        // Every source is asked (each remote one resolves now), even after a no.
         all &= s.unchanged_since(r)? && recorded.is_some();
     }
-    let (Some((gen, _)), Some(state), true) = (header, state, all) else {
-        return Ok(None);
+    Ok(header.filter(|_| all).map(|(gen, _)| gen.clone()))
+}
+
+/// For sources unchanged since the live generation `gen`
+/// (`unchanged_live`): whether its tree is still what its manifest
+/// records, decided a directory at a time (`scan::compare_live` over the
+/// manifest's index), so that the sync is up to date holding no whole
+/// tree. `None` where it is not (drift: the whole-tree path below fetches
+/// and repairs), or where this compare does not apply (`--dry-run`, a new
+/// label, a volume without hardlinks, a manifest that does not index).
+fn recorded_quick(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    gen: &str,
+    adjust: &Adjust<'_>,
+) -> Option<Quick> {
+    if cfg.dry_run || cfg.checksum {
+        return None;
+    }
+    let (mut r, shown) = state.manifest_reader(gen).ok()?;
+    let header = Manifest::read_header(&mut r).ok()?;
+    if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
+        return None;
+    }
+    let file = Box::new(std::os::fd::OwnedFd::from(r.get_ref().try_clone().ok()?));
+    let index = crate::index::Index::build(r, file, shown).ok()?;
+    let live = layout::open_generation(vol, state, gen).ok()?;
+    let live_label = format!("{}/gen/{gen}", state.path.display());
+    let warnings = Collected::default();
+    let against = scan::Against {
+        sources: &[],
+        live: &live,
+        live_label: &live_label,
+        filter: &cfg.filter,
+        reporter: &warnings,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        compare: Compare {
+            owners: adjust.mirrored,
+            checksum: false,
+            granularity_ns: header.granularity_ns,
+            link_meta: header.link_meta,
+            // By size, mtime and mode, as the whole-tree drift check is.
+            by_content: 0,
+        },
+        recorded: Some(&index),
     };
-    let Ok((mut r, _)) = state.manifest_reader(gen) else {
-        return Ok(None);
-    };
-    let Ok(mut m) = Manifest::read(&mut r) else {
-        return Ok(None);
-    };
+    let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
+    Some(Quick {
+        gen: gen.to_string(),
+        header,
+        compared,
+        warnings,
+    })
+}
+
+/// The live generation `gen`'s tree as its manifest records it, for
+/// sources unchanged since (`unchanged_live`) where `recorded_quick` did
+/// not find it up to date: nothing is fetched, and plan compares the live
+/// tree with it by size, mtime and mode (file hashes left out), the drift
+/// check. `None` if the manifest cannot be read.
+fn recorded_tree(state: &State, gen: &str) -> Option<Tree> {
+    let (mut r, _) = state.manifest_reader(gen).ok()?;
+    let mut m = Manifest::read(&mut r).ok()?;
     m.tree.for_each_mut(&mut |_, e| {
         if let Node::File(f) = &mut e.node {
             f.hash = None;
         }
     });
-    Ok(Some(m.tree))
+    Some(m.tree)
 }
 
 /// After `recorded_tree` said no: whether the one SOURCE can start from
@@ -922,6 +988,7 @@ fn recorded_tree(
 /// starts again without the shortcut: a drifted file is repaired.
 fn resume_live(
     cfg: &SyncConfig,
+    vol: &Volume,
     sources: &Sources,
     state: Option<&State>,
     dest: &Dest,
@@ -946,9 +1013,12 @@ fn resume_live(
     let Some(record) = header.layers_of(0) else {
         return Ok(false);
     };
+    // The live tree as its manifest records it, and its root: a file a
+    // new layer links to is read from there (checked by its hash).
     let base = || {
         let (mut r, _) = state.manifest_reader(gen).ok()?;
-        Manifest::read_checked(&mut r).ok().map(|m| m.tree)
+        let tree = Manifest::read_checked(&mut r).ok()?.tree;
+        Some((tree, layout::open_generation(vol, state, gen).ok()))
     };
     sources.all[0].resume(record, &shape, &base)
 }

@@ -281,8 +281,9 @@ fn build_with(src: &mut Tree, live: Option<&Tree>, c: &Compare, list: bool) -> P
     plan
 }
 
-/// (path, source group, live group) of every file kept equal, to check hardlinks.
-type Pair = (Vec<u8>, Option<u32>, Option<u32>);
+/// (path, source group, live group, the source inode where the file has
+/// links outside the tree) of every file kept equal, to check hardlinks.
+type Pair = (Vec<u8>, Option<u32>, Option<u32>, Option<(u64, u64)>);
 
 fn diff(
     src: &mut [Entry],
@@ -351,7 +352,8 @@ fn diff(
                         if same {
                             if let (Node::File(sf), Node::File(lf)) = (&s.node, &l.node) {
                                 if sf.group.is_some() || lf.group.is_some() {
-                                    pairs.push((prefix.clone(), sf.group, lf.group));
+                                    let outside = (sf.nlink > 1).then_some((sf.dev, sf.ino));
+                                    pairs.push((prefix.clone(), sf.group, lf.group, outside));
                                 }
                             }
                         }
@@ -411,7 +413,7 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
     let mut l2s: HashMap<u32, Option<u32>> = HashMap::new();
     let mut bad_src = std::collections::HashSet::new();
     let mut bad_live = std::collections::HashSet::new();
-    for (_, sg, lg) in pairs {
+    for (_, sg, lg, _) in pairs {
         if let Some(s) = sg {
             if *s2l.entry(*s).or_insert(*lg) != *lg {
                 bad_src.insert(*s);
@@ -433,7 +435,7 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
         }
     });
     let mut paired: HashMap<u32, usize> = HashMap::new();
-    for (_, sg, _) in pairs {
+    for (_, sg, _, _) in pairs {
         if let Some(s) = sg {
             *paired.entry(*s).or_default() += 1;
         }
@@ -443,10 +445,26 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
             bad_src.insert(*g);
         }
     }
+    // A live group whose paths are kept as files apart in the tree is
+    // reused where they are one source inode with links outside the tree
+    // (an image layer rewrote the group's other paths: overlayfs copies
+    // one path up alone), as the streamed stage decides (`may_reuse`):
+    // its inode then holds no other source inode's paths. A file of one
+    // link never takes a live group's inode.
+    let mut apart_ok: HashMap<u32, Option<(u64, u64)>> = HashMap::new();
+    for (_, _, lg, outside) in pairs {
+        if let Some(l) = lg {
+            let slot = apart_ok.entry(*l).or_insert(*outside);
+            if *slot != *outside {
+                *slot = None;
+            }
+        }
+    }
+    let apart = |l: &u32| l2s.get(l) == Some(&None) && apart_ok.get(l).copied().flatten().is_none();
     let mut broken_paths = std::collections::HashSet::new();
-    for (path, sg, lg) in pairs {
+    for (path, sg, lg, _) in pairs {
         let broken = sg.is_some_and(|s| bad_src.contains(&s) || s2l.get(&s) == Some(&None))
-            || lg.is_some_and(|l| bad_live.contains(&l) || l2s.get(&l) == Some(&None));
+            || lg.is_some_and(|l| bad_live.contains(&l) || apart(&l));
         if broken {
             plan.changed += 1;
             plan.note(Op::Change, Kind::File, path);
@@ -855,6 +873,34 @@ mod tests {
             .map(|e| matches!(&e.node, Node::File(f) if f.reuse))
             .collect();
         assert_eq!(reused, vec![false, false]);
+        assert_eq!((p.reused, p.copied), (0, 2));
+
+        // One path of the live group kept as a file apart, the other
+        // rewritten (an image layer writing one path of a hardlinked
+        // file): the kept one is reused, nothing is joined.
+        let mut a2 = a.clone();
+        if let Node::File(file) = &mut a2.node {
+            file.group = None;
+            // Its other link is outside the tree (a seeded spool's, the
+            // group's count): one link would never take a live group's inode.
+            file.nlink = 2;
+        }
+        let mut b2 = f("b", 9, 9);
+        if let Node::File(file) = &mut b2.node {
+            file.group = None;
+        }
+        let mut src = t(vec![a2.clone(), b2.clone()]);
+        let p = build(&mut src, Some(&live), &C);
+        assert_eq!(itemized(&p), vec!["~ b"]);
+        assert!(matches!(&src.entries[0].node, Node::File(f) if f.reuse));
+        assert_eq!((p.reused, p.copied), (1, 1));
+        // The same file of one link: copied, as the streamed stage does.
+        if let Node::File(file) = &mut a2.node {
+            file.nlink = 1;
+        }
+        let mut src = t(vec![a2, b2]);
+        let p = build(&mut src, Some(&live), &C);
+        assert_eq!(itemized(&p), vec!["~ a", "~ b"]);
         assert_eq!((p.reused, p.copied), (0, 2));
     }
 

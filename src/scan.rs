@@ -190,6 +190,10 @@ pub struct Against<'a> {
     /// staged (`--chown`, `--chmod`, dropping setuid without root).
     pub adjust: &'a (dyn Fn(&mut Meta, Kind) + Sync),
     pub compare: Compare,
+    /// Compare the live generation with its own manifest instead of the
+    /// sources (`sources` then unused): the drift check of sources that
+    /// are unchanged since it (`Source::unchanged_since`).
+    pub recorded: Option<&'a crate::index::Index>,
 }
 
 /// What `compare_live` found.
@@ -215,8 +219,8 @@ pub struct Compared {
 /// `lists_by_directory` are not compared this way (`same` false).
 pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
     let mut roots = Vec::with_capacity(a.sources.len());
-    let mut root_meta = Meta::default();
-    for s in a.sources {
+    let mut root_meta = a.recorded.map(|ix| ix.root).unwrap_or_default();
+    for s in a.sources.iter().filter(|_| a.recorded.is_none()) {
         let Some(r) = s.root().filter(|_| s.lists_by_directory()) else {
             return Ok(Compared::default());
         };
@@ -280,7 +284,10 @@ impl Paired<'_> {
             return Ok(());
         }
         let a = self.a;
-        let mut merged = source::list_merged(a.sources, srcs, rel, a.filter, a.reporter)?;
+        let mut merged = match a.recorded {
+            Some(ix) => recorded_entries(ix, rel)?,
+            None => source::list_merged(a.sources, srcs, rel, a.filter, a.reporter)?,
+        };
         let live_entries =
             source::Dir::list(live, rel, a.live_label, 0, &Filter::default(), a.reporter)?;
         for e in merged.iter_mut() {
@@ -346,6 +353,23 @@ impl Paired<'_> {
             self.dir(&source::borrow(&subs), &sub_live, &path)
         })
     }
+}
+
+/// The entries of the directory `rel` as the manifest `ix` records them,
+/// each file of a hardlink group given the group for its inode (and a
+/// second link), so that `plan::Links` pairs them with the live inodes as
+/// it pairs a source's.
+fn recorded_entries(ix: &crate::index::Index, rel: &[u8]) -> Result<Vec<Entry>> {
+    let mut entries = ix.entries(rel)?;
+    for e in entries.iter_mut() {
+        if let Node::File(f) = &mut e.node {
+            (f.dev, f.ino, f.nlink) = match f.group {
+                Some(g) => (u64::MAX, u64::from(g), 2),
+                None => (u64::MAX, 0, 1),
+            };
+        }
+    }
+    Ok(entries)
 }
 
 /// What a sync would delete from the live generation `ix` records,

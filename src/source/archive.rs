@@ -286,6 +286,52 @@ impl Archive {
             subpath,
         })
     }
+
+    /// What a generation records for the archive whose SHA-256 is `hex`,
+    /// and the `//PATH` taken (as an image's identity names it).
+    fn identity_of(&self, hex: &str) -> String {
+        match &self.subpath {
+            Some(p) => format!(
+                "{}@sha256:{hex}//{}",
+                self.path.display(),
+                crate::manifest::escape(p)
+            ),
+            None => format!("{}@sha256:{hex}", self.path.display()),
+        }
+    }
+
+    /// Whether the file holds the archive `recorded` names (the identity
+    /// `fill` gives): its SHA-256, read through the descriptor opened,
+    /// without unpacking anything. The sync is then up to date but for
+    /// the drift check, as for an image tag on the same digest.
+    pub fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        if !recorded.starts_with(&format!("{}@sha256:", self.path.display())) {
+            return Ok(false);
+        }
+        let file = self
+            .file
+            .lock()
+            .map_err(|_| anyhow::anyhow!("{}: poisoned", self.label))?;
+        let Some(fd) = file.as_ref() else {
+            return Ok(false);
+        };
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        loop {
+            let n = sys::pread(std::os::fd::AsFd::as_fd(fd), &mut buf, at)
+                .with_context(|| format!("{}: cannot read source", self.label))?;
+            if n == 0 {
+                break;
+            }
+            if let Some(sig) = sys::signals::pending() {
+                return Err(error::Failure::Interrupted(sig).into());
+            }
+            hash.update(&buf[..n]);
+            at += n as u64;
+        }
+        Ok(self.identity_of(&crate::manifest::hex(&hash.finalize())) == recorded)
+    }
 }
 
 /// How much of a FILE is read to tell what it holds.
@@ -353,13 +399,7 @@ impl Stream for Archive {
             |h| std::io::copy(h, &mut std::io::sink()).map(|_| ()),
             |plain| spool.apply(plain, false, &self.label, reporter).map(|_| ()),
         )?;
-        let hex: String = r
-            .hash
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        Ok(format!("{}@sha256:{hex}", self.path.display()))
+        Ok(self.identity_of(&crate::manifest::hex(&r.hash.finalize())))
     }
 }
 

@@ -3,8 +3,9 @@
 //! see only the `Tree` and these calls, never what kind of source it is.
 //!
 //! `open` is the one place that decides the kind of a SOURCE argument: a
-//! directory (`dir.rs`), or a FILE holding an archive (`archive.rs`, told by
-//! its content; `tar.rs` reads it). A kind whose content arrives as a stream
+//! directory (`dir.rs`), a FILE holding an archive (`archive.rs`, told by
+//! its content; `tar.rs` reads it), an image (`oci.rs`: in a registry, a
+//! layout directory, or an image archive FILE, `oci_archive.rs`), a URL. A kind whose content arrives as a stream
 //! (an archive, an image's layers) implements `spool::Stream`: before the
 //! scan, `spool_all` materialises it into a private spool inside this
 //! writer's staging directory (`spool.rs`), which is then scanned like a
@@ -16,6 +17,7 @@ mod archive;
 mod dir;
 mod http;
 pub(crate) mod oci;
+mod oci_archive;
 pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;
@@ -138,7 +140,12 @@ pub trait Source: Send + Sync {
     /// reads the live tree as its manifest records it. Then the spool
     /// lists the live files instead of fetching them, and after the plan
     /// `intact` must hold, else the sync starts again without this.
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
     }
@@ -149,6 +156,12 @@ pub trait Source: Send + Sync {
     fn intact(&self, tree: &Tree) -> bool {
         let _ = tree;
         true
+    }
+
+    /// Where `intact` said no because of what a new layer holds (not
+    /// drift): one line saying why every layer is fetched after all.
+    fn why_not_intact(&self) -> Option<String> {
+        None
     }
 }
 
@@ -167,6 +180,11 @@ pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
         }
         if text.starts_with("oci-layout:") {
             return Ok(Box::new(oci::Fetched::new(oci::open_layout(text, remote)?)));
+        }
+        if text.starts_with("oci-archive:") || text.starts_with("docker-archive:") {
+            return Ok(Box::new(oci::Fetched::new(oci::open_archive(
+                text, remote,
+            )?)));
         }
         if text.starts_with("https://") || text.starts_with("http://") {
             return Ok(Box::new(oci::Fetched::new(http::open(text, remote)?)));
@@ -195,9 +213,18 @@ pub fn open(arg: &Path, remote: &Remote) -> Result<Box<dyn Source>> {
     }
 }
 
-/// A regular FILE: an archive, or exit 2.
+/// A regular FILE: an archive, or exit 2. Its SHA-256 is its identity:
+/// the same file again is up to date without being unpacked
+/// (`Source::unchanged_since`). A FILE that is an image archive (`podman
+/// save`, `docker save`) is exit 2 with a line naming the SOURCE form
+/// that reads it, not unpacked as a tar of `blobs/`.
 fn open_file(file: &Path, shown: String, sub: Option<Vec<u8>>) -> Result<Box<dyn Source>> {
-    Ok(Box::new(Streamed::new(Archive::open(file, shown, sub)?)))
+    if let Some(hint) = oci_archive::image_hint(file, &shown) {
+        return Err(error::usage(hint));
+    }
+    Ok(Box::new(oci::Fetched::new(Archive::open(
+        file, shown, sub,
+    )?)))
 }
 
 /// `FILE//PATH` split at the first `//` whose left side is a regular file;

@@ -1,5 +1,7 @@
-//! Image sources: `oci://HOST[:PORT]/REPO[:TAG][@sha256:…]` (a registry)
-//! and `oci-layout:DIR[:TAG]` (an OCI image layout on disk). The root
+//! Image sources: `oci://HOST[:PORT]/REPO[:TAG][@sha256:…]` (a registry),
+//! `oci-layout:DIR[:TAG]` (an OCI image layout on disk), and
+//! `oci-archive:FILE[:TAG]`, `docker-archive:FILE[:REF]` (an image saved
+//! as a tar: `oci_archive.rs`). The root
 //! filesystem of the image is its layers applied in order, with OCI
 //! whiteouts, into the spool (`spool::Spool::apply`); each layer is checked
 //! for size and digest as it streams (`oci_fetch`). The identity a
@@ -33,9 +35,9 @@ use crate::scan::Filter;
 use crate::sys::DirFd;
 use crate::tree::{Time, Tree};
 
-/// A stream that names its content (an image digest, a URL's validators)
-/// and can tell, with one request, whether it still holds what a recorded
-/// identity names.
+/// A stream that names its content (an image digest, a URL's validators,
+/// an archive's SHA-256) and can tell, with one request or one read of the
+/// file, whether it still holds what a recorded identity names.
 pub trait Named: Stream {
     fn unchanged_since(&self, recorded: &str) -> Result<bool>;
 
@@ -46,7 +48,12 @@ pub trait Named: Stream {
     }
 
     /// `Source::resume`.
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
     }
@@ -73,7 +80,12 @@ impl Named for Image {
         )
     }
 
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         let Some(rec) = Record::parse(record) else {
             return Ok(false);
         };
@@ -94,7 +106,7 @@ impl Named for Image {
         if !below {
             return Ok(false);
         }
-        let Some(tree) = base() else {
+        let Some((tree, live)) = base() else {
             return Ok(false);
         };
         *self.resume.lock().unwrap() = Some((
@@ -102,6 +114,7 @@ impl Named for Image {
                 tree,
                 newest: rec.newest,
                 root_given: rec.root_given,
+                live,
             },
             rec.layers.len(),
         ));
@@ -229,9 +242,16 @@ impl Named for super::http::Bundle {
     }
 }
 
-/// A remote kind as a `Source`: spooled as `Streamed` does, and able to say
-/// it is unchanged (`Source::unchanged_since`); the identity is then the
-/// one recorded.
+impl Named for super::Archive {
+    fn unchanged_since(&self, recorded: &str) -> Result<bool> {
+        super::Archive::unchanged_since(self, recorded)
+    }
+}
+
+/// A kind that names its content (an image, a URL, an archive FILE by its
+/// SHA-256) as a `Source`: spooled as `Streamed` does, and able to say it
+/// is unchanged (`Source::unchanged_since`); the identity is then the one
+/// recorded.
 pub struct Fetched<S> {
     inner: Streamed<S>,
     unchanged: OnceLock<String>,
@@ -299,7 +319,12 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.stream().record(spooled, shape)
     }
 
-    fn resume(&self, record: &str, shape: &str, base: &dyn Fn() -> Option<Tree>) -> Result<bool> {
+    fn resume(
+        &self,
+        record: &str,
+        shape: &str,
+        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
+    ) -> Result<bool> {
         self.inner.stream().resume(record, shape, base)
     }
 
@@ -307,6 +332,11 @@ impl<S: Named> Source for Fetched<S> {
         self.inner
             .filled()
             .is_none_or(|s| !s.seeded() || s.intact(tree))
+    }
+
+    fn why_not_intact(&self) -> Option<String> {
+        let why = self.inner.filled()?.why_incomplete()?;
+        Some(format!("{}: {why}", self.label()))
     }
 }
 
@@ -342,6 +372,27 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         subpath,
         platform: platform_of(remote),
         path: None,
+        resolved: Mutex::new(None),
+        resume: Mutex::new(None),
+        applied: Mutex::new(None),
+    })
+}
+
+/// `oci-archive:FILE[:TAG]` and `docker-archive:FILE[:NAME:TAG|:@N]`:
+/// FILE must be an uncompressed tar of an image (exit 2 otherwise).
+pub fn open_archive(arg: &str, remote: &Remote) -> Result<Image> {
+    let parts = if arg.starts_with("oci-archive:") {
+        super::oci_archive::open_oci(arg)?
+    } else {
+        super::oci_archive::open_docker(arg)?
+    };
+    Ok(Image {
+        store: parts.store,
+        label: arg.to_string(),
+        base: parts.base,
+        subpath: parts.subpath,
+        platform: platform_of(remote),
+        path: Some(parts.path),
         resolved: Mutex::new(None),
         resume: Mutex::new(None),
         applied: Mutex::new(None),

@@ -376,12 +376,12 @@ impl<R: Read> Read for Checked<'_, R> {
     }
 }
 
-fn sha256_of(bytes: &[u8]) -> String {
+pub(crate) fn sha256_of(bytes: &[u8]) -> String {
     format!("sha256:{}", hex(&Sha256::digest(bytes)))
 }
 
 /// A document checked against its descriptor.
-fn check_document(label: &str, bytes: &[u8], desc: &Descriptor) -> Result<()> {
+pub(crate) fn check_document(label: &str, bytes: &[u8], desc: &Descriptor) -> Result<()> {
     if bytes.len() as u64 != desc.size && desc.size != 0 {
         bail!(
             "{label}: {} is {} bytes, its descriptor says {}",
@@ -730,46 +730,9 @@ impl Store for Layout {
             .open_read(b"index.json")
             .with_context(|| format!("{}: cannot open index.json", self.label))?;
         let bytes = self.read_bounded(sys::reader(fd), "index.json")?;
-        let Document::Index(ms) = oci_image::parse(&bytes, Some(oci_image::OCI_INDEX))
-            .with_context(|| format!("{}: index.json", self.label))?
-        else {
-            bail!("{}: index.json is not an image index", self.label);
-        };
-        let tag_of = |d: &Descriptor| {
-            d.annotations
-                .as_ref()
-                .and_then(|a| a.get(REF_NAME))
-                .cloned()
-        };
-        let chosen = match &self.reference.tag {
-            Some(t) => ms
-                .iter()
-                .find(|d| tag_of(d).as_deref() == Some(t))
-                .ok_or_else(|| {
-                    let tags: Vec<String> = ms.iter().filter_map(tag_of).collect();
-                    anyhow::anyhow!(
-                        "{}: no tag {t} in the layout (it has {})",
-                        self.label,
-                        if tags.is_empty() {
-                            "none".into()
-                        } else {
-                            tags.join(", ")
-                        }
-                    )
-                })?,
-            None if ms.len() == 1 => &ms[0],
-            None => {
-                let tags: Vec<String> = ms.iter().filter_map(tag_of).collect();
-                bail!(
-                    "{}: the layout holds {} images: name one (oci-layout:DIR:TAG; tags: {})",
-                    self.label,
-                    ms.len(),
-                    tags.join(", ")
-                )
-            }
-        };
-        let (bytes, ctype) = self.document(chosen)?;
-        Ok((bytes, ctype, chosen.clone()))
+        let chosen = tagged(&self.label, &bytes, self.reference.tag.as_deref())?;
+        let (bytes, ctype) = self.document(&chosen)?;
+        Ok((bytes, ctype, chosen))
     }
 
     fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)> {
@@ -784,6 +747,49 @@ impl Store for Layout {
         let file = io::BufReader::with_capacity(256 << 10, self.open_blob(&desc.digest)?);
         Ok((Box::new(file), net::Stop::default()))
     }
+}
+
+/// The image an OCI layout's `index.json` (`bytes`) names by `tag` (its
+/// `org.opencontainers.image.ref.name`), or its only one where no tag is
+/// given: a layout directory's, or an `oci-archive:` FILE's.
+pub fn tagged(label: &str, bytes: &[u8], tag: Option<&str>) -> Result<Descriptor> {
+    let Document::Index(ms) = oci_image::parse(bytes, Some(oci_image::OCI_INDEX))
+        .with_context(|| format!("{label}: index.json"))?
+    else {
+        bail!("{label}: index.json is not an image index");
+    };
+    let tag_of = |d: &Descriptor| {
+        d.annotations
+            .as_ref()
+            .and_then(|a| a.get(REF_NAME))
+            .cloned()
+    };
+    let chosen = match tag {
+        Some(t) => ms
+            .iter()
+            .find(|d| tag_of(d).as_deref() == Some(t))
+            .ok_or_else(|| {
+                let tags: Vec<String> = ms.iter().filter_map(tag_of).collect();
+                anyhow::anyhow!(
+                    "{label}: no tag {t} in the layout (it has {})",
+                    if tags.is_empty() {
+                        "none".into()
+                    } else {
+                        tags.join(", ")
+                    }
+                )
+            })?,
+        None if ms.len() == 1 => &ms[0],
+        None => {
+            let tags: Vec<String> = ms.iter().filter_map(tag_of).collect();
+            bail!(
+                "{label}: the layout holds {} images: name one as SOURCE:TAG (tags: {})",
+                ms.len(),
+                tags.join(", ")
+            )
+        }
+    };
+    Ok(chosen.clone())
 }
 
 #[cfg(test)]

@@ -192,36 +192,75 @@ pub fn running_platform() -> Platform {
     }
 }
 
-/// The manifest of `want` among an index's: same OS and architecture, and
-/// the variant asked for (none asked: the one without a variant, arm64's
-/// `v8`, else the first). Entries without a platform (attestations) never match.
+/// An OS, an architecture and a variant as containerd's platform matcher
+/// normalises them before comparing: lowercase; `x86_64` is `amd64` (whose
+/// `v1` is no variant), `aarch64` is `arm64` (whose `v8` is no variant:
+/// what `buildah manifest add` writes for `linux/arm64/v8`), `i386` is
+/// `386`, `armhf` is `arm/v7`, `armel` is `arm/v6`, and `arm` without a
+/// variant is `arm/v7`; a variant given as a bare number gets its `v`.
+fn normalised(os: &str, arch: &str, variant: Option<&str>) -> (String, String, String) {
+    let os = match os.to_ascii_lowercase().as_str() {
+        "macos" => "darwin".to_string(),
+        o => o.to_string(),
+    };
+    let arch = arch.to_ascii_lowercase();
+    let variant = variant.unwrap_or("").to_ascii_lowercase();
+    let (arch, variant) = match arch.as_str() {
+        "i386" | "386" => ("386", String::new()),
+        "x86_64" | "x86-64" | "amd64" => (
+            "amd64",
+            if variant == "v1" {
+                String::new()
+            } else {
+                variant
+            },
+        ),
+        "aarch64" | "arm64" => (
+            "arm64",
+            match variant.as_str() {
+                "8" | "v8" | "v8.0" => String::new(),
+                "9" | "9.0" | "v9.0" => "v9".to_string(),
+                _ => variant,
+            },
+        ),
+        "armhf" => ("arm", "v7".to_string()),
+        "armel" => ("arm", "v6".to_string()),
+        "arm" => (
+            "arm",
+            match variant.as_str() {
+                "" | "7" => "v7".to_string(),
+                "5" | "6" | "8" => format!("v{variant}"),
+                _ => variant,
+            },
+        ),
+        other => return (os, other.to_string(), variant),
+    };
+    (os, arch.to_string(), variant)
+}
+
+/// The manifest of `want` among an index's, compared as containerd
+/// compares platforms (`normalised`): so `linux/arm64/v8` takes an entry
+/// `linux/arm64` and the other way round, `linux/arm` takes `linux/arm/v7`.
+/// A variant asked for must match; with none asked, the entry whose
+/// variant is the normalised default (none; `v7` for `arm`), else the
+/// first of that OS and architecture. Entries without a platform
+/// (attestations) never match.
 pub fn choose<'a>(manifests: &'a [Descriptor], want: &Platform) -> Result<&'a Descriptor> {
-    let candidates: Vec<&Descriptor> = manifests
+    let (os, arch, variant) = normalised(&want.os, &want.arch, want.variant.as_deref());
+    let candidates: Vec<(&Descriptor, String)> = manifests
         .iter()
-        .filter(|m| {
-            m.platform
-                .as_ref()
-                .is_some_and(|p| p.os == want.os && p.architecture == want.arch)
+        .filter_map(|m| {
+            let p = m.platform.as_ref()?;
+            let (o, a, v) = normalised(&p.os, &p.architecture, p.variant.as_deref());
+            (o == os && a == arch).then_some((m, v))
         })
         .collect();
-    let variant = |m: &Descriptor| {
-        m.platform
-            .as_ref()
-            .and_then(|p| p.variant.clone())
-            .filter(|v| !v.is_empty())
-    };
+    let exact = candidates.iter().find(|(_, v)| *v == variant);
     let chosen = match &want.variant {
-        Some(v) => candidates.iter().find(|m| variant(m).as_deref() == Some(v)),
-        None => candidates
-            .iter()
-            .find(|m| variant(m).is_none())
-            .or_else(|| {
-                candidates
-                    .iter()
-                    .find(|m| variant(m).as_deref() == Some("v8"))
-            })
-            .or(candidates.first()),
-    };
+        Some(_) => exact,
+        None => exact.or(candidates.first()),
+    }
+    .map(|(m, _)| *m);
     match chosen {
         Some(m) => Ok(m),
         None => {
@@ -277,6 +316,83 @@ mod tests {
             "{e}"
         );
         assert!(choose(&ms, &p("linux/arm64/v7")).is_err());
+    }
+
+    /// An index of `(os, architecture, variant)` entries, digests d(1)...
+    fn index_of(platforms: &[(&str, &str, Option<&str>)]) -> Vec<Descriptor> {
+        let entries: Vec<String> = platforms
+            .iter()
+            .enumerate()
+            .map(|(i, (os, arch, variant))| {
+                let v = variant.map_or(String::new(), |v| format!(r#","variant":"{v}""#));
+                format!(
+                    r#"{{"mediaType":"{OCI_MANIFEST}","digest":"{}","size":10,"platform":{{"os":"{os}","architecture":"{arch}"{v}}}}}"#,
+                    d(i as u8 + 1)
+                )
+            })
+            .collect();
+        let text = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{OCI_INDEX}","manifests":[{}]}}"#,
+            entries.join(",")
+        );
+        match parse(text.as_bytes(), None).unwrap() {
+            Document::Index(ms) => ms,
+            other => panic!("not an index: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn platforms_match_as_containerd_normalises_them() {
+        let p = |s: &str| crate::config::parse_platform(s).unwrap();
+        let pick = |ms: &[Descriptor], s: &str| choose(ms, &p(s)).map(|m| m.digest.clone());
+        // What `buildah manifest add` writes: arm64 without a variant, and
+        // 32-bit arm with one (v6 listed first).
+        let buildah = index_of(&[
+            ("linux", "amd64", None),
+            ("linux", "arm64", None),
+            ("linux", "arm", Some("v6")),
+            ("linux", "arm", Some("v7")),
+        ]);
+        for (asked, want) in [
+            ("linux/amd64", 1),
+            ("linux/amd64/v1", 1),
+            ("linux/x86_64", 1),
+            ("linux/arm64", 2),
+            ("linux/arm64/v8", 2),
+            ("linux/aarch64", 2),
+            ("linux/aarch64/8", 2),
+            ("linux/arm", 4),
+            ("linux/arm/v7", 4),
+            ("linux/arm/7", 4),
+            ("linux/armhf", 4),
+            ("linux/arm/v6", 3),
+            ("linux/armel", 3),
+        ] {
+            assert_eq!(pick(&buildah, asked).unwrap(), d(want), "{asked}");
+        }
+        for missing in [
+            "linux/arm64/v9",
+            "linux/arm/v5",
+            "linux/amd64/v3",
+            "windows/amd64",
+        ] {
+            let e = pick(&buildah, missing).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("no image for {missing} in the index")),
+                "{e}"
+            );
+        }
+        // The other way round: the index names arm64/v8 (Docker's manifest
+        // lists), and `arm` without a variant, which is v7.
+        let docker = index_of(&[("linux", "arm64", Some("v8")), ("linux", "arm", None)]);
+        assert_eq!(pick(&docker, "linux/arm64").unwrap(), d(1));
+        assert_eq!(pick(&docker, "linux/arm64/v8").unwrap(), d(1));
+        assert_eq!(pick(&docker, "linux/arm/v7").unwrap(), d(2));
+        assert!(pick(&docker, "linux/arm/v6").is_err());
+        // No variant asked and none that is the default: the first of that
+        // OS and architecture, as before.
+        let only_v3 = index_of(&[("linux", "amd64", Some("v3"))]);
+        assert_eq!(pick(&only_v3, "linux/amd64").unwrap(), d(1));
     }
 
     #[test]

@@ -30,6 +30,9 @@
 //! reuses every one of them from the live generation. Nothing in the spool
 //! is a link to a live inode: a listed file that is not reused after all
 //! has nothing to move, and the sync fails rather than stage a wrong file.
+//! A later layer that hardlinks to a listed file gets a copy of it read
+//! from the live generation and checked against the manifest's hash
+//! (`materialise`), with the rest of its hardlink group linked to it.
 //!
 //! `Stream` is what a kind that is read as a stream implements (`archive.rs`
 //! here; remote kinds too): `Streamed` turns it into a `Source`.
@@ -117,6 +120,10 @@ pub struct Base {
     pub newest: Time,
     /// Whether the lower layers gave the root (or the `//PATH`) its metadata.
     pub root_given: bool,
+    /// The live generation's root, where a file a new layer links to is
+    /// read from (its hash checked against the manifest's): `None` makes
+    /// such a link leave the spool incomplete.
+    pub live: Option<DirFd>,
 }
 
 /// The live generation's files a seeded spool lists without holding them:
@@ -127,6 +134,13 @@ struct Borrowed {
     /// Something a later layer needed of a borrowed file (a hardlink to
     /// it): the spool is not what the layers give, only a full apply is.
     incomplete: bool,
+    /// Why, where a layer asked for it (the line the sync shows when it
+    /// then applies every layer).
+    why: Option<String>,
+    /// The live generation's root and the spool path it stands for (the
+    /// `//PATH` taken): where a borrowed file's bytes are, when a later
+    /// layer needs them (`Spool::materialise`).
+    live: Option<(DirFd, Vec<u8>)>,
 }
 
 impl Borrowed {
@@ -154,6 +168,14 @@ impl Borrowed {
         self.files
             .retain(|k, _| k.as_slice() != path && !k.starts_with(&under));
     }
+}
+
+/// Whether a borrowed file was made a file of the spool (`materialise`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taken {
+    Yes,
+    NoLive,
+    Drifted,
 }
 
 /// Borrowed files by parent directory, then by name.
@@ -262,7 +284,10 @@ impl Spool {
                 }
             }
         });
-        let mut borrowed = Borrowed::default();
+        let mut borrowed = Borrowed {
+            live: base.live.map(|d| (d, prefix.clone())),
+            ..Borrowed::default()
+        };
         let mut seeder = Seeder {
             spool: self,
             groups: &groups,
@@ -564,11 +589,26 @@ impl Spool {
                 _ => Err(refused("its target is not an earlier file of the archive")),
             };
         }
-        if self.is_borrowed(&join(&tparts)) {
-            // Its bytes are in the live generation, not here: a seeded
-            // spool cannot make it (the sync then applies every layer).
+        let taken = match self.is_borrowed(&join(&tparts)) {
+            true => self.materialise(&join(&tparts))?,
+            false => Taken::Yes,
+        };
+        if taken != Taken::Yes {
+            // Its bytes are in the live generation and could not be taken
+            // from there (drift is repaired without a word, as any is):
+            // the sync then applies every layer.
             if let Some(b) = &mut self.borrowed {
                 b.incomplete = true;
+                if taken == Taken::NoLive {
+                    b.why.get_or_insert_with(|| {
+                        format!(
+                            "{} in a new layer is a hardlink to {} of a lower layer, whose \
+                             bytes the live generation cannot give: fetching every layer",
+                            escape(path),
+                            escape(target)
+                        )
+                    });
+                }
             }
             return Ok(());
         }
@@ -591,6 +631,112 @@ impl Spool {
         }
         .with_context(|| format!("cannot link {} in the spool", escape(path)))?;
         Ok(())
+    }
+
+    /// Make the borrowed file at `path` (and every borrowed path of its
+    /// hardlink group) a file of the spool, its bytes copied from the live
+    /// generation and checked against the hash the manifest recorded, so
+    /// that a later layer can link to it. Else the spool is left as it
+    /// was: no live generation at hand, or the live file is not what its
+    /// manifest says (drift).
+    fn materialise(&mut self, path: &[u8]) -> Result<Taken> {
+        let Some(b) = &self.borrowed else {
+            return Ok(Taken::NoLive);
+        };
+        let Some((live, prefix)) = &b.live else {
+            return Ok(Taken::NoLive);
+        };
+        let (dir, name) = split(path);
+        let Some(e) = b.files.get(dir).and_then(|m| m.get(&Name::from(name))) else {
+            return Ok(Taken::Drifted);
+        };
+        let Node::File(f) = &e.node else {
+            return Ok(Taken::Drifted);
+        };
+        let (want, meta, ino) = (f.hash, e.meta, f.ino);
+        // The group's other borrowed paths (a group keeps one inode number).
+        let mut members: Vec<Vec<u8>> = Vec::new();
+        if f.nlink > 1 {
+            for (d, files) in &b.files {
+                for (n, other) in files {
+                    if matches!(&other.node, Node::File(o) if o.ino == ino) {
+                        members.push(crate::tree::join(d, n));
+                    }
+                }
+            }
+        }
+        let rel = match path.strip_prefix(prefix.as_slice()) {
+            Some(r) if prefix.is_empty() => r,
+            Some(r) if r.first() == Some(&b'/') => &r[1..],
+            _ => return Ok(Taken::NoLive),
+        };
+        let (rdir, rname) = split(rel);
+        let opened = live.open_beneath(rdir).and_then(|d| d.open_read(rname));
+        let Ok(src) = opened else {
+            return Ok(Taken::Drifted);
+        };
+        if !sys::fstat(src.as_fd()).is_ok_and(|st| sys::kind_of(&st) == StatKind::File) {
+            return Ok(Taken::Drifted);
+        }
+        let parts = components(path)?;
+        let (_, parents) = parts.split_last().expect("a file path");
+        let at = self.parent(parents, meta.mtime)?;
+        let fd = at
+            .create_excl(name)
+            .with_context(|| format!("cannot create {} in the spool", escape(path)))?;
+        let mut r = sys::reader(src);
+        let mut h = Sha256::new();
+        let mut n = 0u64;
+        if self.buf.len() < 64 << 10 {
+            self.buf.resize(64 << 10, 0);
+        }
+        loop {
+            check_signal()?;
+            let got = match r.read(&mut self.buf) {
+                Ok(0) => break,
+                Ok(k) => k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => {
+                    let _ = at.unlink(name);
+                    return Ok(Taken::Drifted);
+                }
+            };
+            h.update(&self.buf[..got]);
+            sys::write_all(fd.as_fd(), &self.buf[..got]).context("cannot write into the spool")?;
+            n += got as u64;
+            if n > meta.size {
+                break; // longer than the manifest says: drift
+            }
+        }
+        let hash: [u8; 32] = h.finalize().into();
+        if Some(hash) != want || n != meta.size {
+            let _ = at.unlink(name);
+            return Ok(Taken::Drifted);
+        }
+        let new_ino = sys::fstat(fd.as_fd())
+            .with_context(|| format!("cannot stat {} in the spool", escape(path)))?
+            .st_ino;
+        self.files.insert(
+            new_ino,
+            FileMeta {
+                hash,
+                mode: meta.mode,
+                uid: meta.uid,
+                gid: meta.gid,
+                mtime: meta.mtime,
+            },
+        );
+        self.forget(path);
+        for m in members.iter().filter(|m| m.as_slice() != path) {
+            let mparts = components(m)?;
+            let (mname, mdirs) = mparts.split_last().expect("a file path");
+            let mdir = self.parent(mdirs, meta.mtime)?;
+            at.link(name, &mdir, mname)
+                .with_context(|| format!("cannot link {} in the spool", escape(m)))?;
+            self.forget(m);
+        }
+        self.cached = None;
+        Ok(Taken::Yes)
     }
 
     /// Stream the current entry's data into `fd`, hashing it.
@@ -757,6 +903,7 @@ impl Spool {
     ) -> Result<Spooled> {
         let incomplete = self.incomplete();
         let seeded = self.borrowed.is_some();
+        let why = self.borrowed.as_ref().and_then(|b| b.why.clone());
         let (root, prefix) = match subpath {
             None => (self.root, Vec::new()),
             Some(p) => {
@@ -785,6 +932,7 @@ impl Spool {
             identity,
             borrowed: std::sync::Mutex::new(self.borrowed.map(|b| b.files)),
             incomplete,
+            why,
             seeded,
         })
     }
@@ -868,6 +1016,8 @@ pub struct Spooled {
     /// The borrowed files (`Spool::seed`), until the scan puts them on its tree.
     borrowed: std::sync::Mutex<Option<Listed>>,
     incomplete: bool,
+    /// Why a seeded spool is incomplete, where a layer said.
+    why: Option<String>,
     seeded: bool,
 }
 
@@ -885,6 +1035,12 @@ impl Spooled {
     /// Whether the spool was seeded (`Spool::seed`).
     pub fn seeded(&self) -> bool {
         self.seeded
+    }
+
+    /// Why a seeded spool cannot be published as it is, where a layer
+    /// needed what it does not hold (a hardlink to a borrowed file).
+    pub fn why_incomplete(&self) -> Option<&str> {
+        self.why.as_deref()
     }
 
     /// For a seeded spool, after the plan: whether it held all the layers
@@ -1440,6 +1596,7 @@ mod tests {
             tree,
             newest: src.newest(),
             root_given: src.root_given(),
+            live: None,
         }
     }
 
@@ -1525,10 +1682,63 @@ mod tests {
         apply(&mut s, &upper, true).unwrap();
         assert!(s.incomplete());
         let src = s.finish("x".into(), "id".into(), None).unwrap();
+        let why = src.why_incomplete().unwrap();
+        assert!(
+            why.starts_with("app/again in a new layer is a hardlink to app/lib/a of a lower layer"),
+            "{why}"
+        );
         let tree = src
             .scan(0, &Filter::default(), &Collected::default())
             .unwrap();
         assert!(!src.intact(&tree), "only a full apply can make it");
+    }
+
+    #[test]
+    fn a_hardlink_to_a_borrowed_file_copies_it_from_the_live_tree() {
+        let lower = lower_layers();
+        let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
+        // New paths linked to a file apart and to a member of a group.
+        let upper = archive(&[
+            (header(b"app/again", b'1', 0, b"app/lib/a"), b""),
+            (header(b"app/h3", b'1', 0, b"app/h2"), b""),
+        ]);
+        let (_t, mut full) = spool();
+        for l in &lower {
+            apply(&mut full, l, true).unwrap();
+        }
+        apply(&mut full, &upper, true).unwrap();
+        let want = seen(&full.finish("x".into(), "id".into(), None).unwrap());
+        // The live generation: the lower layers' tree on disk.
+        let (_live_t, mut live) = spool();
+        for l in &lower {
+            apply(&mut live, l, true).unwrap();
+        }
+        let live = live.finish("x".into(), "id".into(), None).unwrap();
+        for drifted in [false, true] {
+            if drifted {
+                let fd = live
+                    .root
+                    .open_dir(b"app")
+                    .unwrap()
+                    .open_dir(b"lib")
+                    .unwrap();
+                fd.unlink(b"a").unwrap();
+                let f = fd.create_excl(b"a").unwrap();
+                sys::write_all(f.as_fd(), b"A").unwrap();
+            }
+            let (_t, mut s) = spool();
+            let mut base = base_of(&lower, None);
+            base.live = Some(live.root.try_clone().unwrap());
+            s.seed(base, b"").unwrap();
+            apply(&mut s, &upper, true).unwrap();
+            // Drift: the live file is not what the manifest says.
+            assert_eq!(s.incomplete(), drifted);
+            let got = s.finish("x".into(), "id".into(), None).unwrap();
+            if !drifted {
+                assert_eq!(seen(&got), want);
+                assert!(got.why_incomplete().is_none());
+            }
+        }
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod property;
 mod sidecar;
 mod source_archive;
 mod source_http;
+mod source_image_more;
 mod source_oci;
 mod streaming;
 mod sync;
