@@ -220,7 +220,7 @@ fn on_backends(what: &str, backends: &[&str]) {
 /// `PACKSYNC_LOOP_SECS` (default 180) per backend and
 /// `PACKSYNC_LOOP_BACKENDS` (default `gluster,sshfs,cephfs`) to run some.
 #[test]
-#[ignore = "minutes long: run by hand, results in BENCHMARKS.md"]
+#[ignore = "minutes long by default: CI runs it with PACKSYNC_LOOP_SECS=20, BENCHMARKS.md has a long run"]
 fn netfs_rig_three_loops_for_minutes() {
     if super::skip("the network-filesystem rig", true, false) || !script().exists() {
         return;
