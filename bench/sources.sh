@@ -175,7 +175,8 @@ fresh
 n=$(sys_per_entry "$P" sync -q "oci://127.0.0.1:$port/tester:1" "$W/vol/t")
 row "  packsync: syscalls per entry"; awk -v n="$n" 'BEGIN { printf "%.1f (%d in all)\n", n / 20201, n }'
 fresh
-n=$(sys_per_entry skopeo_umoci tester)
+n=$(sys_per_entry bash -c "skopeo copy -q --src-tls-verify=false docker://127.0.0.1:$port/tester:1 oci:$W/o:1 &&
+  umoci raw unpack $rootless --image $W/o:1 $W/u")
 row "  skopeo + umoci: syscalls per entry"; awk -v n="$n" 'BEGIN { printf "%.1f (%d in all)\n", n / 20201, n }'
 a() { "$P" sync -q "$url" "$W/vol/venv"; }
 b() { curl -s "$url" | tar -xz -C "$W/x"; }

@@ -221,6 +221,51 @@ fn a_source_changing_during_the_copy_fails_cleanly() {
     );
 }
 
+/// A writer paused for longer than the stale age (its staging untouched
+/// for two hours, as a stopped VM's would be) has its staging collected
+/// by another run; when it wakes it publishes nothing, and DEST stays.
+#[test]
+fn a_writer_paused_past_the_stale_age_publishes_nothing() {
+    if skip("a writer paused past the stale age", false, true) {
+        return;
+    }
+    let f = Fixture::new();
+    one_file(&f, b'a');
+    ok(sync(&f));
+    let before = mirror(&f.dest());
+    one_file(&f, b'b');
+    let resume = f.path("resume");
+    let child = stopped_in_copy(&f, &resume);
+    let stages = entries(&f.state(), "stage");
+    assert_eq!(stages.len(), 1, "{stages:?}");
+    let st = Command::new("touch")
+        .args(["-h", "-d", "2 hours ago"])
+        .arg(f.state().join("stage").join(&stages[0]))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    ok(packsync().arg("gc").arg(f.dest()).output().unwrap());
+    assert_eq!(
+        entries(&f.state(), "stage"),
+        Vec::<String>::new(),
+        "collected"
+    );
+    fs::write(&resume, "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    eprintln!("the paused writer: {}", stderr(&out));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert_eq!(
+        stderr(&out).trim_end().lines().count(),
+        1,
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(mirror(&f.dest()), before, "DEST as it was");
+    assert_clean(&f.state());
+    ok(sync(&f));
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+}
+
 #[test]
 fn sigterm_and_sigint_mid_run_clean_up_and_exit_143_and_130() {
     if skip("SIGTERM and SIGINT mid-run", false, true) {
