@@ -98,6 +98,7 @@ top = tar_of(changed)
 # The second shape: 20,000 small files and a 50 MiB random blob, one layer.
 small = [("app/data/d%03d/f%05d.txt" % (k % 200, k), os.urandom(random.randint(32, 1024)).hex().encode())
          for k in range(20000)]
+small.sort()  # as a build's directory walk writes a layer: a directory's files together
 small.append(("app/blob.bin", os.urandom(50 << 20)))
 tester = image("t1", [tar_of(small)])
 idx = {"schemaVersion": 2, "manifests": [image("1", base), image("2", base + [top]), tester]}
