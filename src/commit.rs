@@ -56,6 +56,7 @@ pub fn run(c: &Commit<'_>, manifest: &mut Manifest) -> Result<Generation> {
     if c.flush == crate::caps::Flush::Syncfs {
         stage
             .syncfs()
+            .and_then(|()| sys::flush_fault("staged"))
             .context("cannot flush the staged tree to disk (nothing was published)")?;
     }
     let name = write_manifest(c, stage, manifest)?;

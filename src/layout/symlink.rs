@@ -119,7 +119,13 @@ pub(super) fn link(vol: &Volume, stage: &DirFd, gen: &str, opts: &Options) -> Re
     if opts.fsync {
         parent
             .fsync()
-            .with_context(|| format!("cannot flush {}", vol.parent_path.display()))?;
+            .and_then(|()| crate::sys::flush_fault("published"))
+            .with_context(|| {
+                format!(
+                    "cannot flush {} after publishing (DEST already shows the new generation)",
+                    vol.parent_path.display()
+                )
+            })?;
     }
     Ok(())
 }

@@ -719,6 +719,19 @@ pub fn crash_point(_point: &str) {
     }
 }
 
+/// Named flush failures for the fault suite: with the `fault-injection`
+/// feature, `PACKSYNC_TEST_FLUSH_FAIL=<point>` makes the flush at `<point>`
+/// fail with EIO, as a disk that lost the write would. Compiled to
+/// `Ok(())` otherwise.
+#[inline]
+pub fn flush_fault(_point: &str) -> io::Result<()> {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var("PACKSYNC_TEST_FLUSH_FAIL").is_ok_and(|p| p == _point) {
+        return Err(io::Error::from_raw_os_error(libc::EIO));
+    }
+    Ok(())
+}
+
 /// Named pause points for the fault suite: with the `fault-injection`
 /// feature, `PACKSYNC_TEST_PAUSE_AT=<point>:<path>` stops the process the
 /// first time it reaches `<point>`: it creates `<path>.paused`, then waits

@@ -266,6 +266,55 @@ fn a_writer_paused_past_the_stale_age_publishes_nothing() {
     assert_eq!(mirror(&f.dest()), mirror(&f.src()));
 }
 
+/// A flush that fails before the rename publishes nothing; one after it
+/// exits 1 too, with DEST already on the new, complete generation (what
+/// the README's "Durability" promises), each in one line.
+#[test]
+fn a_flush_error_before_or_after_the_rename() {
+    if skip("a flush error", false, true) {
+        return;
+    }
+    let f = Fixture::new();
+    one_file(&f, b'a');
+    ok(sync(&f));
+    let before = mirror(&f.dest());
+    one_file(&f, b'b');
+    let failing = |point: &str| {
+        packsync()
+            .env("PACKSYNC_TEST_FLUSH_FAIL", point)
+            .args(["sync", "--grace", "0"])
+            .arg(f.src())
+            .arg(f.dest())
+            .output()
+            .unwrap()
+    };
+    let out = failing("staged");
+    failed_cleanly(
+        &out,
+        1,
+        &[
+            "cannot flush the staged tree to disk (nothing was published)",
+            "Input/output error",
+        ],
+        &f,
+        &before,
+    );
+    let out = failing("published");
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("after publishing (DEST already shows the new generation)"),
+        "{err}"
+    );
+    assert_eq!(
+        mirror(&f.dest()),
+        mirror(&f.src()),
+        "DEST on the new generation"
+    );
+    assert_eq!(entries(&f.state(), "stage"), Vec::<String>::new());
+}
+
 #[test]
 fn sigterm_and_sigint_mid_run_clean_up_and_exit_143_and_130() {
     if skip("SIGTERM and SIGINT mid-run", false, true) {
