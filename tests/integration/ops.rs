@@ -1219,3 +1219,40 @@ fn gc_removes_another_hosts_staging_after_an_hour() {
     assert!(!old.exists(), "an hour untouched: collected");
     assert!(young.exists(), "younger than an hour: kept");
 }
+
+/// A retired generation holding a `.nfs*` file (an NFS client's name for a
+/// file deleted while open elsewhere) waits in `trash/` with that file
+/// untouched; once the name is gone, the next gc removes the rest.
+#[test]
+fn gc_leaves_nfs_silly_renames_and_their_generation_waits_in_trash() {
+    let f = Fixture::new();
+    f.file("a.txt", "1");
+    f.sync(&[]).ok();
+    let old = live_gen(&f);
+    let silly = gen_dir(&f, &old).join(".nfs0000000000a1b2c300000001");
+    fs::write(&silly, "still open on another client").unwrap();
+    f.file("a.txt", "2");
+    f.sync(&[]).ok();
+    f.packsync(&["gc", "vol/packs", "--keep", "0", "--grace", "0"])
+        .ok();
+    assert!(!gen_dir(&f, &old).exists(), "out of gen/");
+    let trash: Vec<PathBuf> = fs::read_dir(f.state().join("trash"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(trash.len(), 1, "{trash:?}");
+    let kept = trash[0].join(silly.file_name().unwrap());
+    assert_eq!(
+        fs::read_to_string(&kept).unwrap(),
+        "still open on another client"
+    );
+    assert_eq!(
+        fs::read_dir(&trash[0]).unwrap().count(),
+        1,
+        "the rest removed"
+    );
+    fs::remove_file(&kept).unwrap();
+    f.packsync(&["gc", "vol/packs"]).ok();
+    assert_eq!(fs::read_dir(f.state().join("trash")).unwrap().count(), 0);
+    assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "2");
+}

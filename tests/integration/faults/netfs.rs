@@ -401,6 +401,24 @@ fn fidelity(backend: &str, rig: &Rig) {
         "{v}"
     );
     victim.assert_untouched();
+    // On a shared volume nothing younger than 2 minutes is collected, even
+    // with --grace 0: another client may still be resolving it.
+    let gens = || {
+        fs::read_dir(rig.mnt("A").join("fid/.packs.packsync/gen"))
+            .unwrap()
+            .count()
+    };
+    assert_eq!(gens(), 2);
+    ok(packsync()
+        .args(["gc", "--keep", "0", "--grace", "0"])
+        .arg(&a)
+        .output()
+        .unwrap());
+    assert_eq!(
+        gens(),
+        2,
+        "{backend}: a generation retired seconds ago was collected"
+    );
     eprintln!(
         "netfs {backend}: symlink targets untouched, up to date from both clients, {} reused / {} copied after one change; {}",
         v["reused"], v["copied"],
