@@ -198,7 +198,7 @@ pub fn running_platform() -> Platform {
 /// what `buildah manifest add` writes for `linux/arm64/v8`), `i386` is
 /// `386`, `armhf` is `arm/v7`, `armel` is `arm/v6`, and `arm` without a
 /// variant is `arm/v7`; a variant given as a bare number gets its `v`.
-fn normalised(os: &str, arch: &str, variant: Option<&str>) -> (String, String, String) {
+pub(crate) fn normalised(os: &str, arch: &str, variant: Option<&str>) -> (String, String, String) {
     let os = match os.to_ascii_lowercase().as_str() {
         "macos" => "darwin".to_string(),
         o => o.to_string(),
