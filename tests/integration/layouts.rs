@@ -411,9 +411,12 @@ fn fanout_readers_never_see_a_mix_while_writers_publish() {
     let done = std::sync::atomic::AtomicBool::new(false);
     let reads = std::thread::scope(|sc| {
         let reader = sc.spawn(|| {
-            let mut reads = 0;
+            // (reads, reads during which ..data moved, versions seen)
+            let mut reads = (0, 0, BTreeSet::new());
             loop {
                 let last = done.load(std::sync::atomic::Ordering::SeqCst);
+                let link = || fs::read_link(f.dest().join("..data")).unwrap();
+                let before = link();
                 let root = fs::File::open(f.dest().join("..data")).unwrap();
                 use std::os::fd::AsRawFd;
                 let seen: BTreeSet<String> = files
@@ -424,7 +427,11 @@ fn fanout_readers_never_see_a_mix_while_writers_publish() {
                     })
                     .collect();
                 assert_eq!(seen.len(), 1, "a mix of generations: {seen:?}");
-                reads += 1;
+                reads.0 += 1;
+                if link() != before {
+                    reads.1 += 1;
+                }
+                reads.2.extend(seen);
                 if last {
                     return reads;
                 }
@@ -441,7 +448,12 @@ fn fanout_readers_never_see_a_mix_while_writers_publish() {
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         reader.join().unwrap()
     });
-    assert!(reads >= 1);
+    let (n, moved, versions) = reads;
+    assert_eq!(versions.len(), 2, "the reader saw both trees: {versions:?}");
+    assert!(
+        moved > 0,
+        "none of {n} reads overlapped a publish: the test showed nothing"
+    );
 }
 
 #[test]
