@@ -232,7 +232,7 @@ pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
 fn out_of_space(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)))
+            .is_some_and(sys::out_of_space)
     })
 }
 
@@ -839,6 +839,26 @@ fn quick(
         .manifest_reader(gen)
         .ok()
         .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())?;
+    // Directories only: compared by metadata, as a directory sync is.
+    compare_quick(cfg, vol, state, gen, header, adjust, &refs, None)
+}
+
+/// `scan::compare_live` of the live generation `gen` (its manifest's
+/// `header`) against `sources`, or against its own manifest (`recorded`):
+/// a `Quick` when it is up to date. Files are compared by size, mtime and
+/// mode. `None` where this compare does not apply (a new label, a volume
+/// without hardlinks) or it found a difference.
+#[allow(clippy::too_many_arguments)]
+fn compare_quick(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: &State,
+    gen: &str,
+    header: Manifest,
+    adjust: &Adjust<'_>,
+    sources: &[&dyn crate::source::Source],
+    recorded: Option<&crate::index::Index>,
+) -> Option<Quick> {
     if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
         return None;
     }
@@ -846,7 +866,7 @@ fn quick(
     let live_label = format!("{}/gen/{gen}", state.path.display());
     let warnings = Collected::default();
     let against = scan::Against {
-        sources: &refs,
+        sources,
         live: &live,
         live_label: &live_label,
         filter: &cfg.filter,
@@ -857,14 +877,13 @@ fn quick(
             checksum: false,
             granularity_ns: header.granularity_ns,
             link_meta: header.link_meta,
-            // Directories only: compared by metadata, as a directory sync is.
             by_content: 0,
         },
-        recorded: None,
+        recorded,
     };
     let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
     Some(Quick {
-        gen: gen.clone(),
+        gen: gen.to_string(),
         header,
         compared,
         warnings,
@@ -931,33 +950,8 @@ fn recorded_quick(
     }
     let file = Box::new(std::os::fd::OwnedFd::from(r.get_ref().try_clone().ok()?));
     let index = crate::index::Index::build(r, file, shown).ok()?;
-    let live = layout::open_generation(vol, state, gen).ok()?;
-    let live_label = format!("{}/gen/{gen}", state.path.display());
-    let warnings = Collected::default();
-    let against = scan::Against {
-        sources: &[],
-        live: &live,
-        live_label: &live_label,
-        filter: &cfg.filter,
-        reporter: &warnings,
-        adjust: &|m, kind| adjust.meta(m, kind),
-        compare: Compare {
-            owners: adjust.mirrored,
-            checksum: false,
-            granularity_ns: header.granularity_ns,
-            link_meta: header.link_meta,
-            // By size, mtime and mode, as the whole-tree drift check is.
-            by_content: 0,
-        },
-        recorded: Some(&index),
-    };
-    let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
-    Some(Quick {
-        gen: gen.to_string(),
-        header,
-        compared,
-        warnings,
-    })
+    // By size, mtime and mode, as the whole-tree drift check is.
+    compare_quick(cfg, vol, state, gen, header, adjust, &[], Some(&index))
 }
 
 /// The live generation `gen`'s tree as its manifest records it, for

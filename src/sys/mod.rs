@@ -719,6 +719,11 @@ pub fn crash_point(_point: &str) {
     }
 }
 
+/// Whether `e` says the filesystem is full or the quota spent (ENOSPC, EDQUOT).
+pub fn out_of_space(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
 /// Named flush failures for the fault suite: with the `fault-injection`
 /// feature, `PACKSYNC_TEST_FLUSH_FAIL=<point>` makes the flush at `<point>`
 /// fail with EIO, as a disk that lost the write would. Compiled to

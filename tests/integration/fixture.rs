@@ -115,6 +115,82 @@ pub fn sha256_hex(data: &[u8]) -> String {
         .collect()
 }
 
+/// `openssl ARGS` in `dir`; its stderr shown if it fails.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A private CA (`dir/ca.pem`, `dir/ca.key`) and a server certificate for
+/// 127.0.0.1 that it signs (`dir/cert.pem`, `dir/key.pem`), made by openssl.
+pub fn private_ca(dir: &Path) {
+    fs::create_dir_all(dir).unwrap();
+    fs::write(
+        dir.join("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let days = ["-days", "2"];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509", "-newkey", "rsa:2048", "-nodes"][..],
+            &days,
+            &[
+                "-subj",
+                "/CN=test ca",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "key.pem",
+            "-out",
+            "leaf.csr",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            &[
+                "x509",
+                "-req",
+                "-in",
+                "leaf.csr",
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+            ][..],
+            &days,
+            &["-extfile", "ext", "-out", "cert.pem"],
+        ]
+        .concat(),
+    );
+}
+
 /// Whether this run is CI's (`CI` set, as `.ci/run` sets it): there, no
 /// test may skip.
 pub fn in_ci() -> bool {
@@ -239,6 +315,28 @@ impl Fixture {
         self.packsync(&args)
     }
 
+    /// `volume` and vol/'s own mtime, but the mtime of the state
+    /// directory's `stage/` (every writer makes and removes its staging
+    /// directory there).
+    pub fn volume_but_staging(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .volume()
+            .into_iter()
+            .map(|l| {
+                if l.starts_with("\".packs.packsync/stage\" d") {
+                    let cut = l.find(" mtime=").unwrap();
+                    let rest = &l[cut + 7..];
+                    let end = rest.find(' ').unwrap();
+                    format!("{}{}", &l[..cut], &rest[end..])
+                } else {
+                    l
+                }
+            })
+            .collect();
+        v.push(format!("vol/ itself: {:?}", mtime(&self.path("vol"))));
+        v
+    }
+
     /// Snapshot of everything below vol/ (state directory included).
     pub fn volume(&self) -> Vec<String> {
         snapshot(&self.path("vol"), true)
@@ -249,27 +347,14 @@ impl Fixture {
     /// directory, made and removed there as every writer's is).
     #[track_caller]
     pub fn unchanged_but_staging(&self, run: impl FnOnce() -> Run) -> Run {
-        let look = || {
-            let mut v: Vec<String> = self
-                .volume()
-                .into_iter()
-                .map(|l| {
-                    if l.starts_with("\".packs.packsync/stage\" d") {
-                        let cut = l.find(" mtime=").unwrap();
-                        let rest = &l[cut + 7..];
-                        let end = rest.find(' ').unwrap();
-                        format!("{}{}", &l[..cut], &rest[end..])
-                    } else {
-                        l
-                    }
-                })
-                .collect();
-            v.push(format!("vol/ itself: {:?}", mtime(&self.path("vol"))));
-            v
-        };
-        let before = look();
+        let before = self.volume_but_staging();
         let out = run();
-        assert_eq!(look(), before, "the volume changed; stderr: {}", out.stderr);
+        assert_eq!(
+            self.volume_but_staging(),
+            before,
+            "the volume changed; stderr: {}",
+            out.stderr
+        );
         out
     }
 

@@ -10,7 +10,7 @@
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -326,19 +326,6 @@ fn a_bad_header_is_never_echoed() {
     }
 }
 
-fn openssl(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Serves argv[3] for every GET over HTTPS (argv[1], argv[2]: certificate
 /// and key), or, with argv[4], redirects every GET to argv[4].
 const TLS_PY: &str = r#"
@@ -386,7 +373,7 @@ fn a_self_signed_ca_file_is_the_servers_certificate() {
     fs::create_dir_all(&dir).unwrap();
     // What `openssl req -x509` makes: a CA certificate the server presents
     // as its own, as many a private bundle server does.
-    openssl(
+    crate::fixture::openssl(
         &dir,
         &[
             "req",
@@ -453,65 +440,8 @@ fn https_is_never_redirected_to_plain_http() {
     let f = seeded();
     let dir = f.path("tls");
     fs::create_dir_all(&dir).unwrap();
-    // A CA and a leaf it signs (trusted with --ca-file before and after).
-    fs::write(
-        dir.join("ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=test ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=127.0.0.1",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "leaf.csr",
-        ],
-    );
-    openssl(
-        &dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "leaf.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            "ext",
-            "-out",
-            "cert.pem",
-        ],
-    );
+    // A CA and a leaf it signs (trusted with --ca-file).
+    crate::fixture::private_ca(&dir);
     // The plain server holds a good bundle: following the redirect would publish it.
     let plain = Server::start(|out| {
         let mut t = tar_header("hello.txt", 6).to_vec();

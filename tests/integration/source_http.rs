@@ -316,72 +316,8 @@ fn https_is_verified_and_ca_file_adds_a_root() {
     }
     let f = Fixture::new();
     // A private CA, and the server's certificate signed by it.
-    let (ca, ca_key, cert, key) = (
-        f.path("ca.pem"),
-        f.path("ca.key"),
-        f.path("cert.pem"),
-        f.path("key.pem"),
-    );
-    let ext = f.path("ext");
-    fs::write(
-        &ext,
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    let openssl = |args: &[&str]| {
-        let ok = Command::new("openssl")
-            .args(args)
-            .current_dir(f.dir.path())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(ok.success(), "openssl {args:?}");
-    };
-    openssl(&[
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=packsync-test-ca",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-    ]);
-    openssl(&[
-        "req",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-subj",
-        "/CN=127.0.0.1",
-        "-keyout",
-        "key.pem",
-        "-out",
-        "leaf.csr",
-    ]);
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "leaf.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "ext",
-        "-out",
-        "cert.pem",
-    ]);
-    let _ = ca_key;
+    crate::fixture::private_ca(f.dir.path());
+    let (ca, cert, key) = (f.path("ca.pem"), f.path("cert.pem"), f.path("key.pem"));
     let srv = Server::start_with(&f, &[cert.to_str().unwrap(), key.to_str().unwrap()]);
     bundle(&srv.www.join("authz.tar.gz"), "r1", "false");
     let url = format!("https://127.0.0.1:{}/authz.tar.gz", srv.port);

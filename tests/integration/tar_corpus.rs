@@ -1041,31 +1041,6 @@ fn extract(tool: &'static str, archive: &Path, into: &Path) -> Reference {
     Reference { tool, tree }
 }
 
-/// The volume as a reader (and the next writer) sees it, but the mtime of
-/// the state directory's `stage/` (any writer makes and removes its staging
-/// directory there).
-fn volume(f: &Fixture) -> Vec<String> {
-    let mut v: Vec<String> = f
-        .volume()
-        .into_iter()
-        .map(|l| {
-            if l.starts_with("\".packs.packsync/stage\" d") {
-                let cut = l.find(" mtime=").unwrap();
-                let rest = &l[cut + 7..];
-                let end = rest.find(' ').unwrap();
-                format!("{}{}", &l[..cut], &rest[end..])
-            } else {
-                l
-            }
-        })
-        .collect();
-    v.push(format!(
-        "vol/ itself: {:?}",
-        crate::fixture::mtime(&f.path("vol"))
-    ));
-    v
-}
-
 /// Run one archive through the extractors and packsync; `Err` says how
 /// packsync broke the rule.
 fn differential(name: &str, bytes: &[u8], expect: Expect) -> Result<String, String> {
@@ -1102,16 +1077,18 @@ fn differential(name: &str, bytes: &[u8], expect: Expect) -> Result<String, Stri
         "vol/packs",
     ])
     .ok();
-    let before = volume(&f);
+    let before = f.volume_but_staging();
     let run: Run = f.packsync(&["sync", "--grace", "0", "--no-fsync", name, "vol/packs"]);
     // An archive of nothing: the guard against an empty source refuses it
     // (exit 3), which is right when the references extract nothing too.
     let published = match run.code {
         0 => Some(snap(&f.dest())),
-        3 if run.stderr.contains("empty source") && volume(&f) == before => Some(Snap {
-            ents: BTreeMap::new(),
-            links: Vec::new(),
-        }),
+        3 if run.stderr.contains("empty source") && f.volume_but_staging() == before => {
+            Some(Snap {
+                ents: BTreeMap::new(),
+                links: Vec::new(),
+            })
+        }
         _ => None,
     };
     match run.code {
@@ -1150,7 +1127,7 @@ fn differential(name: &str, bytes: &[u8], expect: Expect) -> Result<String, Stri
             if !run.stderr.contains(name) {
                 return Err(format!("the error does not name the archive: {line}"));
             }
-            if volume(&f) != before {
+            if f.volume_but_staging() != before {
                 return Err(format!("refused, but the volume changed: {line}"));
             }
             match expect {
