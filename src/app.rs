@@ -557,6 +557,7 @@ fn streams(
     let plain = !cfg.verify
         && !cfg.itemize
         && !cfg.dry_run
+        && !cfg.filter.xattrs
         && sources
             .all
             .iter()
@@ -699,6 +700,7 @@ impl StreamedRound<'_> {
                     granularity_ns: 1,
                     link_meta: r.header.link_meta,
                     by_content: 0,
+                    xattrs: true,
                 };
                 (&r.index, compare)
             }),
@@ -825,7 +827,8 @@ fn quick(
     let Dest::Live(gen) = dest else {
         return None;
     };
-    if cfg.dry_run || cfg.checksum {
+    // A listing of the live tree shows no extended attributes.
+    if cfg.dry_run || cfg.checksum || cfg.filter.xattrs {
         return None;
     }
     let refs = sources.refs();
@@ -862,6 +865,11 @@ fn compare_quick(
     if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
         return None;
     }
+    // Two listings show no attributes: where the live generation has
+    // some, the whole trees are compared.
+    if header.xattrs && recorded.is_none() {
+        return None;
+    }
     let live = layout::open_generation(vol, state, gen).ok()?;
     let live_label = format!("{}/gen/{gen}", state.path.display());
     let warnings = Collected::default();
@@ -878,6 +886,9 @@ fn compare_quick(
             granularity_ns: header.granularity_ns,
             link_meta: header.link_meta,
             by_content: 0,
+            // A listing of the live tree on one side (a drift check), or
+            // on both, where neither has any: `header.xattrs` is checked.
+            xattrs: false,
         },
         recorded,
     };
@@ -1097,6 +1108,7 @@ fn manifest_of(
         granularity_ns: caps.granularity_ns,
         link_meta: caps.link_meta,
         hardlinks: caps.hardlinks,
+        xattrs: tree.has_xattrs(),
         layers: shape_of(cfg).map_or_else(Vec::new, |shape| {
             let records = sources.all.iter().map(|s| s.record(&shape));
             records
@@ -1118,6 +1130,14 @@ fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console)
         console.warn(&format!(
             "could not set the owner of {} entries (not root, or the volume squashes root)",
             staged.owner_failures
+        ));
+    }
+    if let Some((name, err)) = &staged.first_xattr_failure {
+        console.warn(&format!(
+            "the volume refused {} extended attributes (first: {}: {}); published without them",
+            staged.xattr_failures,
+            report::escape(name),
+            err
         ));
     }
 }
@@ -1385,7 +1405,8 @@ fn load_live(
             let mut rest: Option<Box<dyn std::io::BufRead + Send>> = None;
             let manifest = state.manifest_reader(gen).ok().and_then(|(mut r, _)| {
                 let header = Manifest::read_header(&mut r).ok()?;
-                if lazy && header.hardlinks {
+                // Attributes are on no listing: they come from the manifest.
+                if lazy && header.hardlinks && !header.xattrs {
                     rest = Some(Box::new(r));
                 } else {
                     attach_manifest(&mut tree, &mut r, &header).ok()?;
@@ -1429,9 +1450,18 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
         granularity_ns: header.granularity_ns,
         link_meta: header.link_meta,
         by_content: 0,
+        xattrs: false,
     };
-    let mut next = entries.next_entry()?.filter(|(p, _)| p != b".");
-    if next.is_none() {
+    let mut next = entries.next_entry()?;
+    if let Some((_, root)) = next.as_ref().filter(|(p, _)| p == b".") {
+        let dir = |meta| crate::tree::Entry {
+            name: Default::default(),
+            meta,
+            node: Node::Dir(Default::default()),
+        };
+        if plan::same_entry(&dir(root.meta), &dir(live.root), &c) {
+            live.root.xattrs = root.meta.xattrs;
+        }
         next = entries.next_entry()?;
     }
     let mut failed = None;
@@ -1448,6 +1478,9 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
         let recorded = next
             .as_ref()
             .filter(|(mp, me)| mp.as_slice() == path && plan::same_entry(me, e, &c));
+        if let Some((_, me)) = recorded {
+            e.meta.xattrs = me.meta.xattrs;
+        }
         if let Node::File(f) = &mut e.node {
             let mf = recorded.and_then(|(_, me)| match &me.node {
                 Node::File(mf) => Some(mf),
@@ -1486,6 +1519,7 @@ fn plan(
         granularity_ns: live.manifest.as_ref().map_or(1, |m| m.granularity_ns),
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
         by_content,
+        xattrs: true,
     };
     if cfg.checksum {
         if let Some(lt) = live.tree.as_ref() {

@@ -116,6 +116,9 @@ pub struct SyncArgs {
     /// Compare file content by SHA-256 instead of size and mtime
     #[arg(short = 'c', long)]
     pub checksum: bool,
+    /// Mirror a directory source's extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X does; archives and images always carry theirs
+    #[arg(short = 'X', long)]
+    pub xattrs: bool,
     /// Show what would change; write nothing
     #[arg(short = 'n', long)]
     pub dry_run: bool,
@@ -399,7 +402,8 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         lines.extend(exclude_lines(&text).map(str::to_string));
     }
     lines.extend(rules);
-    let filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
+    let mut filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
+    filter.xattrs = s.xattrs;
     let mut headers = Vec::new();
     if let Some(f) = &s.header_file {
         let text = sys::read_text(f).map_err(|e| {

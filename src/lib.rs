@@ -45,6 +45,7 @@ pub(crate) mod sys;
 pub(crate) mod tree;
 pub(crate) mod verify;
 pub(crate) mod volume;
+pub(crate) mod xattr;
 
 /// Parse the process's arguments, run the command, show a failure: the
 /// exit status (README, "Exit codes").

@@ -12,6 +12,7 @@
 //! granularity 1                 (mtime granularity of the volume, nanoseconds)
 //! linkmeta 1                    (1: symlinks got their own mtime and owner; 0: not compared)
 //! hardlinks 1                   (1: the volume shows hardlinks as one inode; 0: groups from here)
+//! xattrs 1                      (only where some entry carries extended attributes)
 //! digest <sha256 hex of the entry lines and label>
 //! entries 42
 //! bytes 123456
@@ -20,7 +21,12 @@
 //! f 0644 0 0 12 1700000000.000000000 <sha256> - actions/run.py
 //! f 0644 0 0 12 1700000000.000000000 <sha256> 3 lib/a.so        (hardlink group 3)
 //! l 0777 0 0 6 1700000000.000000000 - - lib/latest v1.2.0       (symlink and its target)
+//! f 0755 0 0 8 1700000000.000000000 <sha256> - bin/ping x:security.capability=0100…
 //! ```
+//!
+//! An entry that carries extended attributes has them as one last field
+//! (`xattr::Set::token`); an entry without has no such field, so the
+//! manifests of trees without them read as they always did.
 //!
 //! Paths and targets are escaped so that a line holds no space or newline:
 //! every byte outside `!`..`~`, and `%` itself, is written `%HH`. Lines come
@@ -33,6 +39,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::tree::{Dir, Entry, File, Meta, Node, Tree};
+use crate::xattr::Set;
 
 pub const MAGIC: &str = "packsync-manifest";
 pub const VERSION: u32 = 1;
@@ -52,6 +59,9 @@ pub struct Manifest {
     /// The volume shows hardlinked names as one inode. Where it does not
     /// (sshfs), the live tree's hardlink groups are taken from this manifest.
     pub hardlinks: bool,
+    /// Some entry carries extended attributes (the line is written only
+    /// then): a listing of the tree, which shows none, is not the tree.
+    pub xattrs: bool,
     /// (SOURCE index, record): what a source kind keeps so that the next
     /// sync can start from this generation (an image's applied layers,
     /// `Source::record`). Not part of the digest; a malformed line is
@@ -134,6 +144,10 @@ pub(crate) fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
         out.push(' ');
         out.push_str(&escape(t));
     }
+    if let Some(x) = m.xattrs.token() {
+        out.push(' ');
+        out.push_str(&x);
+    }
     out.push('\n');
 }
 
@@ -204,6 +218,9 @@ impl Manifest {
         writeln!(w, "granularity {}", self.granularity_ns)?;
         writeln!(w, "linkmeta {}", self.link_meta as u8)?;
         writeln!(w, "hardlinks {}", self.hardlinks as u8)?;
+        if self.xattrs {
+            writeln!(w, "xattrs 1")?;
+        }
         writeln!(w, "digest {}", self.digest)?;
         writeln!(w, "entries {entries}")?;
         writeln!(w, "bytes {bytes}")?;
@@ -279,6 +296,7 @@ impl Manifest {
                 "granularity" => m.granularity_ns = v.parse().context("bad granularity")?,
                 "linkmeta" => m.link_meta = flag(v).context("bad linkmeta")?,
                 "hardlinks" => m.hardlinks = flag(v).context("bad hardlinks")?,
+                "xattrs" => m.xattrs = flag(v).context("bad xattrs")?,
                 "digest" => m.digest = v.to_string(),
                 _ => {} // counts and fields of later minor versions
             }
@@ -573,7 +591,15 @@ pub(crate) fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
         gid: f[3].parse().context("bad gid")?,
         size: f[4].parse().context("bad size")?,
         mtime: parse_time(f[5])?.into(),
+        xattrs: Default::default(),
     };
+    let mut meta = meta;
+    let fixed = if f[0] == "l" { 10 } else { 9 };
+    match f.get(fixed) {
+        None => {}
+        Some(x) if f.len() == fixed + 1 => meta.xattrs = Set::parse(x)?,
+        Some(_) => bail!("too many fields"),
+    }
     let path = unescape(f[8])?;
     let node = match f[0] {
         "f" => Node::File(File {

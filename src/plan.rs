@@ -28,6 +28,11 @@ pub struct Compare {
     /// (an archive, an image), so its files are compared by content, never
     /// by the quick check alone.
     pub by_content: u64,
+    /// Compare extended attributes: false where one side is a listing of
+    /// the volume, which does not read them (a drift check; copying the
+    /// manifest's onto a listing), so that the manifest's are trusted as
+    /// its hashes are.
+    pub xattrs: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,6 +128,7 @@ fn meta_eq(a: &Meta, b: &Meta, kind: Kind, c: &Compare) -> bool {
         && (kind != Kind::File || a.size == b.size)
         && (!c.owners || !own_meta || (a.uid == b.uid && a.gid == b.gid))
         && (!own_meta || mtime_eq(a.mtime, b.mtime, c.granularity_ns))
+        && (!c.xattrs || a.xattrs == b.xattrs)
 }
 
 /// Whether a live entry equals its source entry, the children of directories aside.
@@ -505,6 +511,7 @@ mod tests {
         granularity_ns: 1,
         link_meta: true,
         by_content: 0,
+        xattrs: true,
     };
 
     fn f(name: &str, size: u64, mtime: i64) -> Entry {
@@ -1148,6 +1155,7 @@ mod tests {
                 granularity_ns,
                 link_meta,
                 by_content: 0,
+                xattrs: true,
             })
     }
 

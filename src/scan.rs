@@ -24,10 +24,14 @@ use crate::sys::{self, DirFd};
 use crate::tree::join;
 use crate::tree::{Entry, Kind, Meta, Node, Tree};
 
-/// Which paths a scan leaves out (gitignore rules, in command-line order).
+/// Which paths a scan leaves out (gitignore rules, in command-line order),
+/// and what it reads of each entry besides its stat.
 #[derive(Default)]
 pub struct Filter {
     rules: Option<ignore::gitignore::Gitignore>,
+    /// `--xattrs`: a directory source's files and directories carry their
+    /// extended attributes (one more call an entry, so only when asked).
+    pub xattrs: bool,
 }
 
 impl Filter {
@@ -43,6 +47,7 @@ impl Filter {
         }
         Ok(Filter {
             rules: Some(b.build().context("bad exclude/include patterns")?),
+            xattrs: false,
         })
     }
 
@@ -84,6 +89,7 @@ pub fn meta_of(st: &sys::Stat, size: u64) -> Meta {
         gid: st.st_gid,
         size,
         mtime: sys::mtime_of(st).into(),
+        xattrs: Default::default(),
     }
 }
 

@@ -73,6 +73,10 @@ pub struct Staged {
     pub reused: u64,
     /// Owners the volume refused to set (not root, root_squash).
     pub owner_failures: u64,
+    /// Extended attributes the volume refused, and the first refusal
+    /// (the attribute's name and why).
+    pub xattr_failures: u64,
+    pub first_xattr_failure: Option<(Vec<u8>, io::Error)>,
 }
 
 struct Ctx<'a> {
@@ -85,6 +89,8 @@ struct Ctx<'a> {
     copied_bytes: AtomicU64,
     reused: AtomicU64,
     owner_failures: AtomicU64,
+    xattr_failures: AtomicU64,
+    first_xattr_failure: std::sync::Mutex<Option<(Vec<u8>, io::Error)>>,
     start: std::time::Instant,
     /// Seconds after `start` of the last heartbeat.
     last_beat: AtomicU64,
@@ -100,6 +106,8 @@ impl<'a> Ctx<'a> {
             copied_bytes: AtomicU64::new(0),
             reused: AtomicU64::new(0),
             owner_failures: AtomicU64::new(0),
+            xattr_failures: AtomicU64::new(0),
+            first_xattr_failure: Default::default(),
             start: std::time::Instant::now(),
             last_beat: AtomicU64::new(0),
         }
@@ -139,12 +147,27 @@ impl<'a> Ctx<'a> {
             copied_bytes: self.copied_bytes.into_inner(),
             reused: self.reused.into_inner(),
             owner_failures: self.owner_failures.into_inner(),
+            xattr_failures: self.xattr_failures.into_inner(),
+            first_xattr_failure: self
+                .first_xattr_failure
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner()),
         }
     }
 
     /// A refused owner is counted, not fatal.
     fn owner_refused(&self) {
         self.owner_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An extended attribute the volume cannot keep is counted, not fatal.
+    fn xattr_refused(&self, name: Vec<u8>, err: io::Error) {
+        if self.xattr_failures.fetch_add(1, Ordering::Relaxed) == 0 {
+            *self
+                .first_xattr_failure
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = Some((name, err));
+        }
     }
 }
 
@@ -852,7 +875,9 @@ fn apply_meta(ctx: &Ctx<'_>, fd: BorrowedFd<'_>, meta: &Meta) -> io::Result<()> 
     set_meta(ctx, fd, owner, Some(meta.mode), meta)
 }
 
-/// `sys::set_meta_fd`; a refused owner is counted and the rest set without it.
+/// `sys::set_meta_fd`; a refused owner is counted and the rest set without
+/// it. Then the extended attributes (after the owner, whose change would
+/// clear `security.capability`); one the volume refuses is counted.
 fn set_meta(
     ctx: &Ctx<'_>,
     fd: BorrowedFd<'_>,
@@ -863,10 +888,19 @@ fn set_meta(
     match sys::set_meta_fd(fd, owner, mode, meta.mtime.pair()) {
         Err(e) if owner.is_some() && sys::is_owner_refusal(&e) => {
             ctx.owner_refused();
-            sys::set_meta_fd(fd, None, Some(meta.mode), meta.mtime.pair())
+            sys::set_meta_fd(fd, None, Some(meta.mode), meta.mtime.pair())?;
         }
-        res => res,
+        res => res?,
     }
+    if !meta.xattrs.is_empty() {
+        for (name, value) in meta.xattrs.pairs().iter() {
+            match sys::set_xattr_fd(fd, name, value) {
+                Err(e) if sys::is_xattr_refusal(&e) => ctx.xattr_refused(name.to_vec(), e),
+                res => res?,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Copy file `e` of source `i` into staging, hashing its content; fails if

@@ -14,6 +14,8 @@ pub struct Meta {
     /// Bytes for files, target length for symlinks, 0 for directories.
     pub size: u64,
     pub mtime: Time,
+    /// Extended attributes (`xattr::Set`: an interned id; empty for most).
+    pub xattrs: crate::xattr::Set,
 }
 
 /// Seconds and nanoseconds since the epoch, packed into 12 bytes (every
@@ -243,6 +245,13 @@ impl Tree {
                 .sum()
         }
         walk(&self.entries)
+    }
+
+    /// Whether any entry, the root included, carries extended attributes.
+    pub fn has_xattrs(&self) -> bool {
+        let mut any = !self.root.xattrs.is_empty();
+        self.for_each(&mut |_, e| any |= !e.meta.xattrs.is_empty());
+        any
     }
 
     /// Bytes of regular file content, each hardlink group counted once.

@@ -14,6 +14,7 @@ use crate::report::Reporter;
 use crate::scan::{display, meta_of, Filter};
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::join;
+use crate::xattr::Set;
 use crate::tree::{Dir as DirNode, Entry, File, Meta, Name, Node, Tree};
 
 use super::Source;
@@ -157,8 +158,14 @@ impl Source for Dir {
             reporter,
         };
         let entries = walk.dir(&self.root, &mut Vec::new())?;
+        let mut root = meta_of(&st, 0);
+        if filter.xattrs {
+            let pairs = self.root.xattrs_self()
+                .with_context(|| format!("cannot read the extended attributes of {}", self.label))?;
+            root.xattrs = Set::of(pairs);
+        }
         Ok(Tree {
-            root: meta_of(&st, 0),
+            root,
             root_srcs: 1 << src,
             entries,
         })
@@ -314,11 +321,20 @@ impl Walk<'_> {
                 return Ok(None);
             }
         };
+        // A symlink has no descriptor to set attributes through: none read.
+        let xattrs = match &node {
+            Node::File(_) | Node::Dir(_) if self.filter.xattrs => Set::of(
+                dir.xattrs(&name)
+                    .with_context(|| format!("cannot read the extended attributes of {}", shown()))?,
+            ),
+            _ => Set::default(),
+        };
         let name: Name = name.into();
         Ok(Some(Entry {
             name,
             meta: Meta {
                 size,
+                xattrs,
                 ..meta_of(&st, 0)
             },
             node,

@@ -51,6 +51,7 @@ use crate::report::{escape, Reporter};
 use crate::scan::Filter;
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::{Entry, Meta, Name, Node, Time, Tree};
+use crate::xattr::Set;
 
 use super::tar::{self, Kind};
 use super::{Dir, Source};
@@ -67,7 +68,7 @@ pub struct LayerStats {
     pub skipped: u64,
     /// Whiteouts and opaque markers applied.
     pub whiteouts: u64,
-    /// Entries that carried extended attributes (not mirrored).
+    /// Entries that carried extended attributes.
     pub xattrs: u64,
 }
 
@@ -79,6 +80,7 @@ struct FileMeta {
     uid: u32,
     gid: u32,
     mtime: Time,
+    xattrs: Set,
 }
 
 /// A private directory being filled from one or more tar streams.
@@ -345,11 +347,10 @@ impl Spool {
         self.cached = None;
         let stats = res.with_context(|| what.to_string())?;
         if let Some((path, attr)) = self.first_xattr.take() {
-            // Not mirrored yet: said once per archive or layer, never silently.
+            // A symlink has no descriptor to set them through: said once
+            // per archive or layer, never silently.
             reporter.warn(&format!(
-                "{what}: {} {} extended attributes (first: {} on {}), which are not mirrored: DEST has none",
-                stats.xattrs,
-                if stats.xattrs == 1 { "entry carries" } else { "entries carry" },
+                "{what}: extended attributes on symlinks are not mirrored (first: {} on {})",
                 escape(&attr),
                 escape(&path)
             ));
@@ -477,7 +478,7 @@ impl Spool {
         }
         if let Some((attr, _)) = h.xattrs.first() {
             stats.xattrs += 1;
-            if self.first_xattr.is_none() {
+            if matches!(h.kind, Kind::Symlink(_)) && self.first_xattr.is_none() {
                 self.first_xattr = Some((path.clone(), attr.clone()));
             }
         }
@@ -524,6 +525,7 @@ impl Spool {
                         uid: h.uid,
                         gid: h.gid,
                         mtime: h.mtime.into(),
+                        xattrs: Set::of(h.xattrs.clone()),
                     },
                 );
                 stats.files += 1;
@@ -724,6 +726,7 @@ impl Spool {
                 uid: meta.uid,
                 gid: meta.gid,
                 mtime: meta.mtime,
+                xattrs: meta.xattrs,
             },
         );
         self.forget(path);
@@ -998,6 +1001,7 @@ fn meta_of(h: &tar::Header) -> Meta {
         gid: h.gid,
         size: 0,
         mtime: h.mtime.into(),
+        xattrs: Set::of(h.xattrs.clone()),
     }
 }
 
@@ -1256,6 +1260,7 @@ impl Source for Spooled {
                         gid: m.gid,
                         mtime: m.mtime,
                         size: e.meta.size,
+                        xattrs: m.xattrs,
                     };
                     f.hash = Some(m.hash);
                 }

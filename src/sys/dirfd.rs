@@ -120,6 +120,16 @@ impl DirFd {
         super::stat_at(self.0.as_fd(), component(name)?)
     }
 
+    /// `name`'s extended attributes (`system.*` aside), not following a symlink.
+    pub fn xattrs(&self, name: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        super::xattrs_at(self.0.as_fd(), component(name)?)
+    }
+
+    /// This directory's own extended attributes.
+    pub fn xattrs_self(&self) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        super::xattrs_fd(self.0.as_fd())
+    }
+
     /// This directory's own metadata.
     pub fn fstat(&self) -> io::Result<Stat> {
         super::fstat(self.0.as_fd())

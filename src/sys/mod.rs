@@ -276,6 +276,80 @@ pub fn set_meta_fd(
     Ok(())
 }
 
+/// Set one extended attribute on `fd`.
+pub fn set_xattr_fd(fd: BorrowedFd<'_>, name: &[u8], value: &[u8]) -> io::Result<()> {
+    rfs::fsetxattr(fd, OsStr::from_bytes(name), value, rfs::XattrFlags::empty())?;
+    Ok(())
+}
+
+/// The extended attributes of `name` in `dir` (a file or a directory, never
+/// followed if a symlink), `system.*` (ACLs) left out: read with the `l`
+/// calls through `/proc/self/fd/DIR/NAME`, a path that starts at the handle
+/// and has one component after it, so one call lists an entry without
+/// opening it. A filesystem without xattrs has none.
+fn xattrs_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use std::os::fd::AsRawFd;
+    let mut path = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    path.extend_from_slice(name);
+    let path = OsStr::from_bytes(&path);
+    read_xattrs(
+        |buf| rfs::llistxattr(path, buf),
+        |attr, buf| rfs::lgetxattr(path, attr, buf),
+    )
+}
+
+/// `xattrs_at` for a descriptor (a source's root).
+fn xattrs_fd(fd: BorrowedFd<'_>) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    read_xattrs(
+        |buf| rfs::flistxattr(fd, buf),
+        |attr, buf| rfs::fgetxattr(fd, attr, buf),
+    )
+}
+
+fn read_xattrs(
+    list: impl Fn(&mut [u8]) -> rustix::io::Result<usize>,
+    get: impl Fn(&OsStr, &mut [u8]) -> rustix::io::Result<usize>,
+) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let unsupported = |e: Errno| e == Errno::NOTSUP || e == Errno::OPNOTSUPP;
+    let mut names = vec![0u8; 1024];
+    let n = loop {
+        match list(&mut names) {
+            Ok(n) => break n,
+            Err(e) if unsupported(e) => return Ok(Vec::new()),
+            Err(Errno::RANGE) if names.len() < 1 << 20 => names.resize(names.len() * 8, 0),
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let mut out = Vec::new();
+    let mut value = vec![0u8; 256];
+    for attr in names[..n].split(|&b| b == 0).filter(|a| !a.is_empty()) {
+        if attr.starts_with(b"system.") {
+            continue;
+        }
+        let got = loop {
+            match get(OsStr::from_bytes(attr), &mut value) {
+                Ok(k) => break Some(k),
+                Err(Errno::NODATA) => break None, // removed since the listing
+                Err(Errno::RANGE) if value.len() < 1 << 17 => value.resize(value.len() * 8, 0),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        if let Some(k) = got {
+            out.push((attr.to_vec(), value[..k].to_vec()));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a refused xattr is one the volume cannot keep (no support, no
+/// permission for that namespace) rather than an I/O failure.
+pub fn is_xattr_refusal(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EPERM | libc::EOPNOTSUPP | libc::EACCES | libc::EINVAL | libc::ERANGE)
+    )
+}
+
 /// Owner and times of a symlink, which has no descriptor to set them through.
 fn set_symlink_meta(
     dir: BorrowedFd<'_>,

@@ -17,3 +17,4 @@ mod source_oci;
 mod streaming;
 mod sync;
 mod tar_corpus;
+mod xattrs;

@@ -136,6 +136,8 @@ def layer(l):
             ti.mtime = e.get("mtime", 1700000000)
             kind = e.get("type", "file")
             ti.mode = e.get("mode", 0o755 if kind == "dir" else 0o644)
+            for k, v in e.get("xattrs", {}).items():
+                ti.pax_headers["SCHILY.xattr." + k] = v
             data = None
             if kind == "dir":
                 ti.type = tarfile.DIRTYPE
