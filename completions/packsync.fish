@@ -62,6 +62,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l round-timeout
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-entries -d 'Refuse (exit 1) an archive, bundle or image that holds more than N entries' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s X -l xattrs -d 'Mirror a directory source\'s extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X does; archives and images always carry theirs'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run -d 'Show what would change; write nothing'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l json -d 'One JSON summary on stdout'

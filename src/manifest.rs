@@ -699,6 +699,10 @@ mod tests {
                 gid: 2,
                 size: 3,
                 mtime: (1_700_000_000, 123_456_789).into(),
+                xattrs: crate::xattr::Set::of(vec![
+                    (b"security.capability".to_vec(), vec![1, 0, 0, 2]),
+                    (b"user.a b".to_vec(), b"x\ny".to_vec()),
+                ]),
             },
             node: Node::File(File {
                 hash: Some([hash; 32]),
@@ -746,12 +750,20 @@ mod tests {
             granularity_ns: 1000,
             link_meta: false,
             hardlinks: false,
+            xattrs: true,
             layers: vec![(0, "oci-layers 1 x".into())],
             digest: String::new(),
             tree,
         };
         let text = m.seal();
-        assert!(text.contains("\nlinkmeta 0\nhardlinks 0\n"), "{text}");
+        assert!(
+            text.contains("\nlinkmeta 0\nhardlinks 0\nxattrs 1\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains(" x:security.capability=01000002;user.a%20b=780a79\n"),
+            "{text}"
+        );
         let back = Manifest::parse(&text).unwrap();
         assert_eq!(back, m);
         // And the other way round.

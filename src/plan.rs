@@ -960,6 +960,7 @@ mod tests {
             gid: uid + 10,
             size: 0,
             mtime,
+            xattrs: Default::default(),
         })
     }
 

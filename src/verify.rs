@@ -346,6 +346,7 @@ mod tests {
             gid: 1,
             size,
             mtime: (100, 5).into(),
+            xattrs: Default::default(),
         }
     }
 

@@ -146,7 +146,12 @@ mod tests {
     use super::*;
 
     fn set(pairs: &[(&[u8], &[u8])]) -> Set {
-        Set::of(pairs.iter().map(|(n, v)| (n.to_vec(), v.to_vec())).collect())
+        Set::of(
+            pairs
+                .iter()
+                .map(|(n, v)| (n.to_vec(), v.to_vec()))
+                .collect(),
+        )
     }
 
     #[test]
@@ -169,7 +174,9 @@ mod tests {
 
     #[test]
     fn a_token_round_trips_and_hostile_ones_are_refused() {
-        let cap: &[u8] = &[1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        let cap: &[u8] = &[
+            1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
         let s = set(&[
             (b"security.capability", cap),
             (b"user.odd name=;%", b"a b\n"),

@@ -14,8 +14,8 @@ use crate::report::Reporter;
 use crate::scan::{display, meta_of, Filter};
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::join;
-use crate::xattr::Set;
 use crate::tree::{Dir as DirNode, Entry, File, Meta, Name, Node, Tree};
+use crate::xattr::Set;
 
 use super::Source;
 
@@ -160,8 +160,9 @@ impl Source for Dir {
         let entries = walk.dir(&self.root, &mut Vec::new())?;
         let mut root = meta_of(&st, 0);
         if filter.xattrs {
-            let pairs = self.root.xattrs_self()
-                .with_context(|| format!("cannot read the extended attributes of {}", self.label))?;
+            let pairs = self.root.xattrs_self().with_context(|| {
+                format!("cannot read the extended attributes of {}", self.label)
+            })?;
             root.xattrs = Set::of(pairs);
         }
         Ok(Tree {
@@ -323,10 +324,11 @@ impl Walk<'_> {
         };
         // A symlink has no descriptor to set attributes through: none read.
         let xattrs = match &node {
-            Node::File(_) | Node::Dir(_) if self.filter.xattrs => Set::of(
-                dir.xattrs(&name)
-                    .with_context(|| format!("cannot read the extended attributes of {}", shown()))?,
-            ),
+            Node::File(_) | Node::Dir(_) if self.filter.xattrs => {
+                Set::of(dir.xattrs(&name).with_context(|| {
+                    format!("cannot read the extended attributes of {}", shown())
+                })?)
+            }
             _ => Set::default(),
         };
         let name: Name = name.into();

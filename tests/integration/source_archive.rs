@@ -748,6 +748,9 @@ fn extended_attributes_land_and_a_refused_one_is_one_warning() {
     );
     let ping = f.dest().join("bin/ping");
     assert_eq!(fs::read_to_string(&ping).unwrap(), "ping");
-    assert_eq!(crate::xattrs::of(&ping), [("user.note".to_string(), b"x".to_vec())]);
+    assert_eq!(
+        crate::xattrs::of(&ping),
+        [("user.note".to_string(), b"x".to_vec())]
+    );
     assert!(crate::xattrs::of(&f.dest().join("bin/ls")).is_empty());
 }

@@ -36,10 +36,16 @@ fn all(root: &Path) -> Vec<String> {
         let rel = dir.strip_prefix(root).unwrap().display().to_string();
         for (n, v) in of(dir) {
             let hex: String = v.iter().map(|b| format!("{b:02x}")).collect();
-            lines.push(format!("{}: {n}={hex}", if rel.is_empty() { "." } else { &rel }));
+            lines.push(format!(
+                "{}: {n}={hex}",
+                if rel.is_empty() { "." } else { &rel }
+            ));
         }
         if fs::symlink_metadata(dir).unwrap().is_dir() {
-            let mut names: Vec<_> = fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+            let mut names: Vec<_> = fs::read_dir(dir)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .collect();
             names.sort();
             for p in names {
                 walk(root, &p, lines);
@@ -79,15 +85,12 @@ fn usable(f: &Fixture) -> bool {
             .is_ok_and(|o| o.status.success())
     });
     let kept = tools
-        && rustix::fs::lsetxattr(
-            &probe,
-            "user.probe",
-            b"1",
-            rustix::fs::XattrFlags::empty(),
-        )
-        .is_ok();
+        && rustix::fs::lsetxattr(&probe, "user.probe", b"1", rustix::fs::XattrFlags::empty())
+            .is_ok();
     fs::remove_file(&probe).unwrap();
-    kept || crate::fixture::skip("extended attributes: setfattr/setcap/tar missing or user.* not kept here")
+    kept || crate::fixture::skip(
+        "extended attributes: setfattr/setcap/tar missing or user.* not kept here",
+    )
 }
 
 /// A tree with attributes on a file, a directory and a capability.
@@ -135,7 +138,8 @@ fn an_archive_s_xattrs_land_as_gnu_tar_extracts_them() {
         .arg(&oracle));
     let want = all(&oracle);
     assert!(
-        want.iter().any(|l| l.starts_with("bin/ping: security.capability="))
+        want.iter()
+            .any(|l| l.starts_with("bin/ping: security.capability="))
             && want.iter().any(|l| l == "bin: user.dir=6431"),
         "{want:?}"
     );
@@ -168,7 +172,9 @@ fn an_archive_s_xattrs_land_as_gnu_tar_extracts_them() {
             .map(|(_, v)| v),
         Some(b"red".to_vec())
     );
-    assert!(all(&f.dest()).iter().any(|l| l.starts_with("bin/ping: security.capability=")));
+    assert!(all(&f.dest())
+        .iter()
+        .any(|l| l.starts_with("bin/ping: security.capability=")));
 }
 
 #[test]
@@ -188,7 +194,8 @@ fn a_later_layer_s_attributes_replace_a_lower_one_s() {
         "v1",
     );
     let src = format!("oci-layout:{}:v1", layout.display());
-    f.packsync(&["sync", "--grace", "0", &src, "vol/packs"]).ok();
+    f.packsync(&["sync", "--grace", "0", &src, "vol/packs"])
+        .ok();
     assert_eq!(
         all(&f.dest()),
         [
