@@ -98,7 +98,7 @@ fn effective<'a>(pod: &'a Value, ctr: &'a Value, key: &str) -> &'a Value {
 fn violations(spec: &Value) -> Vec<String> {
     let mut bad = Vec::new();
     let psc = &spec["securityContext"];
-    if !psc["fsGroup"].as_u64().is_some_and(|g| g > 0) {
+    if matches!(psc["fsGroup"].as_u64(), None | Some(0)) {
         bad.push("pod: securityContext.fsGroup is not set to a non-root group".into());
     }
     for host in ["hostNetwork", "hostPID", "hostIPC"] {
@@ -124,9 +124,13 @@ fn violations(spec: &Value) -> Vec<String> {
             }
         }
     }
-    let containers = ["initContainers", "containers"]
-        .iter()
-        .flat_map(|k| spec[*k].as_array().into_iter().flatten().map(move |c| (*k, c)));
+    let containers = ["initContainers", "containers"].iter().flat_map(|k| {
+        spec[*k]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(move |c| (*k, c))
+    });
     let mut any = false;
     for (list, c) in containers {
         any = true;
@@ -135,10 +139,7 @@ fn violations(spec: &Value) -> Vec<String> {
         if effective(spec, c, "runAsNonRoot") != &Value::Bool(true) {
             bad.push(format!("{name}: runAsNonRoot is not true"));
         }
-        if !effective(spec, c, "runAsUser")
-            .as_u64()
-            .is_some_and(|u| u > 0)
-        {
+        if matches!(effective(spec, c, "runAsUser").as_u64(), None | Some(0)) {
             bad.push(format!("{name}: runAsUser is not a fixed non-root UID"));
         }
         if effective(spec, c, "seccompProfile")["type"] != "RuntimeDefault" {
@@ -212,7 +213,8 @@ fn the_restricted_check_finds_what_a_cluster_would_refuse() {
     // A container overriding the pod's user with root, a hostPath, no drop.
     let mut bad = good.clone();
     bad["containers"][0]["securityContext"]["runAsUser"] = 0.into();
-    bad["containers"][0]["securityContext"]["capabilities"] = serde_json::json!({"add": ["SYS_ADMIN"]});
+    bad["containers"][0]["securityContext"]["capabilities"] =
+        serde_json::json!({"add": ["SYS_ADMIN"]});
     bad["volumes"][0] = serde_json::json!({"name": "h", "hostPath": {"path": "/"}});
     bad["securityContext"]
         .as_object_mut()
@@ -314,7 +316,9 @@ fn the_readme_and_docs_link_to_files_and_headings_that_exist() {
         let rel = file.strip_prefix(repo()).unwrap().display().to_string();
         for bad in ["../shared", "/work/", "SPEC.md"] {
             if text.contains(bad) {
-                failures.push(format!("{rel}: names {bad}, which is not in the repository"));
+                failures.push(format!(
+                    "{rel}: names {bad}, which is not in the repository"
+                ));
             }
         }
         for link in links(&text) {
@@ -350,7 +354,10 @@ fn headings_become_the_anchors_github_gives_them() {
         anchor(" `--slot NAME`: several images, one volume"),
         "--slot-name-several-images-one-volume"
     );
-    assert_eq!(anchor(" Sources: what is and is not read"), "sources-what-is-and-is-not-read");
+    assert_eq!(
+        anchor(" Sources: what is and is not read"),
+        "sources-what-is-and-is-not-read"
+    );
     let a = anchors("# A\n```\n# not\n```\n## A\n");
     assert_eq!(a, ["a".to_string(), "a-1".to_string()].into());
     assert_eq!(
