@@ -11,7 +11,8 @@
 //! a replica of the old version is refused (exit 3) with the volume
 //! unchanged. OPA: three replicas started at once leave one generation,
 //! which every OPA (a stand-in that prints what it loads) reads. Two pack
-//! images: both slots are published and the consumer starts. The loop
+//! images: both slots and the st2 image's system packs are published and
+//! the consumer starts. The loop
 //! examples (native sidecars run as containers) and the ones that read a
 //! registry or a bundle server (on the host's network) are played too.
 //!
@@ -22,7 +23,9 @@
 //! and makes the claims' volumes beforehand with `nocopy` (a podman named
 //! volume made on first use is filled from the image, a claim never is);
 //! nothing else in the manifest changes, except the version an upgrade
-//! bumps (image tag and PACK_VERSION together).
+//! bumps (image tag and PACK_VERSION together). The pods run as UID and GID
+//! 1000 (the manifests' securityContext), so a claim's volume is given the
+//! pods' fsGroup as the kubelet would (`fs_group`).
 //!
 //! Needs root, the rig and the static release binary
 //! (target/x86_64-unknown-linux-gnu/release/packsync, which CI builds
@@ -174,6 +177,15 @@ impl Rig {
             .output();
     }
 
+    /// A claim's volume as a PersistentVolumeClaim starts: empty (made
+    /// beforehand with `nocopy`: a podman named volume made on first use is
+    /// filled from the image at its mount point) and writable by the pods'
+    /// fsGroup (`fs_group`).
+    fn claim(&self, name: &str) {
+        self.ok("podman", &["volume", "create", "-o", "nocopy", name]);
+        fs_group(&self.volume(name));
+    }
+
     /// A named volume's directory on this host.
     fn volume(&self, name: &str) -> PathBuf {
         PathBuf::from(self.ok(
@@ -238,6 +250,21 @@ impl Drop for Rig {
             other => eprintln!("container-rig.sh down failed: {other:?}"),
         }
     }
+}
+
+/// The examples' fsGroup (tests/integration/manifests.rs checks that every
+/// pod sets one and runs as a fixed non-root user).
+const FS_GROUP: u32 = 1000;
+
+/// What the kubelet does to a volume for a pod's fsGroup, where the
+/// volume's driver supports ownership changes: the group, setgid and
+/// group-writable on its root. podman applies no fsGroup, and the examples'
+/// pods run as UID and GID 1000, not root.
+fn fs_group(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::create_dir_all(dir).unwrap();
+    std::os::unix::fs::chown(dir, None, Some(FS_GROUP)).unwrap();
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o2775)).unwrap();
 }
 
 /// Serialise container rig users of this machine.
@@ -488,7 +515,7 @@ fn the_stackstorm_example_in_real_containers() {
     // which here would put the st2 image's system packs into the volume
     // before any publisher ran: made beforehand without that copy.
     for claim in ["st2-packs", "st2-virtualenvs"] {
-        rig.ok("podman", &["volume", "create", "-o", "nocopy", claim]);
+        rig.claim(claim);
     }
 
     // A consumer on an empty volume waits in its init container.
@@ -995,6 +1022,9 @@ fn the_opa_example_on_two_cephfs_clients_in_real_containers() {
         fs::write(&p, claim_on(&pod, "opa-policies", node)).unwrap();
         p
     };
+    // The claim's directory on the file system both clients mount, as a
+    // driver with fsGroup support would leave it.
+    fs_group(&a.join("opa-policies"));
     let replicas = [replica(0, &a), replica(1, &a), replica(2, &b)];
     let plays: Vec<Child> = replicas.iter().map(|p| rig.kube_play(p)).collect();
     for (i, c) in plays.into_iter().enumerate() {
@@ -1053,7 +1083,7 @@ fn the_opa_example_on_two_cephfs_clients_in_real_containers() {
 /// opa-bundles.yaml: three replicas start at once and sync one bundle into
 /// one volume (exactly one generation, the bundle's tree, what each OPA
 /// stand-in loads); two-images-slots.yaml: two pack images, one slot each,
-/// both packs published, consumers start.
+/// both packs and the st2 image's system packs published, consumers start.
 #[test]
 fn the_opa_and_two_image_examples_in_real_containers() {
     let Some(setup) = setup() else { return };
@@ -1074,10 +1104,7 @@ fn the_opa_and_two_image_examples_in_real_containers() {
         })
         .collect();
     // Made beforehand, as a claim is: three plays at once race to make it.
-    rig.ok(
-        "podman",
-        &["volume", "create", "-o", "nocopy", "opa-policies"],
-    );
+    rig.claim("opa-policies");
     let plays: Vec<Child> = replicas.iter().map(|p| rig.kube_play(p)).collect();
     for (i, c) in plays.into_iter().enumerate() {
         let out = c.wait_with_output().unwrap();
@@ -1131,10 +1158,17 @@ fn the_opa_and_two_image_examples_in_real_containers() {
             &[],
         );
     }
+    // The st2 image ships its system packs where the volume is mounted.
     rig.build(
         "localhost/st2actionrunner-packsync:3.8",
         &busybox,
-        &[(bin, "/usr/local/bin/packsync")],
+        &[
+            (bin, "/usr/local/bin/packsync"),
+            (
+                &repo().join("examples/system-packs"),
+                "/opt/stackstorm/packs",
+            ),
+        ],
         &[],
     );
     let images = image_map(&[
@@ -1171,16 +1205,20 @@ fn the_opa_and_two_image_examples_in_real_containers() {
         ["st2actionrunner", "st2api"],
         "the manifest's workloads"
     );
+    for claim in ["st2-packs", "st2-virtualenvs"] {
+        rig.claim(claim);
+    }
     for name in ["st2api", "st2actionrunner"] {
         let (code, err) = rig.play(&files[name]);
         assert_eq!(code, Some(0), "{name}: {err}");
     }
     assert_published(&rig.volume("st2-packs"), "examples/packs");
+    assert_published(&rig.volume("st2-packs"), "examples/system-packs");
     assert_published(&rig.volume("st2-virtualenvs"), "examples/virtualenvs");
     assert_eq!(rig.exit_code("st2actionrunner-st2actionrunner"), "0");
     eprintln!(
         "containers: OPA example: 3 replicas at once, one generation, each OPA loaded the bundle; \
-         two-images example: both slots published, consumer started"
+         two-images example: both slots and the system packs published, consumer started"
     );
 }
 
@@ -1217,7 +1255,7 @@ fn the_stackstorm_registry_example_in_real_containers() {
         );
     }
     let images = image_map(&[(
-        "registry.example.com/packsync:0.1.0",
+        "registry.example.com/packsync-image:0.1.0",
         "localhost/packsync-image:test",
     )]);
     let manifest =
@@ -1236,7 +1274,7 @@ fn the_stackstorm_registry_example_in_real_containers() {
         p
     };
     for claim in ["st2-packs", "st2-virtualenvs"] {
-        rig.ok("podman", &["volume", "create", "-o", "nocopy", claim]);
+        rig.claim(claim);
     }
     let publish = |version: &str| -> String {
         let pod = job(version);
@@ -1385,10 +1423,7 @@ fn the_opa_http_example_keeps_the_last_good_bundle_in_real_containers() {
         p
     };
     // Made beforehand, as a claim is: three plays at once race to make it.
-    rig.ok(
-        "podman",
-        &["volume", "create", "-o", "nocopy", "opa-policies"],
-    );
+    rig.claim("opa-policies");
     let plays: Vec<Child> = (0..3)
         .map(|i| rig.kube_play_on(&replica(i), "host"))
         .collect();
@@ -1546,7 +1581,7 @@ fn the_stackstorm_publisher_example_in_real_containers() {
     assert_eq!(all.len(), 1, "one Deployment");
     let pod = work.join("publisher.yaml");
     fs::write(&pod, &all[0].1).unwrap();
-    rig.ok("podman", &["volume", "create", "-o", "nocopy", "st2-packs"]);
+    rig.claim("st2-packs");
     let (code, err) = rig.play(&pod);
     assert_eq!(code, Some(0), "publisher: {err}");
     let publisher = "st2-packs-publisher-publish-packs";
@@ -1651,10 +1686,7 @@ fn the_opa_sidecar_example_in_real_containers() {
     assert_eq!(all.len(), 1, "one Deployment");
     let pod = work.join("opa-sidecar.yaml");
     fs::write(&pod, &all[0].1).unwrap();
-    rig.ok(
-        "podman",
-        &["volume", "create", "-o", "nocopy", "opa-policies"],
-    );
+    rig.claim("opa-policies");
     let (code, err) = rig.play(&pod);
     assert_eq!(code, Some(0), "opa: {err}");
     let (keep, opa_c) = ("opa-keep-policies", "opa-opa");

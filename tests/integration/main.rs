@@ -7,6 +7,7 @@ mod faults;
 mod fixture;
 mod hostile_remote;
 mod layouts;
+mod manifests;
 mod ops;
 mod property;
 mod sidecar;
