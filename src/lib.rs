@@ -42,6 +42,7 @@ pub(crate) mod source;
 pub(crate) mod stage;
 pub(crate) mod staging;
 pub(crate) mod sys;
+pub(crate) mod takeover;
 pub(crate) mod tree;
 pub(crate) mod verify;
 pub(crate) mod volume;
