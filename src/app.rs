@@ -264,14 +264,28 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // manifest): a sync that finds nothing to do ends here, having held no
     // whole tree.
     let state = vol.state(false)?;
+    // Files `verify` found damaged: the live manifest is not to be trusted
+    // for them, so no shortcut that trusts it (the quick compare, the
+    // streamed update, sources unchanged since the live generation) runs,
+    // and the whole-tree plan copies them afresh (`forget_damaged`).
+    let damage = match (&dest, state.as_ref()) {
+        (Dest::Live(gen), Some(state)) if !cfg.checksum => {
+            crate::damage::read_or_warn(state, gen, &|w| console.warn(w))
+        }
+        _ => None,
+    };
+    let shortcut = shortcut && damage.is_none();
     let adjust = Adjust::of(cfg);
     let same_gen = unchanged_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
-    let quick = state.as_ref().and_then(|state| {
-        quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
-            let gen = same_gen.as_ref()?;
-            recorded_quick(cfg, &vol, state, gen, &adjust)
-        })
-    });
+    let quick = state
+        .as_ref()
+        .filter(|_| damage.is_none())
+        .and_then(|state| {
+            quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
+                let gen = same_gen.as_ref()?;
+                recorded_quick(cfg, &vol, state, gen, &adjust)
+            })
+        });
     if let Some(q) = quick {
         let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
         let totals = Totals {
@@ -306,7 +320,11 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
     }
 
-    if let Some(recorded) = streams(cfg, &vol, state.as_ref(), &dest, &sources) {
+    let streamed = damage
+        .is_none()
+        .then(|| streams(cfg, &vol, state.as_ref(), &dest, &sources))
+        .flatten();
+    if let Some(recorded) = streamed {
         let s = StreamedRound {
             cfg,
             vol: &vol,
@@ -375,6 +393,9 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
+    if let Some(d) = &damage {
+        forget_damaged(&mut live, d);
+    }
     let owners = adjust.mirrored;
     adjust.tree(&mut tree);
 
@@ -547,6 +568,10 @@ impl Publish<'_> {
             );
         }
         drop(self.staging);
+        // What verify found damaged was staged afresh: its record has done its work.
+        for g in self.was_live.into_iter().chain([gen.name.as_str()]) {
+            crate::damage::clear(state, g);
+        }
         for w in &gen.warnings {
             console.warn(w);
         }
@@ -1507,6 +1532,26 @@ fn load_live(
         }
         _ => Ok(Live::nothing(None)),
     }
+}
+
+/// Make the live files a damage record names (`verify` found their bytes,
+/// or more, differ from the manifest) compare as changed: the plan then
+/// copies them from the source instead of linking them from the live
+/// generation. Their mtime is set to one no source file has, and without
+/// a hash no manifest line is attached to them.
+fn forget_damaged(live: &mut Live, damage: &crate::damage::Damage) {
+    let set: HashSet<&[u8]> = damage.paths.iter().map(Vec::as_slice).collect();
+    let Some(tree) = live.tree.as_mut() else {
+        return;
+    };
+    tree.for_each_mut(&mut |path, e| {
+        if let Node::File(f) = &mut e.node {
+            if damage.covers(&set, path) {
+                f.hash = None;
+                e.meta.mtime = crate::tree::Time { s: i64::MIN, ns: 0 };
+            }
+        }
+    });
 }
 
 /// Copy each manifest hash onto the live file it still describes, and its

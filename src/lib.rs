@@ -23,6 +23,7 @@ pub(crate) mod cli;
 pub(crate) mod clock;
 pub(crate) mod commit;
 pub(crate) mod config;
+pub(crate) mod damage;
 pub(crate) mod distinct;
 pub(crate) mod error;
 #[doc(hidden)]

@@ -7,9 +7,10 @@
 //!
 //! Recording comes before the swap so that anything that fails (a file that
 //! cannot be read, a full volume) fails the sync with DEST as it was; after
-//! the swap only renames are left. Its manifest is written before the new
-//! generation's, so the kept tree is the older of the two (`retire::made`),
-//! the one `rollback` picks by default. Nothing here decides whether DEST is
+//! the swap only renames are left. Its manifest bears the time the tree was
+//! made (its root's mtime, a second before now at the latest), so the kept
+//! tree is older than the new generation (`retire::made`), the one
+//! `rollback` picks by default; its grace period counts from its take-over. Nothing here decides whether DEST is
 //! taken over (the layout's driver does), nor writes outside the state directory.
 
 use std::os::fd::AsFd;
@@ -51,9 +52,15 @@ pub fn record(
         return Ok(None);
     }
     let top = tree.entries.len();
+    // When it was made, as far as its root tells, and before the new
+    // generation in any case: the manifest's mtime orders generations, and
+    // two manifests written within one tick of the kernel's coarse clock
+    // would tie.
+    let now = crate::clock::now_pair();
+    let made = tree.root.mtime.pair().min((now.0 - 1, now.1));
     let mut manifest = Manifest {
         label: None,
-        created: crate::clock::now_pair(),
+        created: made,
         host: sys::hostname(),
         // Not made from a source: no source can say it is unchanged since.
         sources: Vec::new(),
@@ -76,7 +83,7 @@ pub fn record(
         .into_inner()
         .map_err(|e| e.into_error())
         .with_context(in_stage)?;
-    sys::set_mode_fd(file.as_fd(), 0o644).with_context(in_stage)?;
+    sys::set_meta_fd(file.as_fd(), None, Some(0o644), made).with_context(in_stage)?;
     if fsync {
         sys::fsync(file.as_fd()).with_context(in_stage)?;
     }

@@ -16,4 +16,5 @@ mod source_image_more;
 mod source_oci;
 mod streaming;
 mod sync;
+mod takeover;
 mod tar_corpus;
