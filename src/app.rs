@@ -264,14 +264,28 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // manifest): a sync that finds nothing to do ends here, having held no
     // whole tree.
     let state = vol.state(false)?;
+    // Files `verify` found damaged: the live manifest is not to be trusted
+    // for them, so no shortcut that trusts it (the quick compare, the
+    // streamed update, sources unchanged since the live generation) runs,
+    // and the whole-tree plan copies them afresh (`forget_damaged`).
+    let damage = match (&dest, state.as_ref()) {
+        (Dest::Live(gen), Some(state)) if !cfg.checksum => {
+            crate::damage::read_or_warn(state, gen, &|w| console.warn(w))
+        }
+        _ => None,
+    };
+    let shortcut = shortcut && damage.is_none();
     let adjust = Adjust::of(cfg);
     let same_gen = unchanged_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
-    let quick = state.as_ref().and_then(|state| {
-        quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
-            let gen = same_gen.as_ref()?;
-            recorded_quick(cfg, &vol, state, gen, &adjust)
-        })
-    });
+    let quick = state
+        .as_ref()
+        .filter(|_| damage.is_none())
+        .and_then(|state| {
+            quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
+                let gen = same_gen.as_ref()?;
+                recorded_quick(cfg, &vol, state, gen, &adjust)
+            })
+        });
     if let Some(q) = quick {
         let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
         let totals = Totals {
@@ -306,7 +320,11 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
     }
 
-    if let Some(recorded) = streams(cfg, &vol, state.as_ref(), &dest, &sources) {
+    let streamed = damage
+        .is_none()
+        .then(|| streams(cfg, &vol, state.as_ref(), &dest, &sources))
+        .flatten();
+    if let Some(recorded) = streamed {
         let s = StreamedRound {
             cfg,
             vol: &vol,
@@ -375,6 +393,9 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
+    if let Some(d) = &damage {
+        forget_damaged(&mut live, d);
+    }
     let owners = adjust.mirrored;
     adjust.tree(&mut tree);
 
@@ -473,6 +494,12 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     }
     note_staged(&mut summary, &staged, &console);
     drop(staged); // closes the staged tree before it moves into gen/
+                  // A directory at DEST to take over is read now, while DEST is as it
+                  // was, and kept once the swap has taken it out (`Publish::run`).
+    let taken = match dest {
+        Dest::Directory => crate::takeover::record(&vol, staging.dir(), &caps, cfg.fsync)?,
+        _ => None,
+    };
     let staged = Publish {
         vol: &vol,
         state: &state,
@@ -481,6 +508,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         caps,
         swap,
         spooled: None,
+        taken,
     };
     staged.run(cfg, manifest, summary, console, start)
 }
@@ -494,6 +522,8 @@ struct Publish<'a> {
     caps: crate::caps::Caps,
     swap: Swap,
     spooled: Option<&'a crate::manifest::Spooled>,
+    /// The directory at DEST this commit takes over, read (`takeover::record`).
+    taken: Option<crate::takeover::Recorded>,
 }
 
 impl Publish<'_> {
@@ -521,7 +551,27 @@ impl Publish<'_> {
             spooled: self.spooled,
         };
         let gen = commit::run(&commit, &mut manifest)?;
+        if let (Some(rec), Some(at)) = (&self.taken, gen.taken_over) {
+            console.warn(
+                &match crate::takeover::file(state, self.staging.dir(), at, rec) {
+                    Ok(kept) => format!(
+                    "took over the plain directory {d} ({} entries); kept as generation {kept}: \
+                     `packsync rollback {d}` restores it",
+                    rec.top,
+                    d = vol.display
+                ),
+                    Err(e) => format!(
+                        "took over the plain directory {}, but could not keep it: {e:#}",
+                        vol.display
+                    ),
+                },
+            );
+        }
         drop(self.staging);
+        // What verify found damaged was staged afresh: its record has done its work.
+        for g in self.was_live.into_iter().chain([gen.name.as_str()]) {
+            crate::damage::clear(state, g);
+        }
         for w in &gen.warnings {
             console.warn(w);
         }
@@ -739,6 +789,7 @@ impl StreamedRound<'_> {
             caps,
             swap,
             spooled: Some(&body),
+            taken: None,
         };
         publish.run(cfg, manifest, summary, console, start).map(Ok)
     }
@@ -1242,11 +1293,78 @@ impl Drop for MadeState<'_> {
 /// packsync did not make, a directory with fanout.
 fn open_dest(cfg: &SyncConfig, sources: &Sources) -> Result<(Volume, Dest)> {
     let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
+    check_nested(&base)?;
     check_overlap(&base, sources)?;
     let vol = layout::open_for_sync(base, cfg)?;
     let dest = layout::inspect(&vol)?;
     layout::of(&vol).check_dest(&vol, &dest)?;
     Ok((vol, dest))
+}
+
+/// DEST one level too deep (exit 2): inside a tree packsync publishes (a
+/// generation, which is never modified once committed) or a state
+/// directory, or naming a state directory. DEST's parent is resolved (a
+/// DEST link followed leads into a state directory), then each directory
+/// from it up is looked at: a `.NAME.packsync` component, a directory
+/// beside which `.NAME.packsync` holds generations (a `--layout dir`
+/// tree, or a DEST link's target reached some other way), a fanout DEST.
+fn check_nested(vol: &Volume) -> Result<()> {
+    let parent = sys::canonicalize_existing(&vol.parent_path)
+        .with_context(|| format!("cannot resolve {}", vol.parent_path.display()))?;
+    if let Some(of) = state_of(&vol.name) {
+        return Err(error::usage(format!(
+            "{}: DEST is a packsync state directory; sync into {} instead",
+            vol.display,
+            parent.join(sys::os(of)).display()
+        )));
+    }
+    let is_dir = |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    for dir in parent.ancestors() {
+        let Some(name) = dir.file_name() else {
+            continue;
+        };
+        let up = dir.parent().unwrap_or(std::path::Path::new("/"));
+        let refused = |inside: String, of: &std::path::Path| {
+            Err(error::usage(format!(
+                "{}: DEST is inside {inside} (a published generation is never modified); \
+                 sync into {} itself",
+                vol.display,
+                of.display()
+            )))
+        };
+        // `.NAME.packsync`: NAME beside it; fanout's `..packsync`: the DEST holding it.
+        if let Some(of) = state_of(name.as_encoded_bytes()) {
+            let of = match of {
+                [] => up.to_path_buf(),
+                _ => up.join(sys::os(of)),
+            };
+            let below: Vec<_> = parent.strip_prefix(dir).map_or(Vec::new(), |p| {
+                p.components().map(|c| c.as_os_str().to_owned()).collect()
+            });
+            let inside = match below.as_slice() {
+                [g, gen, ..] if g == "gen" => {
+                    format!("generation {} of {}", gen.to_string_lossy(), of.display())
+                }
+                _ => format!("the state directory {} of {}", dir.display(), of.display()),
+            };
+            return refused(inside, &of);
+        }
+        let mut state = b".".to_vec();
+        state.extend_from_slice(name.as_encoded_bytes());
+        state.extend_from_slice(b".packsync");
+        let beside = up.join(sys::os(&state)).join("gen");
+        let fanout = dir.join(sys::os(crate::layout::fanout::STATE)).join("gen");
+        if is_dir(&beside) || is_dir(&fanout) {
+            return refused(format!("{}, which packsync publishes", dir.display()), dir);
+        }
+    }
+    Ok(())
+}
+
+/// For a state directory's name (`.NAME.packsync`, or fanout's
+/// `..packsync`), the NAME it belongs to (empty for fanout's).
+fn state_of(name: &[u8]) -> Option<&[u8]> {
+    name.strip_prefix(b".")?.strip_suffix(b".packsync")
 }
 
 /// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
@@ -1435,6 +1553,26 @@ fn load_live(
         }
         _ => Ok(Live::nothing(None)),
     }
+}
+
+/// Make the live files a damage record names (`verify` found their bytes,
+/// or more, differ from the manifest) compare as changed: the plan then
+/// copies them from the source instead of linking them from the live
+/// generation. Their mtime is set to one no source file has, and without
+/// a hash no manifest line is attached to them.
+fn forget_damaged(live: &mut Live, damage: &crate::damage::Damage) {
+    let set: HashSet<&[u8]> = damage.paths.iter().map(Vec::as_slice).collect();
+    let Some(tree) = live.tree.as_mut() else {
+        return;
+    };
+    tree.for_each_mut(&mut |path, e| {
+        if let Node::File(f) = &mut e.node {
+            if damage.covers(&set, path) {
+                f.hash = None;
+                e.meta.mtime = crate::tree::Time { s: i64::MIN, ns: 0 };
+            }
+        }
+    });
 }
 
 /// Copy each manifest hash onto the live file it still describes, and its

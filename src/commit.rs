@@ -26,6 +26,9 @@ pub struct Generation {
     /// What publishing left undone, for the reporter (fanout entries that
     /// belong to another slot or were not made by packsync).
     pub warnings: Vec<String>,
+    /// Where in the staging directory the swap left a real directory it
+    /// took out of DEST (`takeover::file` keeps it).
+    pub taken_over: Option<&'static [u8]>,
 }
 
 pub const GEN_LEN: usize = 16;
@@ -96,6 +99,7 @@ pub fn run(c: &Commit<'_>, manifest: &mut Manifest) -> Result<Generation> {
     Ok(Generation {
         name,
         warnings: published.warnings,
+        taken_over: published.taken_over,
     })
 }
 
@@ -188,7 +192,7 @@ fn converge<'s>(
 
 /// `<name>-<random>`: a generation of the same digest that is not the one
 /// on the volume under `name`.
-fn fresh_name(name: &str) -> String {
+pub(crate) fn fresh_name(name: &str) -> String {
     format!("{name}-{:08x}", sys::random_u64() as u32)
 }
 

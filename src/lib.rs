@@ -23,6 +23,7 @@ pub(crate) mod cli;
 pub(crate) mod clock;
 pub(crate) mod commit;
 pub(crate) mod config;
+pub(crate) mod damage;
 pub(crate) mod distinct;
 pub(crate) mod error;
 #[doc(hidden)]
@@ -42,6 +43,7 @@ pub(crate) mod source;
 pub(crate) mod stage;
 pub(crate) mod staging;
 pub(crate) mod sys;
+pub(crate) mod takeover;
 pub(crate) mod tree;
 pub(crate) mod verify;
 pub(crate) mod volume;

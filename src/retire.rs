@@ -385,7 +385,7 @@ fn remove_orphan_meta(vol: &Volume, state: &State) {
         let Some((gen, what)) = name.rsplit_once('.') else {
             continue;
         };
-        if !matches!(what, "manifest" | "retired" | "used" | "after")
+        if !matches!(what, "manifest" | "retired" | "used" | "after" | "damaged")
             || !crate::volume::valid_gen(gen.as_bytes())
             || state.gen.exists(gen.as_bytes()).unwrap_or(true)
             || wanted(vol, state, gen)

@@ -77,17 +77,7 @@ impl Rules {
 /// Read the tree below `root`, hash every file (in parallel) and compare it
 /// with `expected`. `label` names the root in messages.
 pub fn run(root: &DirFd, label: &str, expected: &Tree, rules: Rules) -> Result<Vec<Difference>> {
-    let dir = Dir::new(
-        root.try_clone().context("cannot duplicate a handle")?,
-        label,
-    );
-    let seen = Collected::default();
-    let mut found = dir.scan(0, &Filter::default(), &seen)?;
-    if rules.hardlinks {
-        // Which of its files share an inode: `hardlink joined` needs it.
-        found.assign_groups_by_inode();
-    }
-    scan::hash(&mut found, &[&dir], &|e| matches!(e.node, Node::File(_)))?;
+    let (found, seen) = read(root, label, rules.hardlinks)?;
     let mut diffs = compare(expected, &found, rules);
     // What scan skipped (a FIFO, a socket) is in no manifest: extra.
     for s in seen.take_skipped() {
@@ -99,6 +89,25 @@ pub fn run(root: &DirFd, label: &str, expected: &Tree, rules: Rules) -> Result<V
         });
     }
     Ok(diffs)
+}
+
+/// The tree below `root` as a manifest records it: every entry, files
+/// hashed (in parallel), hardlink groups by inode where `hardlinks` (the
+/// volume shows them). What scan skipped (a FIFO, a socket) is in the
+/// `Collected`. Also how a directory taken over at DEST gets its manifest.
+pub fn read(root: &DirFd, label: &str, hardlinks: bool) -> Result<(Tree, Collected)> {
+    let dir = Dir::new(
+        root.try_clone().context("cannot duplicate a handle")?,
+        label,
+    );
+    let seen = Collected::default();
+    let mut found = dir.scan(0, &Filter::default(), &seen)?;
+    if hardlinks {
+        // Which of its files share an inode: `hardlink joined` needs it.
+        found.assign_groups_by_inode();
+    }
+    scan::hash(&mut found, &[&dir], &|e| matches!(e.node, Node::File(_)))?;
+    Ok((found, seen))
 }
 
 /// `sync --verify`: the staged tree in `out` must be the planned `tree`.

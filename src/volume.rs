@@ -6,7 +6,7 @@
 //! ```text
 //! <parent>/<name>                     -> .<name>.packsync/gen/<GEN>
 //! <parent>/.<name>.packsync/gen/      complete generations
-//!                          meta/      <GEN>.manifest, <GEN>.retired, <GEN>.used
+//!                          meta/      <GEN>.manifest, <GEN>.retired, <GEN>.used, <GEN>.damaged
 //!                          stage/     <host>-<pid>-<random>/ one writer's work
 //!                          trash/     generations being removed
 //!                          leases/    <GEN>.<host>-<pid>-<random> held by `exec`

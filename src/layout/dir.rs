@@ -109,12 +109,17 @@ impl Driver for Dir {
         // The exchange says exactly which tree it took out; `was_live` only
         // counts when it did not (nothing there, or a directory taken over).
         let replaced = publish(vol, state, stage, gen, opts.fsync)?;
+        // A tree exchanged out of DEST that no root record names is a
+        // directory packsync did not make: left in staging, to be kept.
+        let taken_over =
+            (replaced.is_none() && stage.exists(b"tree").unwrap_or(false)).then_some(&b"tree"[..]);
         Ok(Published {
             replaced: replaced
                 .or(was_live.map(str::to_string))
                 .into_iter()
                 .collect(),
             warnings: Vec::new(),
+            taken_over,
         })
     }
 }
@@ -296,7 +301,7 @@ fn publish(
         .stat(b"tree")
         .context("cannot find the replaced tree")?;
     let Some(old) = gen_of(state, st.st_ino) else {
-        // A directory packsync did not make (taken over): removed with the staging directory.
+        // A directory packsync did not make (taken over): `takeover::file` keeps it.
         return Ok(None);
     };
     // A twin of the generation just published (a writer that swapped the

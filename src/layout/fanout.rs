@@ -128,7 +128,11 @@ impl Driver for Fanout {
                 .fsync()
                 .with_context(|| format!("cannot flush {}", vol.display))?;
         }
-        Ok(Published { replaced, warnings })
+        Ok(Published {
+            replaced,
+            warnings,
+            taken_over: None,
+        })
     }
 
     fn repair(&self, vol: &Volume, state: &State, check: &Check) -> Result<Vec<String>> {

@@ -79,6 +79,9 @@ pub struct Published {
     /// For the reporter: what the publish left undone (fanout entries that
     /// belong to someone else).
     pub warnings: Vec<String>,
+    /// Where in the staging directory the publish left a real directory it
+    /// took out of DEST (a directory `cp -aR` left), to be kept.
+    pub taken_over: Option<&'static [u8]>,
 }
 
 /// What every layout does. The state directory's shape and the protocol

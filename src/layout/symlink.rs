@@ -58,9 +58,16 @@ impl Driver for Symlink {
     ) -> Result<Published> {
         let replaced = shown_before(vol, was_live);
         link(vol, stage, gen, opts)?;
+        // The directory that was DEST, now in staging (`link`).
+        let taken_over = match opts.swap {
+            Swap::Link => None,
+            Swap::Exchange => Some(&b"link"[..]),
+            Swap::Migrate => Some(&b"old"[..]),
+        };
         Ok(Published {
             replaced,
             warnings: Vec::new(),
+            taken_over,
         })
     }
 }

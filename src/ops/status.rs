@@ -33,6 +33,20 @@ pub struct Status {
     /// Every other generation still on the volume, newest first.
     pub retained: Vec<GenInfo>,
     pub staging: Vec<StageInfo>,
+    /// What `verify` found damaged in the live generation, until a sync
+    /// copies it afresh (`null`: nothing recorded).
+    pub damaged: Option<DamageInfo>,
+}
+
+#[derive(serde::Serialize)]
+pub struct DamageInfo {
+    pub generation: String,
+    /// How many paths differ from the manifest.
+    pub paths: u64,
+    /// The first few of them (escaped as in `verify`).
+    pub first: Vec<String>,
+    pub found: String,
+    pub found_unix: i64,
 }
 
 #[derive(serde::Serialize)]
@@ -114,8 +128,19 @@ pub fn collect(t: &Target) -> Result<Status> {
         live: None,
         retained: Vec::new(),
         staging: stages(&t.state),
+        damaged: None,
     };
     if let Some(g) = &live {
+        out.damaged =
+            crate::damage::read_or_warn(&t.state, g, &|w| eprintln!("packsync: warning: {w}")).map(
+                |d| DamageInfo {
+                    generation: d.gen,
+                    paths: d.total,
+                    first: d.paths.iter().take(5).map(|p| report::escape(p)).collect(),
+                    found: rfc3339(d.found),
+                    found_unix: d.found,
+                },
+            );
         let info = info(t, g, false);
         out.resolves = info.complete && layout::open_generation(&t.vol, &t.state, g).is_ok();
         out.live = Some(info);
@@ -306,6 +331,18 @@ fn table(s: &Status) -> String {
                 g.digest.as_deref().unwrap_or("-")
             ));
         }
+    }
+    if let Some(d) = &s.damaged {
+        let more = (d.paths as usize).saturating_sub(d.first.len());
+        out.push_str(&format!(
+            "damaged: `packsync verify` found {} path{} of generation {} differing from its manifest ({}{}); the next sync copies {} afresh\n",
+            d.paths,
+            if d.paths == 1 { "" } else { "s" },
+            d.generation,
+            d.first.join(", "),
+            if more > 0 { format!(" and {more} more") } else { String::new() },
+            if d.paths == 1 { "it" } else { "them" },
+        ));
     }
     if s.staging.is_empty() {
         out.push_str("staging: none\n");

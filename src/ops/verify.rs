@@ -25,6 +25,10 @@ struct Report {
     entries: u64,
     bytes: u64,
     differences: Vec<Difference>,
+    /// The differences are recorded in the state directory, for the next
+    /// sync to copy those paths afresh (`false`: nothing to record, or the
+    /// record could not be written, a read-only mount say).
+    recorded: bool,
 }
 
 /// With several fanout slots: one object holding each slot's report.
@@ -84,8 +88,13 @@ pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
     if drifted.is_empty() {
         return Ok(0);
     }
+    let repair = if reports.iter().all(|r| r.ok || r.recorded) {
+        "recorded: the next `packsync sync` copies those paths afresh"
+    } else {
+        "`packsync sync --checksum` repairs the tree"
+    };
     Err(Failure::Drift(format!(
-        "{}; `packsync sync --checksum` repairs the tree, `packsync rollback` publishes a retained generation",
+        "{}; {repair}, `packsync rollback` publishes a retained generation",
         drifted.join("; ")
     ))
     .into())
@@ -100,7 +109,23 @@ fn check(t: &Target) -> Result<Report> {
         &manifest.tree,
         Rules::of(&manifest),
     )?;
+    // Kept for the next sync, which would otherwise trust the manifest:
+    // a file edited with its size and mtime put back passes every other check.
+    let recorded = if differences.is_empty() {
+        crate::damage::clear(&t.state, &live.gen);
+        false
+    } else {
+        let paths: Vec<&[u8]> = differences.iter().map(|d| d.path.as_slice()).collect();
+        match crate::damage::record(&t.state, &live.gen, &paths) {
+            Ok(()) => true,
+            Err(e) => {
+                eprintln!("packsync: warning: {e:#}");
+                false
+            }
+        }
+    };
     Ok(Report {
+        recorded,
         dest: t.vol.display.clone(),
         slot: t.vol.slot.clone(),
         ok: differences.is_empty(),

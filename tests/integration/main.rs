@@ -17,5 +17,6 @@ mod source_image_more;
 mod source_oci;
 mod streaming;
 mod sync;
+mod takeover;
 mod tar_corpus;
 mod xattrs;

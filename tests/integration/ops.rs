@@ -292,16 +292,22 @@ fn sync_checksum_repairs_what_verify_found() {
     f.sync(&[]).ok();
     let gen = live_gen(&f);
     corrupt_keeping_mtime(&f.dest().join("a.txt"), "xyz");
-    f.packsync(&["verify", "vol/packs"])
-        .fails(4, "`packsync sync --checksum` repairs the tree");
-    // Size and mtime agree, so only the content tells.
-    assert!(f.sync(&[]).ok().stdout.contains("up to date"));
+    f.packsync(&["verify", "vol/packs"]).fails(
+        4,
+        "recorded: the next `packsync sync` copies those paths afresh",
+    );
+    // Size and mtime agree, so only the content tells (a plain sync, by
+    // verify's record: tests/integration/takeover.rs).
     let out = f.sync(&["--checksum", "--itemize"]).ok();
     assert!(out.stdout.contains("~ a.txt"), "{}", out.stdout);
     // Not the edited generation under its old name: a tree of its own.
     assert_ne!(live_gen(&f), gen);
     assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "abc");
     f.packsync(&["verify", "vol/packs"]).ok();
+    assert!(
+        f.sync(&[]).ok().stdout.contains("up to date"),
+        "the record is gone"
+    );
 }
 
 #[test]

@@ -1,0 +1,288 @@
+//! Nothing is lost by a habit: a directory `cp -aR` left at DEST is kept as
+//! a generation when a sync takes it over, a DEST one level too deep is
+//! refused, and what `verify` found damaged is repaired by the next sync.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use crate::fixture::{json, mirror, set_mtime, write_at, Fixture, Run};
+
+/// A tree as `cp -aR` leaves it at DEST: two packs, modes, old mtimes, a
+/// symlink, a hardlink.
+fn cp_left_tree(dest: &Path) {
+    fs::create_dir_all(dest.join("core/actions")).unwrap();
+    fs::create_dir_all(dest.join("linux")).unwrap();
+    write_at(
+        &dest.join("core/actions/run.py"),
+        b"print(1)\n",
+        1_600_000_000,
+        5,
+    );
+    fs::set_permissions(
+        dest.join("core/actions/run.py"),
+        fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    write_at(
+        &dest.join("core/pack.yaml"),
+        b"name: core\n",
+        1_600_000_001,
+        0,
+    );
+    fs::hard_link(dest.join("core/pack.yaml"), dest.join("core/same.yaml")).unwrap();
+    write_at(
+        &dest.join("linux/pack.yaml"),
+        b"name: linux\n",
+        1_600_000_002,
+        7,
+    );
+    std::os::unix::fs::symlink("../core/pack.yaml", dest.join("linux/core.yaml")).unwrap();
+    set_mtime(&dest.join("linux/core.yaml"), 1_600_000_003, 0);
+    for d in ["core/actions", "core", "linux", ""] {
+        set_mtime(&dest.join(d), 1_600_000_100, 9);
+    }
+}
+
+/// The generation the take-over warning names, checking the line itself.
+#[track_caller]
+fn kept_generation(run: &Run) -> String {
+    let line = run
+        .stderr
+        .lines()
+        .find(|l| l.contains("took over the plain directory"))
+        .unwrap_or_else(|| panic!("no take-over warning: {}", run.stderr));
+    let gen = line
+        .split("kept as generation ")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    assert_eq!(
+        line,
+        format!(
+            "packsync: warning: took over the plain directory vol/packs (2 entries); \
+             kept as generation {gen}: `packsync rollback vol/packs` restores it"
+        )
+    );
+    gen
+}
+
+fn takes_over_and_rolls_back(layout: &[&str]) {
+    let f = Fixture::new();
+    f.file("core/pack.yaml", "name: core v2\n");
+    cp_left_tree(&f.dest());
+    let old = mirror(&f.dest());
+    let out = f.sync(layout);
+    if out.code == 3 && out.stderr.contains("RENAME_EXCHANGE") {
+        crate::fixture::skip("the temp directory's filesystem lacks RENAME_EXCHANGE");
+        return;
+    }
+    let out = out.ok();
+    let gen = kept_generation(&out);
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()), "the new tree is live");
+    let status = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    let retained: Vec<&str> = status["retained"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["generation"].as_str().unwrap())
+        .collect();
+    assert_eq!(retained, vec![gen.as_str()]);
+
+    // Every old file comes back: bytes, modes, mtimes, the link, the hardlink.
+    let back = f.packsync(&["rollback", "vol/packs"]).ok();
+    assert!(
+        back.stdout.contains(&format!("to generation {gen}")),
+        "{}",
+        back.stdout
+    );
+    assert_eq!(mirror(&f.dest()), old);
+    f.packsync(&["verify", "vol/packs"]).ok();
+
+    // Published over again, it is retired like any other generation.
+    let again = f.sync(layout).ok();
+    assert!(!again.stderr.contains("took over"), "{}", again.stderr);
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    assert!(f.state().join("gen").join(&gen).is_dir());
+    f.packsync(&["gc", "--keep", "0", "--grace", "0", "vol/packs"])
+        .ok();
+    assert!(
+        !f.state().join("gen").join(&gen).exists(),
+        "retired by --keep 0"
+    );
+    assert!(!f
+        .state()
+        .join("meta")
+        .join(format!("{gen}.manifest"))
+        .exists());
+}
+
+#[test]
+fn a_directory_left_by_cp_is_kept_as_a_generation_that_rollback_restores() {
+    takes_over_and_rolls_back(&[]);
+}
+
+#[test]
+fn with_layout_dir_a_directory_left_by_cp_is_kept_too() {
+    takes_over_and_rolls_back(&["--layout", "dir"]);
+}
+
+/// The first sync into a DEST that a generation's directory was taken
+/// for: refused, nothing written anywhere on the volume.
+#[test]
+fn a_dest_inside_a_published_generation_or_a_state_directory_is_refused() {
+    let f = Fixture::new();
+    f.file("hello_st2/pack.yaml", "name: hello\n");
+    f.sync(&[]).ok();
+    let gen = fs::read_link(f.dest())
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let inside = format!("is inside generation {gen} of ");
+    f.refused(&["sync", "src", "vol/packs/hello_st2"], 2, &inside);
+    f.refused(
+        &["sync", "src", "vol/packs/new/deeper", "--mkpath"],
+        2,
+        &inside,
+    );
+    let state = format!("vol/.packs.packsync/gen/{gen}/hello_st2");
+    f.refused(&["sync", "src", &state], 2, &inside);
+    f.refused(
+        &["sync", "src", "vol/.packs.packsync/stage"],
+        2,
+        "is inside the state directory",
+    );
+    f.refused(
+        &["sync", "src", "vol/.packs.packsync"],
+        2,
+        "DEST is a packsync state directory",
+    );
+}
+
+#[test]
+fn a_dest_inside_a_dir_layout_tree_is_refused() {
+    let f = Fixture::new();
+    f.file("hello_st2/pack.yaml", "name: hello\n");
+    let out = f.sync(&["--layout", "dir"]);
+    if out.code == 3 && out.stderr.contains("RENAME_EXCHANGE") {
+        crate::fixture::skip("the temp directory's filesystem lacks RENAME_EXCHANGE");
+        return;
+    }
+    out.ok();
+    f.refused(
+        &["sync", "src", "vol/packs/hello_st2"],
+        2,
+        "which packsync publishes",
+    );
+}
+
+/// Write `data` (the same length) over `path` and put its mtime back.
+fn damage(path: &Path, data: &[u8]) {
+    let m = fs::metadata(path).unwrap();
+    assert_eq!(m.len(), data.len() as u64);
+    let (s, ns) = (m.mtime(), m.mtime_nsec() as u32);
+    let mut perms = m.permissions();
+    let mode = perms.mode();
+    perms.set_mode(0o644);
+    fs::set_permissions(path, perms.clone()).unwrap();
+    fs::write(path, data).unwrap();
+    perms.set_mode(mode);
+    fs::set_permissions(path, perms).unwrap();
+    set_mtime(path, s, ns);
+}
+
+fn ino(path: &Path) -> u64 {
+    fs::metadata(path).unwrap().ino()
+}
+
+fn live_gen(f: &Fixture) -> String {
+    fs::read_link(f.dest())
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn what_verify_found_damaged_the_next_sync_repairs() {
+    let f = Fixture::new();
+    f.file("core/a.py", "good bytes\n");
+    f.file("core/b.py", "untouched\n");
+    f.sync(&[]).ok();
+    let first = live_gen(&f);
+    let b = ino(&f.dest().join("core/b.py"));
+
+    damage(&f.dest().join("core/a.py"), b"evil bytes\n");
+    f.packsync(&["verify", "vol/packs"]).fails(
+        4,
+        "recorded: the next `packsync sync` copies those paths afresh",
+    );
+    let status = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert_eq!(status["damaged"]["paths"], 1, "{status}");
+    assert_eq!(status["damaged"]["first"][0], "core/a.py");
+    let shown = f.packsync(&["status", "vol/packs"]).ok().stdout;
+    assert!(
+        shown.contains(&format!(
+            "damaged: `packsync verify` found 1 path of generation {first} differing from its \
+             manifest (core/a.py); the next sync copies it afresh"
+        )),
+        "{shown}"
+    );
+
+    // The quick compare would call it up to date: a new generation instead.
+    let out = f.sync(&[]).ok();
+    assert!(out.stdout.contains("1 copied"), "{}", out.stdout);
+    assert_ne!(live_gen(&f), first);
+    assert_eq!(
+        fs::read(f.dest().join("core/a.py")).unwrap(),
+        b"good bytes\n"
+    );
+    assert_eq!(ino(&f.dest().join("core/b.py")), b, "still hardlinked");
+    f.packsync(&["verify", "vol/packs"]).ok();
+    let status = json(&f.packsync(&["status", "--json", "vol/packs"]).ok());
+    assert!(status["damaged"].is_null(), "{status}");
+
+    // With another change in the source (a streamed update otherwise): the
+    // damaged file is still copied, never linked from the live generation.
+    let second = live_gen(&f);
+    damage(&f.dest().join("core/a.py"), b"worse bytes");
+    f.packsync(&["verify", "vol/packs"]).fails(4, "recorded");
+    f.file("core/c.py", "new\n");
+    let out = f.sync(&[]).ok();
+    assert!(out.stdout.contains("2 copied"), "{}", out.stdout);
+    assert_ne!(live_gen(&f), second);
+    assert_eq!(
+        fs::read(f.dest().join("core/a.py")).unwrap(),
+        b"good bytes\n"
+    );
+    assert_eq!(ino(&f.dest().join("core/b.py")), b, "still hardlinked");
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+#[test]
+fn a_damage_record_that_does_not_parse_is_ignored_with_a_warning() {
+    let f = Fixture::new();
+    f.file("core/a.py", "good bytes\n");
+    f.sync(&[]).ok();
+    let gen = live_gen(&f);
+    let record = f.state().join("meta").join(format!("{gen}.damaged"));
+    fs::write(&record, "packsync-damaged 1\ngeneration elsewhere\n").unwrap();
+    let out = f.sync(&[]).ok();
+    assert!(out.stdout.contains("up to date"), "{}", out.stdout);
+    assert!(
+        out.stderr.contains(&format!(
+            "packsync: warning: ignoring {}/meta/{gen}.damaged: it names generation \"elsewhere\"",
+            "vol/.packs.packsync"
+        )),
+        "{}",
+        out.stderr
+    );
+    // Too large to be read.
+    fs::write(&record, vec![b'x'; 1 << 20]).unwrap();
+    let out = f.sync(&[]).ok();
+    assert!(out.stderr.contains("larger than"), "{}", out.stderr);
+}
