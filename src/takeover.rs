@@ -69,6 +69,8 @@ pub fn record(
         granularity_ns: caps.granularity_ns,
         link_meta: caps.link_meta,
         hardlinks: caps.hardlinks,
+        // Read without them, so recorded without them (they stay on disk).
+        xattrs: false,
         layers: Vec::new(),
         digest: String::new(),
         tree,
