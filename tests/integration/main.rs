@@ -10,6 +10,7 @@ mod layouts;
 mod ops;
 mod property;
 mod sidecar;
+mod sidecar_truth;
 mod source_archive;
 mod source_http;
 mod source_image_more;
