@@ -353,15 +353,24 @@ enum Invalid {
 
 impl From<clap::Error> for Invalid {
     fn from(e: clap::Error) -> Invalid {
-        match refused_value(&e) {
+        Invalid::of(e, &[])
+    }
+}
+
+impl Invalid {
+    /// clap's error for the command line `argv`.
+    fn of(e: clap::Error, argv: &[std::ffi::OsString]) -> Invalid {
+        match refused_value(&e, argv) {
             Some(err) => Invalid::Value(err),
             None => Invalid::Clap(e),
         }
     }
 }
 
-/// A value a value parser refused, as the usage error `bad_value` makes.
-fn refused_value(e: &clap::Error) -> Option<anyhow::Error> {
+/// A value a value parser refused, as the usage error `bad_value` makes;
+/// one that came from the environment (its flag is not in `argv`) names
+/// the variable too.
+fn refused_value(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<anyhow::Error> {
     if e.kind() != ErrorKind::ValueValidation {
         return None;
     }
@@ -373,9 +382,19 @@ fn refused_value(e: &clap::Error) -> Option<anyhow::Error> {
     let flag = text(ContextKind::InvalidArg)?.split(' ').next()?;
     let value = text(ContextKind::InvalidValue)?;
     let why = std::error::Error::source(e)?;
-    if flag == "--header" {
+    let var = env_name(flag);
+    let typed = argv.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == flag || a.starts_with(&format!("{flag}="))
+    });
+    let flag = match std::env::var_os(&var) {
+        Some(_) if !typed => format!("{flag} (from {var})"),
+        _ => flag.to_string(),
+    };
+    let flag = flag.as_str();
+    if flag == "--header" || flag.starts_with("--header (") {
         // A header's value is often a token: it is never shown.
-        return Some(error::usage(format!("invalid value for --header: {why}")));
+        return Some(error::usage(format!("invalid value for {flag}: {why}")));
     }
     Some(bad_value(flag, value, why))
 }
@@ -412,8 +431,18 @@ pub fn command() -> clap::Command {
     Args::command().mut_subcommand("sync", |c| c.mut_args(|a| a.hide_env_values(true)))
 }
 
+/// The environment variable that may set `sync`'s flag `--NAME`:
+/// `PACKSYNC_NAME`, capitals and `_` for `-`.
+fn env_name(flag: &str) -> String {
+    let name = flag.trim_start_matches('-').to_ascii_uppercase();
+    format!("PACKSYNC_{}", name.replace('-', "_"))
+}
+
 fn parse_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Config, Invalid> {
-    let matches = command().try_get_matches_from(argv)?;
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().collect();
+    let matches = command()
+        .try_get_matches_from(&argv)
+        .map_err(|e| Invalid::of(e, &argv))?;
     let args = Args::from_arg_matches(&matches)?;
     // --exclude and --include interleave: their relative order decides.
     let order = matches.subcommand_matches("sync").map(|m| {
@@ -657,6 +686,65 @@ mod tests {
             .chain(args.iter().copied())
             .map(Into::into)
             .collect()
+    }
+
+    /// Every argument of every command says what it is for, in `--help`.
+    #[test]
+    fn every_argument_of_every_command_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() {
+                missing.push(path.clone());
+            }
+            for a in cmd.get_arguments() {
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{path} {}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut cmd = command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "no help: {missing:?}");
+    }
+
+    /// `sync`'s flags: each under one of the headings, each settable from
+    /// `PACKSYNC_` + its name, none of those names one the tests or the
+    /// commands packsync runs use for something else.
+    #[test]
+    fn every_sync_flag_has_a_heading_and_its_environment_name() {
+        let cmd = command();
+        let sync = cmd.find_subcommand("sync").unwrap();
+        let headings = [SOURCES, FILTERS, SAFETY, LAYOUT, SIDECAR, OUTPUT];
+        let mut flags = 0;
+        for a in sync.get_arguments() {
+            let Some(long) = a.get_long() else {
+                assert!(a.is_positional(), "{}", a.get_id());
+                assert!(a.get_env().is_none(), "{}", a.get_id());
+                continue;
+            };
+            if long == "help" {
+                continue;
+            }
+            flags += 1;
+            let heading = a.get_help_heading();
+            assert!(
+                heading.is_some_and(|h| headings.contains(&h)),
+                "--{long}: heading {heading:?}"
+            );
+            let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env, Some(env_name(&format!("--{long}"))), "--{long}");
+            let env = env.unwrap();
+            assert!(!env.starts_with("PACKSYNC_TEST_"), "{env}");
+            // What exec and --exec-after set for the commands they run.
+            assert!(!["PACKSYNC_ROOT", "PACKSYNC_GENERATION"].contains(&env.as_str()));
+            assert!(a.is_hide_env_values_set(), "--{long} would show its value");
+        }
+        assert!(flags > 30, "{flags} flags");
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod copy;
 mod examples;
 mod faults;
 mod fixture;
+mod help;
 mod hostile_remote;
 mod layouts;
 mod ops;
