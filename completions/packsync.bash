@@ -77,7 +77,7 @@ _packsync() {
 
     case "${cmd}" in
         packsync)
-            opts="-h -V --help --version sync status verify rollback gc wait exec completions help"
+            opts="-h -V --help --version status verify rollback gc wait exec completions sync help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -145,7 +145,7 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__help)
-            opts="sync status verify rollback gc wait exec completions help"
+            opts="status verify rollback gc wait exec completions sync help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -325,72 +325,12 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__sync)
-            opts="-c -X -n -i -q -h --exclude --include --exclude-from --checksum --xattrs --dry-run --itemize --json --quiet --progress --no-progress --keep --grace --max-delete --allow-empty --chown --chmod --exec-after --label --allow-downgrade --layout --slot --adopt --no-fsync --verify --mkpath --migrate --every --max-failures --http-bind --registry-auth --ca-file --insecure-registry --header --header-file --timeout --round-timeout --platform --max-entries --help"
+            opts="-c -X -n -i -q -h --registry-auth --ca-file --insecure-registry --header --header-file --timeout --round-timeout --platform --exclude --include --exclude-from --checksum --xattrs --chown --chmod --label --dry-run --max-delete --allow-empty --allow-downgrade --max-entries --verify --no-fsync --layout --slot --adopt --keep --grace --mkpath --migrate --exec-after --every --max-failures --unhealthy-after --http-bind --itemize --json --quiet --progress --no-progress --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --exclude)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --include)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --exclude-from)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --keep)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --grace)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --max-delete)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --chown)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --chmod)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --exec-after)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --label)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --layout)
-                    COMPREPLY=($(compgen -W "symlink fanout dir" -- "${cur}"))
-                    return 0
-                    ;;
-                --slot)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --every)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --max-failures)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                --http-bind)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
                 --registry-auth)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -423,7 +363,71 @@ _packsync() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --exclude)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --include)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --exclude-from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --chown)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --chmod)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --label)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-delete)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --max-entries)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --layout)
+                    COMPREPLY=($(compgen -W "symlink fanout dir" -- "${cur}"))
+                    return 0
+                    ;;
+                --slot)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --grace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --exec-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --every)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-failures)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --unhealthy-after)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --http-bind)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

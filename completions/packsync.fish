@@ -26,7 +26,6 @@ end
 
 complete -c packsync -n "__fish_packsync_needs_command" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_needs_command" -s V -l version -d 'Print version'
-complete -c packsync -n "__fish_packsync_needs_command" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "status" -d 'Show what is live and what is retained'
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "verify" -d 'Re-hash the live tree against its manifest (exit 4 on differences)'
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "rollback" -d 'Make a retained generation live again'
@@ -34,49 +33,8 @@ complete -c packsync -n "__fish_packsync_needs_command" -f -a "gc" -d 'Retire ol
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "wait" -d 'Block until DEST holds a live generation (exit 5 on timeout)'
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "exec" -d 'Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs'
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "completions" -d 'Print a shell completion script'
+complete -c packsync -n "__fish_packsync_needs_command" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'
 complete -c packsync -n "__fish_packsync_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from -d 'Read exclude patterns from FILE (gitignore syntax)' -r -F
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l keep -d 'Earlier generations to keep besides the live one' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l grace -d 'Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-delete -d 'Refuse (exit 3) to delete more than N entries' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chown -d 'Set every owner to UID:GID' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chmod -d 'Change modes, rsync syntax (e.g. D755,F644 or go-w)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exec-after -d 'Run CMD (with sh -c) after a new generation goes live' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l label -d 'A version label recorded with the generation (refuses downgrades)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layout -d 'How DEST is laid out' -r -f -a "symlink\t''
-fanout\t''
-dir\t''"
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l slot -d 'With --layout fanout: publish as this slot (several images, one DEST)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l every -d 'Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-failures -d 'With --every: exit 1 after N failed rounds in a row (default: keep trying)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l http-bind -d 'With --every: serve /healthz, /readyz and /metrics on ADDR:PORT' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l registry-auth -d 'Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)' -r -F
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l ca-file -d 'Trust the PEM certificates in FILE too (besides the system\'s and the compiled-in roots)' -r -F
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l insecure-registry -d 'Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header -d 'Send this header with https:// and http:// sources (repeatable), e.g. \'Authorization: Bearer TOKEN\'' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line' -r -F
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l round-timeout -d 'End the downloads of a sync (each round with --every) after DUR (default: no bound)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-entries -d 'Refuse (exit 1) an archive, bundle or image that holds more than N entries' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -s X -l xattrs -d 'Mirror a directory source\'s extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X does; archives and images always carry theirs'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run -d 'Show what would change; write nothing'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l json -d 'One JSON summary on stdout'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -s q -l quiet -d 'No summary line, no progress, warnings only'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal)'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-progress
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-empty -d 'Allow an empty source to replace a non-empty tree'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-downgrade -d 'Publish even if --label orders below the live generation\'s label'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l adopt -d 'With --layout fanout: take over entries packsync did not create'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-fsync -d 'Flush nothing to disk, on any filesystem: no fsync or syncfs of the staged files and directories, the manifest, gen/, meta/ or the published link (faster; a crash or power loss may leave the live generation empty or missing on disk)'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify -d 'Re-read the staged tree and compare with the source hashes before publishing'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l mkpath -d 'Create DEST\'s parent directories'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l migrate -d 'Take over a directory at DEST even where that leaves DEST missing for an instant'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand status" -l slot -d 'With --layout fanout: only this slot' -r
 complete -c packsync -n "__fish_packsync_using_subcommand status" -l json -d 'One JSON object on stdout'
 complete -c packsync -n "__fish_packsync_using_subcommand status" -s h -l help -d 'Print help'
@@ -86,8 +44,8 @@ complete -c packsync -n "__fish_packsync_using_subcommand verify" -s h -l help -
 complete -c packsync -n "__fish_packsync_using_subcommand rollback" -l to -d 'Generation to publish: a name, a unique prefix or a label (default: the newest one made before the live one)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand rollback" -l slot -d 'With --layout fanout: the slot to roll back' -r
 complete -c packsync -n "__fish_packsync_using_subcommand rollback" -s h -l help -d 'Print help'
-complete -c packsync -n "__fish_packsync_using_subcommand gc" -l keep -r
-complete -c packsync -n "__fish_packsync_using_subcommand gc" -l grace -r
+complete -c packsync -n "__fish_packsync_using_subcommand gc" -l keep -d 'Earlier generations to keep besides the live one' -r
+complete -c packsync -n "__fish_packsync_using_subcommand gc" -l grace -d 'Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand gc" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand wait" -l timeout -d 'Give up after this long (e.g. 30s, 5m; default: wait forever)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand wait" -l label -d 'Wait for a live generation with exactly this label' -r
@@ -96,12 +54,55 @@ complete -c packsync -n "__fish_packsync_using_subcommand wait" -s h -l help -d 
 complete -c packsync -n "__fish_packsync_using_subcommand exec" -l slot -d 'With --layout fanout: the slot whose generation CMD runs on' -r
 complete -c packsync -n "__fish_packsync_using_subcommand exec" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "status" -d 'Show what is live and what is retained'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "verify" -d 'Re-hash the live tree against its manifest (exit 4 on differences)'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "rollback" -d 'Make a retained generation live again'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "gc" -d 'Retire old generations and remove dead staging'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "wait" -d 'Block until DEST holds a live generation (exit 5 on timeout)'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "exec" -d 'Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "completions" -d 'Print a shell completion script'
-complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from sync status verify rollback gc wait exec completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l registry-auth -d 'Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l ca-file -d 'Trust the PEM certificates in FILE too (besides the system\'s and the compiled-in roots)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l insecure-registry -d 'Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header -d 'Send this header with https:// and http:// sources (repeatable), e.g. \'Authorization: Bearer TOKEN\'' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l round-timeout -d 'End the downloads of a sync (each round with --every) after DUR (default: no bound)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them (repeatable)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from -d 'Read exclude patterns from FILE (gitignore syntax; repeatable)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chown -d 'Set every owner to UID:GID' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chmod -d 'Change modes, rsync syntax (e.g. D755,F644 or go-w)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l label -d 'A version label recorded with the generation (refuses downgrades)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-delete -d 'Refuse (exit 3) to delete more than N entries' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-entries -d 'Refuse (exit 1) an archive, bundle or image that holds more than N entries' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layout -d 'How DEST is laid out' -r -f -a "symlink\t''
+fanout\t''
+dir\t''"
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l slot -d 'With --layout fanout: publish as this slot (several images, one DEST)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l keep -d 'Earlier generations to keep besides the live one' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l grace -d 'Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exec-after -d 'Run CMD (with sh -c) after a new generation goes live' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l every -d 'Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-failures -d 'With --every: exit 1 after N failed rounds in a row (default: keep trying)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l unhealthy-after -d 'With --every: /healthz answers 503 after N failed rounds in a row, until one succeeds (default: 3)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l http-bind -d 'With --every: serve /healthz, /readyz and /metrics on ADDR:PORT' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s c -l checksum -d 'Compare file content by SHA-256 instead of size and mtime'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s X -l xattrs -d 'Mirror a directory source\'s extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X; archives and images always carry theirs'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run -d 'Show what would change; write nothing'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-empty -d 'Allow an empty source to replace a non-empty tree'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-downgrade -d 'Publish even if --label orders below the live generation\'s label'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify -d 'Re-read the staged tree and compare with the source hashes before publishing'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-fsync -d 'Flush nothing to disk, on any filesystem: no fsync or syncfs of the staged files and directories, the manifest, gen/, meta/ or the published link (faster; a crash or power loss may leave the live generation empty or missing on disk)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l adopt -d 'With --layout fanout: take over entries packsync did not create'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l mkpath -d 'Create DEST\'s parent directories'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l migrate -d 'Take over a directory at DEST even where that leaves DEST missing for an instant'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l json -d 'One JSON summary on stdout'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s q -l quiet -d 'No summary line, no progress, warnings only'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-progress -d 'Show no progress bar, not even on a terminal'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "status" -d 'Show what is live and what is retained'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "verify" -d 'Re-hash the live tree against its manifest (exit 4 on differences)'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "rollback" -d 'Make a retained generation live again'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "gc" -d 'Retire old generations and remove dead staging'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "wait" -d 'Block until DEST holds a live generation (exit 5 on timeout)'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "exec" -d 'Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "completions" -d 'Print a shell completion script'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "sync" -d 'Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)'
+complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'

@@ -10,7 +10,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
+use clap::builder::{BoolishValueParser, TypedValueParser};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::chmod;
@@ -34,9 +36,11 @@ pub struct Args {
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
     /// Mirror SOURCE(s) into DEST (later SOURCEs win paths that several provide)
+    #[command(long_about = SYNC_LONG_ABOUT)]
     Sync(Box<SyncArgs>),
     /// Show what is live and what is retained
     Status {
+        /// The DEST a sync publishes to
         dest: PathBuf,
         /// One JSON object on stdout
         #[arg(long)]
@@ -47,6 +51,7 @@ pub enum Cmd {
     },
     /// Re-hash the live tree against its manifest (exit 4 on differences)
     Verify {
+        /// The DEST a sync publishes to
         dest: PathBuf,
         /// One JSON object on stdout
         #[arg(long)]
@@ -57,6 +62,7 @@ pub enum Cmd {
     },
     /// Make a retained generation live again
     Rollback {
+        /// The DEST a sync publishes to
         dest: PathBuf,
         /// Generation to publish: a name, a unique prefix or a label (default: the newest one made before the live one)
         #[arg(long, value_name = "GEN")]
@@ -67,14 +73,18 @@ pub enum Cmd {
     },
     /// Retire old generations and remove dead staging
     Gc {
+        /// The DEST a sync publishes to
         dest: PathBuf,
-        #[arg(long, default_value_t = config::DEFAULT_KEEP)]
+        /// Earlier generations to keep besides the live one
+        #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N")]
         keep: usize,
-        #[arg(long, default_value = config::DEFAULT_GRACE, value_parser = parse_duration)]
+        /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
+        #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration)]
         grace: Duration,
     },
     /// Block until DEST holds a live generation (exit 5 on timeout)
     Wait {
+        /// The DEST a sync publishes to
         dest: PathBuf,
         /// Give up after this long (e.g. 30s, 5m; default: wait forever)
         #[arg(long, value_name = "DUR", value_parser = parse_timeout)]
@@ -88,138 +98,226 @@ pub enum Cmd {
     },
     /// Run CMD with PACKSYNC_ROOT set to the live generation, leased while it runs
     Exec {
+        /// The DEST a sync publishes to
         dest: PathBuf,
         /// With --layout fanout: the slot whose generation CMD runs on
         #[arg(long, value_name = "NAME")]
         slot: Option<String>,
-        #[arg(required = true, last = true)]
+        /// The command and its arguments, after --
+        #[arg(required = true, last = true, value_name = "CMD")]
         cmd: Vec<String>,
     },
     /// Print a shell completion script
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell to write the script for
+        shell: clap_complete::Shell,
+    },
 }
+
+/// `sync`'s help: what a SOURCE may be, and where flags may come from.
+const SYNC_LONG_ABOUT: &str = "\
+Mirror SOURCE(s) into DEST: the tree readers see at DEST changes in one atomic swap, \
+with delete semantics (later SOURCEs win paths that several provide).
+
+A SOURCE is one of:
+  DIR                           a directory's contents
+  FILE                          a .tar, .tar.gz (.tgz) or .tar.zst archive (recognised by content)
+  https://URL, http://URL       an archive fetched from a URL (an OPA bundle server)
+  oci://HOST[:PORT]/REPO[:TAG][@sha256:...]
+                                an image's root filesystem, from a registry
+  oci-layout:DIR[:TAG]          the same, from an OCI image layout on disk
+  oci-archive:FILE[:TAG]        the same, from an OCI layout in a tar file
+  docker-archive:FILE[:REF]     the same, from what docker save writes
+
+Any SOURCE but a directory may end in //PATH to take one subtree of it, \
+e.g. oci://registry.example/packs:1.4//opt/packs.
+
+Every flag may also be set in the environment: PACKSYNC_ and the flag's name in \
+capitals, - as _ (PACKSYNC_EVERY=30s, PACKSYNC_NO_FSYNC=true); a flag on the \
+command line wins. A switch takes true/false (also 1/0, yes/no, on/off). A \
+repeatable flag takes one value a line (blank lines are skipped); \
+PACKSYNC_EXCLUDE_FROM names one FILE.";
+
+const SOURCES: &str = "Sources and network";
+const FILTERS: &str = "Filters and metadata";
+const SAFETY: &str = "Safety";
+const LAYOUT: &str = "Layout";
+const SIDECAR: &str = "Sidecar";
+const OUTPUT: &str = "Output";
 
 #[derive(clap::Args, Debug)]
 pub struct SyncArgs {
-    /// SOURCE... DEST
-    #[arg(required = true, num_args = 2.., value_name = "PATH")]
-    pub paths: Vec<PathBuf>,
-    /// Leave out paths matching GLOB (gitignore syntax; repeatable)
-    #[arg(long, value_name = "GLOB", action = ArgAction::Append, value_parser = parse_glob)]
-    pub exclude: Vec<String>,
-    /// Keep paths matching GLOB even if an earlier --exclude matched them
-    #[arg(long, value_name = "GLOB", action = ArgAction::Append, value_parser = parse_glob)]
-    pub include: Vec<String>,
-    /// Read exclude patterns from FILE (gitignore syntax)
-    #[arg(long, value_name = "FILE", action = ArgAction::Append)]
-    pub exclude_from: Vec<PathBuf>,
-    /// Compare file content by SHA-256 instead of size and mtime
-    #[arg(short = 'c', long)]
-    pub checksum: bool,
-    /// Mirror a directory source's extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X does; archives and images always carry theirs
-    #[arg(short = 'X', long)]
-    pub xattrs: bool,
-    /// Show what would change; write nothing
-    #[arg(short = 'n', long)]
-    pub dry_run: bool,
-    /// One line per change: + added, ~ changed, - deleted (with --json, in its changes field)
-    #[arg(short = 'i', long)]
-    pub itemize: bool,
-    /// One JSON summary on stdout
-    #[arg(long)]
-    pub json: bool,
-    /// No summary line, no progress, warnings only
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-    /// Show a progress bar (default: when stderr is a terminal)
-    #[arg(long, overrides_with = "no_progress")]
-    pub progress: bool,
-    #[arg(long, overrides_with = "progress")]
-    pub no_progress: bool,
-    /// Earlier generations to keep besides the live one
-    #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N")]
-    pub keep: usize,
-    /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
-    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration)]
-    pub grace: Duration,
-    /// Refuse (exit 3) to delete more than N entries
-    #[arg(long, value_name = "N")]
-    pub max_delete: Option<u64>,
-    /// Allow an empty source to replace a non-empty tree
-    #[arg(long)]
-    pub allow_empty: bool,
-    /// Set every owner to UID:GID
-    #[arg(long, value_name = "UID:GID", value_parser = config::parse_owner)]
-    pub chown: Option<Owner>,
-    /// Change modes, rsync syntax (e.g. D755,F644 or go-w)
-    #[arg(long, value_name = "RULES", value_parser = chmod::parse)]
-    pub chmod: Option<chmod::Rules>,
-    /// Run CMD (with sh -c) after a new generation goes live
-    #[arg(long, value_name = "CMD")]
-    pub exec_after: Option<String>,
-    /// A version label recorded with the generation (refuses downgrades)
-    #[arg(long, value_name = "TEXT", value_parser = parse_label)]
-    pub label: Option<Label>,
-    /// Publish even if --label orders below the live generation's label
-    #[arg(long)]
-    pub allow_downgrade: bool,
-    /// How DEST is laid out
-    #[arg(long, value_enum, default_value_t = LayoutArg::Symlink)]
-    pub layout: LayoutArg,
-    /// With --layout fanout: publish as this slot (several images, one DEST)
-    #[arg(long, value_name = "NAME", value_parser = parse_slot)]
-    pub slot: Option<String>,
-    /// With --layout fanout: take over entries packsync did not create
-    #[arg(long)]
-    pub adopt: bool,
-    /// Flush nothing to disk, on any filesystem: no fsync or syncfs of the staged files and directories, the manifest, gen/, meta/ or the published link (faster; a crash or power loss may leave the live generation empty or missing on disk)
-    #[arg(long)]
-    pub no_fsync: bool,
-    /// Re-read the staged tree and compare with the source hashes before publishing
-    #[arg(long)]
-    pub verify: bool,
-    /// Create DEST's parent directories
-    #[arg(long)]
-    pub mkpath: bool,
-    /// Take over a directory at DEST even where that leaves DEST missing for an instant
-    #[arg(long)]
-    pub migrate: bool,
-    /// Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed
-    #[arg(long, value_name = "DUR", value_parser = parse_every)]
-    pub every: Option<Duration>,
-    /// With --every: exit 1 after N failed rounds in a row (default: keep trying)
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_failures: Option<u32>,
-    /// With --every: serve /healthz, /readyz and /metrics on ADDR:PORT
-    #[arg(long, value_name = "ADDR:PORT")]
-    pub http_bind: Option<std::net::SocketAddr>,
+    /// What to mirror: a directory, an archive, an http(s):// URL or an image (oci://, oci-layout:, oci-archive:, docker-archive:), optionally ending in //PATH
+    #[arg(required = true, value_name = "SOURCE")]
+    pub sources: Vec<PathBuf>,
+    /// The path readers use; packsync's state lives beside it, in .NAME.packsync
+    #[arg(required = true, value_name = "DEST")]
+    pub dest: PathBuf,
+
+    // ---- Sources and network ----
     /// Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "PACKSYNC_REGISTRY_AUTH", help_heading = SOURCES)]
     pub registry_auth: Option<PathBuf>,
     /// Trust the PEM certificates in FILE too (besides the system's and the compiled-in roots)
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "PACKSYNC_CA_FILE", help_heading = SOURCES)]
     pub ca_file: Option<PathBuf>,
     /// Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)
-    #[arg(long, value_name = "HOST[:PORT]", action = ArgAction::Append, value_parser = config::parse_registry_host)]
-    pub insecure_registry: Vec<String>,
+    #[arg(long, value_name = "HOST[:PORT]", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(config::parse_registry_host), env = "PACKSYNC_INSECURE_REGISTRY", help_heading = SOURCES)]
+    pub insecure_registry: Vec<Option<String>>,
     /// Send this header with https:// and http:// sources (repeatable), e.g. 'Authorization: Bearer TOKEN'
-    #[arg(long, value_name = "NAME: VALUE", action = ArgAction::Append, value_parser = config::parse_header)]
-    pub header: Vec<(String, String)>,
+    #[arg(long, value_name = "NAME: VALUE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(config::parse_header), env = "PACKSYNC_HEADER", help_heading = SOURCES)]
+    pub header: Vec<Option<(String, String)>>,
     /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", env = "PACKSYNC_HEADER_FILE", help_heading = SOURCES)]
     pub header_file: Option<PathBuf>,
     /// Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR
-    #[arg(long, value_name = "DUR", default_value = config::DEFAULT_NET_TIMEOUT, value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", default_value = config::DEFAULT_NET_TIMEOUT, value_parser = parse_duration, env = "PACKSYNC_TIMEOUT", help_heading = SOURCES)]
     pub timeout: Duration,
     /// End the downloads of a sync (each round with --every) after DUR (default: no bound)
-    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, env = "PACKSYNC_ROUND_TIMEOUT", help_heading = SOURCES)]
     pub round_timeout: Option<Duration>,
     /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
-    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform)]
+    #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform, env = "PACKSYNC_PLATFORM", help_heading = SOURCES)]
     pub platform: Option<config::Platform>,
+
+    // ---- Filters and metadata ----
+    /// Leave out paths matching GLOB (gitignore syntax; repeatable)
+    #[arg(long, value_name = "GLOB", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(parse_glob), env = "PACKSYNC_EXCLUDE", help_heading = FILTERS)]
+    pub exclude: Vec<Option<String>>,
+    /// Keep paths matching GLOB even if an earlier --exclude matched them (repeatable)
+    #[arg(long, value_name = "GLOB", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(parse_glob), env = "PACKSYNC_INCLUDE", help_heading = FILTERS)]
+    pub include: Vec<Option<String>>,
+    /// Read exclude patterns from FILE (gitignore syntax; repeatable)
+    #[arg(long, value_name = "FILE", action = ArgAction::Append, env = "PACKSYNC_EXCLUDE_FROM", help_heading = FILTERS)]
+    pub exclude_from: Vec<PathBuf>,
+    /// Compare file content by SHA-256 instead of size and mtime
+    #[arg(short = 'c', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_CHECKSUM", help_heading = FILTERS)]
+    pub checksum: bool,
+    /// Mirror a directory source's extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X; archives and images always carry theirs
+    #[arg(short = 'X', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_XATTRS", help_heading = FILTERS)]
+    pub xattrs: bool,
+    /// Set every owner to UID:GID
+    #[arg(long, value_name = "UID:GID", value_parser = config::parse_owner, env = "PACKSYNC_CHOWN", help_heading = FILTERS)]
+    pub chown: Option<Owner>,
+    /// Change modes, rsync syntax (e.g. D755,F644 or go-w)
+    #[arg(long, value_name = "RULES", value_parser = chmod::parse, env = "PACKSYNC_CHMOD", help_heading = FILTERS)]
+    pub chmod: Option<chmod::Rules>,
+    /// A version label recorded with the generation (refuses downgrades)
+    #[arg(long, value_name = "TEXT", value_parser = parse_label, env = "PACKSYNC_LABEL", help_heading = FILTERS)]
+    pub label: Option<Label>,
+
+    // ---- Safety ----
+    /// Show what would change; write nothing
+    #[arg(short = 'n', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_DRY_RUN", help_heading = SAFETY)]
+    pub dry_run: bool,
+    /// Refuse (exit 3) to delete more than N entries
+    #[arg(long, value_name = "N", env = "PACKSYNC_MAX_DELETE", help_heading = SAFETY)]
+    pub max_delete: Option<u64>,
+    /// Allow an empty source to replace a non-empty tree
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_ALLOW_EMPTY", help_heading = SAFETY)]
+    pub allow_empty: bool,
+    /// Publish even if --label orders below the live generation's label
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_ALLOW_DOWNGRADE", help_heading = SAFETY)]
+    pub allow_downgrade: bool,
     /// Refuse (exit 1) an archive, bundle or image that holds more than N entries
-    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_MAX_ENTRIES, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_name = "N", default_value_t = config::DEFAULT_MAX_ENTRIES, value_parser = clap::value_parser!(u64).range(1..), env = "PACKSYNC_MAX_ENTRIES", help_heading = SAFETY)]
     pub max_entries: u64,
+    /// Re-read the staged tree and compare with the source hashes before publishing
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_VERIFY", help_heading = SAFETY)]
+    pub verify: bool,
+    /// Flush nothing to disk, on any filesystem: no fsync or syncfs of the staged files and directories, the manifest, gen/, meta/ or the published link (faster; a crash or power loss may leave the live generation empty or missing on disk)
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_NO_FSYNC", help_heading = SAFETY)]
+    pub no_fsync: bool,
+
+    // ---- Layout ----
+    /// How DEST is laid out
+    #[arg(long, value_enum, default_value_t = LayoutArg::Symlink, env = "PACKSYNC_LAYOUT", help_heading = LAYOUT)]
+    pub layout: LayoutArg,
+    /// With --layout fanout: publish as this slot (several images, one DEST)
+    #[arg(long, value_name = "NAME", value_parser = parse_slot, env = "PACKSYNC_SLOT", help_heading = LAYOUT)]
+    pub slot: Option<String>,
+    /// With --layout fanout: take over entries packsync did not create
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_ADOPT", help_heading = LAYOUT)]
+    pub adopt: bool,
+    /// Earlier generations to keep besides the live one
+    #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N", env = "PACKSYNC_KEEP", help_heading = LAYOUT)]
+    pub keep: usize,
+    /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
+    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration, env = "PACKSYNC_GRACE", help_heading = LAYOUT)]
+    pub grace: Duration,
+    /// Create DEST's parent directories
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_MKPATH", help_heading = LAYOUT)]
+    pub mkpath: bool,
+    /// Take over a directory at DEST even where that leaves DEST missing for an instant
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_MIGRATE", help_heading = LAYOUT)]
+    pub migrate: bool,
+    /// Run CMD (with sh -c) after a new generation goes live
+    #[arg(long, value_name = "CMD", env = "PACKSYNC_EXEC_AFTER", help_heading = LAYOUT)]
+    pub exec_after: Option<String>,
+
+    // ---- Sidecar ----
+    /// Keep running: sync again every DUR (and at once on SIGHUP), publishing only what changed
+    #[arg(long, value_name = "DUR", value_parser = parse_every, env = "PACKSYNC_EVERY", help_heading = SIDECAR)]
+    pub every: Option<Duration>,
+    /// With --every: exit 1 after N failed rounds in a row (default: keep trying)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), env = "PACKSYNC_MAX_FAILURES", help_heading = SIDECAR)]
+    pub max_failures: Option<u32>,
+    /// With --every: /healthz answers 503 after N failed rounds in a row, until one succeeds (default: 3)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), env = "PACKSYNC_UNHEALTHY_AFTER", help_heading = SIDECAR)]
+    pub unhealthy_after: Option<u32>,
+    /// With --every: serve /healthz, /readyz and /metrics on ADDR:PORT
+    #[arg(long, value_name = "ADDR:PORT", env = "PACKSYNC_HTTP_BIND", help_heading = SIDECAR)]
+    pub http_bind: Option<std::net::SocketAddr>,
+
+    // ---- Output ----
+    /// One line per change: + added, ~ changed, - deleted (with --json, in its changes field)
+    #[arg(short = 'i', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_ITEMIZE", help_heading = OUTPUT)]
+    pub itemize: bool,
+    /// One JSON summary on stdout
+    #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_JSON", help_heading = OUTPUT)]
+    pub json: bool,
+    /// No summary line, no progress, warnings only
+    #[arg(short = 'q', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_QUIET", help_heading = OUTPUT)]
+    pub quiet: bool,
+    /// Show a progress bar (default: when stderr is a terminal)
+    #[arg(long, overrides_with = "no_progress", value_parser = BoolishValueParser::new(), env = "PACKSYNC_PROGRESS", help_heading = OUTPUT)]
+    pub progress: bool,
+    /// Show no progress bar, not even on a terminal
+    #[arg(long, overrides_with = "progress", value_parser = BoolishValueParser::new(), env = "PACKSYNC_NO_PROGRESS", help_heading = OUTPUT)]
+    pub no_progress: bool,
+}
+
+/// A repeatable flag's value parser, `P`, that takes a blank value coming
+/// from the environment (its one-value-a-line form, a trailing newline
+/// included) as no value at all. On the command line a blank value is
+/// still `P`'s to refuse.
+#[derive(Clone)]
+struct EnvLines<P>(P);
+
+impl<P: TypedValueParser> TypedValueParser for EnvLines<P> {
+    type Value = Option<P::Value>;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        self.0.parse_ref(cmd, arg, value).map(Some)
+    }
+
+    fn parse_ref_(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+        source: ValueSource,
+    ) -> Result<Self::Value, clap::Error> {
+        if source == ValueSource::EnvVariable && value.to_string_lossy().trim().is_empty() {
+            return Ok(None);
+        }
+        self.0.parse_ref_(cmd, arg, value, source).map(Some)
+    }
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug)]
@@ -258,15 +356,24 @@ enum Invalid {
 
 impl From<clap::Error> for Invalid {
     fn from(e: clap::Error) -> Invalid {
-        match refused_value(&e) {
+        Invalid::of(e, &[])
+    }
+}
+
+impl Invalid {
+    /// clap's error for the command line `argv`.
+    fn of(e: clap::Error, argv: &[std::ffi::OsString]) -> Invalid {
+        match refused_value(&e, argv) {
             Some(err) => Invalid::Value(err),
             None => Invalid::Clap(e),
         }
     }
 }
 
-/// A value a value parser refused, as the usage error `bad_value` makes.
-fn refused_value(e: &clap::Error) -> Option<anyhow::Error> {
+/// A value a value parser refused, as the usage error `bad_value` makes;
+/// one that came from the environment (its flag is not in `argv`) names
+/// the variable too.
+fn refused_value(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<anyhow::Error> {
     if e.kind() != ErrorKind::ValueValidation {
         return None;
     }
@@ -278,9 +385,19 @@ fn refused_value(e: &clap::Error) -> Option<anyhow::Error> {
     let flag = text(ContextKind::InvalidArg)?.split(' ').next()?;
     let value = text(ContextKind::InvalidValue)?;
     let why = std::error::Error::source(e)?;
-    if flag == "--header" {
+    let var = env_name(flag);
+    let typed = argv.iter().any(|a| {
+        let a = a.to_string_lossy();
+        a == flag || a.starts_with(&format!("{flag}="))
+    });
+    let flag = match std::env::var_os(&var) {
+        Some(_) if !typed => format!("{flag} (from {var})"),
+        _ => flag.to_string(),
+    };
+    let flag = flag.as_str();
+    if flag == "--header" || flag.starts_with("--header (") {
         // A header's value is often a token: it is never shown.
-        return Some(error::usage(format!("invalid value for --header: {why}")));
+        return Some(error::usage(format!("invalid value for {flag}: {why}")));
     }
     Some(bad_value(flag, value, why))
 }
@@ -310,16 +427,37 @@ fn one_line(e: &clap::Error) -> String {
         .to_string()
 }
 
+/// The command line's definition, as parsing, `--help` and the completion
+/// scripts see it. A flag's value from the environment is never shown in
+/// `--help` (`--header` may hold a token).
+pub fn command() -> clap::Command {
+    Args::command().mut_subcommand("sync", |c| c.mut_args(|a| a.hide_env_values(true)))
+}
+
+/// The environment variable that may set `sync`'s flag `--NAME`:
+/// `PACKSYNC_NAME`, capitals and `_` for `-`.
+fn env_name(flag: &str) -> String {
+    let name = flag.trim_start_matches('-').to_ascii_uppercase();
+    format!("PACKSYNC_{}", name.replace('-', "_"))
+}
+
 fn parse_from(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Config, Invalid> {
-    let matches = Args::command().try_get_matches_from(argv)?;
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().collect();
+    let matches = command()
+        .try_get_matches_from(&argv)
+        .map_err(|e| Invalid::of(e, &argv))?;
     let args = Args::from_arg_matches(&matches)?;
     // --exclude and --include interleave: their relative order decides.
     let order = matches.subcommand_matches("sync").map(|m| {
         let mut rules: Vec<(usize, String)> = Vec::new();
         for (id, neg) in [("exclude", false), ("include", true)] {
-            if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<String>(id)) {
+            // The environment's values come after the command line's, a
+            // blank line of it as a `None`.
+            if let (Some(idx), Some(vals)) = (m.indices_of(id), m.get_many::<Option<String>>(id)) {
                 for (i, v) in idx.zip(vals) {
-                    rules.push((i, if neg { format!("!{v}") } else { v.clone() }));
+                    if let Some(v) = v {
+                        rules.push((i, if neg { format!("!{v}") } else { v.clone() }));
+                    }
                 }
             }
         }
@@ -371,6 +509,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     if s.every.is_none() {
         for (flag, set) in [
             ("--max-failures", s.max_failures.is_some()),
+            ("--unhealthy-after", s.unhealthy_after.is_some()),
             ("--http-bind", s.http_bind.is_some()),
         ] {
             if set {
@@ -423,7 +562,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
             })?);
         }
     }
-    headers.extend(s.header);
+    headers.extend(s.header.into_iter().flatten());
     if s.timeout.is_zero() {
         return Err(bad_value("--timeout", "0", "must be more than zero"));
     }
@@ -433,17 +572,15 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     let remote = config::Remote {
         registry_auth: s.registry_auth,
         ca_file: s.ca_file,
-        insecure_registries: s.insecure_registry,
+        insecure_registries: s.insecure_registry.into_iter().flatten().collect(),
         headers,
         timeout: s.timeout,
         round_timeout: s.round_timeout,
         platform: s.platform,
     };
-    let mut paths = s.paths;
-    let dest = paths.pop().expect("clap requires two paths");
     Ok(SyncConfig {
-        sources: paths,
-        dest,
+        sources: s.sources,
+        dest: s.dest,
         filter,
         checksum: s.checksum,
         dry_run: s.dry_run,
@@ -474,6 +611,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         migrate: s.migrate,
         every: s.every,
         max_failures: s.max_failures,
+        unhealthy_after: s.unhealthy_after.unwrap_or(config::DEFAULT_UNHEALTHY_AFTER),
         http_bind: s.http_bind,
         max_entries: s.max_entries,
         remote,
@@ -535,7 +673,7 @@ pub(crate) fn exclude_lines(text: &str) -> impl Iterator<Item = &str> {
 
 /// Write the completion script for `shell` to `out`.
 pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
-    clap_complete::generate(shell, &mut Args::command(), "packsync", out);
+    clap_complete::generate(shell, &mut command(), "packsync", out);
 }
 
 /// A usage error for a flag value.
@@ -552,6 +690,65 @@ mod tests {
             .chain(args.iter().copied())
             .map(Into::into)
             .collect()
+    }
+
+    /// Every argument of every command says what it is for, in `--help`.
+    #[test]
+    fn every_argument_of_every_command_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let path = format!("{path} {}", cmd.get_name());
+            if cmd.get_about().is_none() {
+                missing.push(path.clone());
+            }
+            for a in cmd.get_arguments() {
+                if a.get_help().is_none_or(|h| h.to_string().trim().is_empty()) {
+                    missing.push(format!("{path} {}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &path, missing);
+            }
+        }
+        let mut cmd = command();
+        cmd.build();
+        let mut missing = Vec::new();
+        walk(&cmd, "", &mut missing);
+        assert!(missing.is_empty(), "no help: {missing:?}");
+    }
+
+    /// `sync`'s flags: each under one of the headings, each settable from
+    /// `PACKSYNC_` + its name, none of those names one the tests or the
+    /// commands packsync runs use for something else.
+    #[test]
+    fn every_sync_flag_has_a_heading_and_its_environment_name() {
+        let cmd = command();
+        let sync = cmd.find_subcommand("sync").unwrap();
+        let headings = [SOURCES, FILTERS, SAFETY, LAYOUT, SIDECAR, OUTPUT];
+        let mut flags = 0;
+        for a in sync.get_arguments() {
+            let Some(long) = a.get_long() else {
+                assert!(a.is_positional(), "{}", a.get_id());
+                assert!(a.get_env().is_none(), "{}", a.get_id());
+                continue;
+            };
+            if long == "help" {
+                continue;
+            }
+            flags += 1;
+            let heading = a.get_help_heading();
+            assert!(
+                heading.is_some_and(|h| headings.contains(&h)),
+                "--{long}: heading {heading:?}"
+            );
+            let env = a.get_env().map(|e| e.to_string_lossy().into_owned());
+            assert_eq!(env, Some(env_name(&format!("--{long}"))), "--{long}");
+            let env = env.unwrap();
+            assert!(!env.starts_with("PACKSYNC_TEST_"), "{env}");
+            // What exec and --exec-after set for the commands they run.
+            assert!(!["PACKSYNC_ROOT", "PACKSYNC_GENERATION"].contains(&env.as_str()));
+            assert!(a.is_hide_env_values_set(), "--{long} would show its value");
+        }
+        assert!(flags > 30, "{flags} flags");
     }
 
     #[test]
@@ -578,7 +775,7 @@ mod tests {
             panic!("one path parsed");
         };
         let msg = one_line(&e);
-        assert!(!msg.contains('\n') && msg.contains("PATH"), "{msg}");
+        assert!(!msg.contains('\n') && msg.contains("<SOURCE>..."), "{msg}");
     }
 
     /// The usage error (exit 2) a command line gives, as its one line.

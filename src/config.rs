@@ -146,6 +146,9 @@ pub struct SyncConfig {
     pub every: Option<Duration>,
     /// `--max-failures N`: with `--every`, exit 1 after N failed rounds in a row.
     pub max_failures: Option<u32>,
+    /// `--unhealthy-after N`: with `--every`, `/healthz` answers 503 once N
+    /// rounds in a row failed, until one succeeds.
+    pub unhealthy_after: u32,
     /// `--http-bind ADDR:PORT`: with `--every`, serve health and metrics there.
     pub http_bind: Option<std::net::SocketAddr>,
     /// `--max-entries N`: the most entries an archive, bundle or image may
@@ -162,6 +165,9 @@ pub const DEFAULT_MAX_ENTRIES: u64 = 2_000_000;
 
 /// `--timeout`: connecting, headers and documents whole, and a body's stall window.
 pub const DEFAULT_NET_TIMEOUT: &str = "30s";
+
+/// `sync --unhealthy-after`: failed rounds in a row that make `/healthz` 503.
+pub const DEFAULT_UNHEALTHY_AFTER: u32 = 3;
 
 /// The flags of sources that are not on this host (`https://`, `oci://`,
 /// `oci-layout:`): resolved once, read by `net` and the source kinds.

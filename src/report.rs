@@ -418,6 +418,47 @@ pub fn round_failed(
     eprintln!("packsync: error: {msg} (failure {failures} in a row; {next})");
 }
 
+/// The first good round of `sync --every` after failures, with `--json` an
+/// object on stdout like the failures before it: the log's last line then
+/// says the loop is well again, not the stale error.
+#[derive(serde::Serialize)]
+struct RoundRecovered<'a> {
+    status: &'static str,
+    /// The failed rounds in a row this one ended.
+    failures: u32,
+    generation: Option<&'a str>,
+}
+
+/// Show that a round succeeded after `failures` failed ones, leaving
+/// `generation` live.
+pub fn round_recovered(failures: u32, generation: Option<&str>, output: Output) {
+    if output == Output::Json {
+        let _ = json(&RoundRecovered {
+            status: "recovered",
+            failures,
+            generation,
+        });
+        return;
+    }
+    let rounds = if failures == 1 { "failure" } else { "failures" };
+    match generation {
+        Some(g) => {
+            eprintln!("packsync: recovered after {failures} {rounds}; generation {g} is live")
+        }
+        None => eprintln!("packsync: recovered after {failures} {rounds}"),
+    }
+}
+
+/// `sync --every` ended by SIGINT/SIGTERM, as asked: an info line, not an
+/// error (the exit status still tells which signal).
+pub fn loop_stopped(sig: i32, generation: Option<&str>) {
+    let name = crate::sys::signal_name(sig);
+    match generation {
+        Some(g) => eprintln!("packsync: interrupted by {name}; stopped, generation {g} stays live"),
+        None => eprintln!("packsync: interrupted by {name}; stopped"),
+    }
+}
+
 /// What a sync did, for the summary line and `--json`.
 #[derive(serde::Serialize, Default)]
 pub struct Summary {

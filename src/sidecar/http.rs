@@ -201,11 +201,16 @@ fn respond(req: &Request, health: &Health) -> Vec<u8> {
                 false => ((503, "Service Unavailable"), "not ok\n".to_string(), TEXT),
             }
         }
-        "/metrics" => ((200, "OK"), health.render(), METRICS),
+        "/metrics" => {
+            let process = crate::sys::process_figures();
+            ((200, "OK"), health.render(process.as_ref()), METRICS)
+        }
         _ => ((404, "Not Found"), "not found\n".to_string(), TEXT),
     };
+    // HEAD: the head GET would get, its Content-Length included, no body.
+    let len = body.len();
     let body = if req.head_only { "" } else { &body };
-    message(status, ctype, body.len(), body, "")
+    message(status, ctype, len, body, "")
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";

@@ -2,9 +2,14 @@
 //! live generation behind `/metrics`, and the two states behind `/healthz`
 //! and `/readyz`. The loop records each round here; the HTTP thread reads.
 //! Plain data behind one mutex, fixed in size: nothing grows with rounds.
+//!
+//! One process serves one DEST (and at most one `--slot` of it), so no
+//! series carries a `dest` label: the scrape target already names it.
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
+
+use crate::sys::ProcessFigures;
 
 /// How a round ended, as `packsync_syncs_total{result}` counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -15,15 +20,16 @@ pub enum Outcome {
 }
 
 /// Upper bounds (seconds) of `packsync_sync_duration_seconds`' buckets:
-/// from an idle round of a small tree to a large first copy.
-const BUCKETS: [f64; 12] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+/// from an idle round of a small tree (a few milliseconds) to a large
+/// first copy.
+const BUCKETS: [f64; 15] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 60.0, 300.0,
 ];
 
 /// The loop's state, shared with the HTTP thread.
 pub struct Health {
-    /// `--max-failures`: more failures in a row than this is unhealthy.
-    max_failures: Option<u32>,
+    /// `--unhealthy-after`: this many failures in a row is unhealthy.
+    unhealthy_after: u32,
     stats: Mutex<Stats>,
 }
 
@@ -48,9 +54,9 @@ struct Stats {
 }
 
 impl Health {
-    pub fn new(max_failures: Option<u32>) -> Health {
+    pub fn new(unhealthy_after: u32) -> Health {
         Health {
-            max_failures,
+            unhealthy_after,
             stats: Mutex::new(Stats::default()),
         }
     }
@@ -102,16 +108,21 @@ impl Health {
         self.stats.lock().unwrap().live = Some((gen, label));
     }
 
-    /// Whether a live generation is known (else the loop looks on the volume).
-    pub fn knows_live(&self) -> bool {
-        self.stats.lock().unwrap().live.is_some()
+    /// The live generation's name, if known (else the loop looks on the volume).
+    pub fn live(&self) -> Option<String> {
+        self.stats
+            .lock()
+            .unwrap()
+            .live
+            .as_ref()
+            .map(|l| l.0.clone())
     }
 
-    /// `/healthz`: DEST holds a live generation, and the rounds have not
-    /// failed more than `--max-failures` times in a row.
+    /// `/healthz`: DEST holds a live generation, and fewer than
+    /// `--unhealthy-after` rounds in a row failed.
     pub fn healthy(&self) -> bool {
         let s = self.stats.lock().unwrap();
-        s.live.is_some() && self.max_failures.is_none_or(|m| s.failures_in_a_row <= m)
+        s.live.is_some() && s.failures_in_a_row < self.unhealthy_after
     }
 
     /// `/readyz`: a generation from this process's sources is live.
@@ -119,10 +130,12 @@ impl Health {
         self.stats.lock().unwrap().ready
     }
 
-    /// `/metrics`, in the Prometheus text exposition format (0.0.4).
-    pub fn render(&self) -> String {
+    /// `/metrics`, in the Prometheus text exposition format (0.0.4), with
+    /// the process's figures as a client library's process collector names
+    /// them.
+    pub fn render(&self, process: Option<&ProcessFigures>) -> String {
         let s = self.stats.lock().unwrap();
-        let mut out = String::with_capacity(2048);
+        let mut out = String::with_capacity(4096);
         out.push_str("# HELP packsync_syncs_total Rounds of the sync loop, by how they ended.\n");
         out.push_str("# TYPE packsync_syncs_total counter\n");
         for (result, n) in [
@@ -173,6 +186,18 @@ impl Health {
         out.push_str("# HELP packsync_copied_bytes_total Bytes copied into new generations.\n");
         out.push_str("# TYPE packsync_copied_bytes_total counter\n");
         let _ = writeln!(out, "packsync_copied_bytes_total {}", s.copied_bytes);
+        out.push_str(
+            "# HELP packsync_consecutive_failures Rounds in a row that failed, up to the last one (0 once a round succeeds).\n",
+        );
+        out.push_str("# TYPE packsync_consecutive_failures gauge\n");
+        let _ = writeln!(out, "packsync_consecutive_failures {}", s.failures_in_a_row);
+        out.push_str("# HELP packsync_build_info The packsync version serving these metrics.\n");
+        out.push_str("# TYPE packsync_build_info gauge\n");
+        let _ = writeln!(
+            out,
+            "packsync_build_info{{version=\"{}\"}} 1",
+            label_value(env!("CARGO_PKG_VERSION"))
+        );
         if let Some((rss, fds)) = s.resources {
             out.push_str(
                 "# HELP packsync_idle_resident_memory_bytes Resident memory between rounds, after the last one.\n",
@@ -185,7 +210,58 @@ impl Health {
             out.push_str("# TYPE packsync_idle_open_fds gauge\n");
             let _ = writeln!(out, "packsync_idle_open_fds {fds}");
         }
+        drop(s);
+        if let Some(p) = process {
+            process_figures(&mut out, p);
+        }
         out
+    }
+}
+
+/// The `process_*` series of the Prometheus client libraries.
+fn process_figures(out: &mut String, p: &ProcessFigures) {
+    let mut series = |name: &str, kind: &str, help: &str, value: &dyn std::fmt::Display| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        let _ = writeln!(out, "{name} {value}");
+    };
+    series(
+        "process_cpu_seconds_total",
+        "counter",
+        "Total user and system CPU time spent in seconds.",
+        &p.cpu_seconds,
+    );
+    series(
+        "process_resident_memory_bytes",
+        "gauge",
+        "Resident memory size in bytes.",
+        &p.resident_bytes,
+    );
+    series(
+        "process_virtual_memory_bytes",
+        "gauge",
+        "Virtual memory size in bytes.",
+        &p.virtual_bytes,
+    );
+    series(
+        "process_start_time_seconds",
+        "gauge",
+        "Start time of the process since unix epoch in seconds.",
+        &p.start_time_seconds,
+    );
+    series(
+        "process_open_fds",
+        "gauge",
+        "Number of open file descriptors.",
+        &p.open_fds,
+    );
+    if let Some(max) = p.max_fds {
+        series(
+            "process_max_fds",
+            "gauge",
+            "Maximum number of open file descriptors.",
+            &max,
+        );
     }
 }
 
@@ -202,7 +278,7 @@ mod tests {
 
     #[test]
     fn health_follows_the_rounds() {
-        let h = Health::new(Some(2));
+        let h = Health::new(3);
         assert!(!h.healthy() && !h.ready(), "nothing live yet");
         h.record(Outcome::Error, 0.1, 0, None, 1.0);
         assert!(!h.healthy() && !h.ready());
@@ -217,29 +293,54 @@ mod tests {
         for _ in 0..2 {
             h.record(Outcome::Error, 0.1, 0, None, 3.0);
         }
-        assert!(h.healthy(), "two failures are within --max-failures 2");
+        assert!(
+            h.healthy(),
+            "two failures are fewer than --unhealthy-after 3"
+        );
         h.record(Outcome::Error, 0.1, 0, None, 4.0);
         assert!(!h.healthy() && h.ready(), "the tree stays live");
+        assert!(h
+            .render(None)
+            .contains("\npacksync_consecutive_failures 3\n"));
+        h.record(Outcome::Error, 0.1, 0, None, 4.5);
+        assert!(!h.healthy());
         h.record(Outcome::UpToDate, 0.1, 0, None, 5.0);
         assert!(h.healthy());
+        assert!(h
+            .render(None)
+            .contains("\npacksync_consecutive_failures 0\n"));
     }
 
     #[test]
     fn the_histogram_is_cumulative_and_labels_are_escaped() {
-        let h = Health::new(None);
+        let h = Health::new(3);
         h.record(
             Outcome::Published,
-            0.004,
+            0.003,
             5,
             Some(("g".into(), "a\"b\\".into())),
             7.5,
         );
         h.record(Outcome::UpToDate, 0.2, 0, None, 8.0);
         h.record(Outcome::Error, 1000.0, 0, None, 9.0);
-        let text = h.render();
+        let process = ProcessFigures {
+            cpu_seconds: 1.5,
+            resident_bytes: 4096,
+            virtual_bytes: 8192,
+            start_time_seconds: 1700000000.25,
+            open_fds: 7,
+            max_fds: Some(1024),
+        };
+        let text = h.render(Some(&process));
+        let version = format!(
+            "packsync_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
         for line in [
             "packsync_syncs_total{result=\"published\"} 1",
             "packsync_syncs_total{result=\"error\"} 1",
+            "packsync_sync_duration_seconds_bucket{le=\"0.001\"} 0",
+            "packsync_sync_duration_seconds_bucket{le=\"0.0025\"} 0",
             "packsync_sync_duration_seconds_bucket{le=\"0.005\"} 1",
             "packsync_sync_duration_seconds_bucket{le=\"0.25\"} 2",
             "packsync_sync_duration_seconds_bucket{le=\"300\"} 2",
@@ -248,6 +349,14 @@ mod tests {
             "packsync_last_success_timestamp_seconds 8",
             "packsync_live_generation_info{generation=\"g\",label=\"a\\\"b\\\\\"} 1",
             "packsync_copied_bytes_total 5",
+            "packsync_consecutive_failures 1",
+            &version,
+            "process_cpu_seconds_total 1.5",
+            "process_resident_memory_bytes 4096",
+            "process_virtual_memory_bytes 8192",
+            "process_start_time_seconds 1700000000.25",
+            "process_open_fds 7",
+            "process_max_fds 1024",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
         }

@@ -7,9 +7,11 @@
 //! The next round starts DUR after the last one began, at once on SIGHUP,
 //! and after a failure sooner, with a backoff doubling up to DUR. A round
 //! is shown (one line, or one JSON object) when it published, failed, or
-//! is the first; an idle round shows nothing. SIGINT/SIGTERM, mid-round or
-//! between rounds, end the loop once the round's staging is removed (exit
-//! 130/143). Everything a round opens is closed when it ends and the
+//! is the first; an idle round shows nothing; the first good round after
+//! failures says so, so the last line is never a stale error.
+//! SIGINT/SIGTERM, mid-round or between rounds, end the loop once the
+//! round's staging is removed (exit 130/143), with an info line: being
+//! stopped is how a sidecar ends, not a failure. Everything a round opens is closed when it ends and the
 //! thread pool is rayon's global one, so nothing grows with the rounds.
 
 mod http;
@@ -36,7 +38,7 @@ const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 pub fn run(cfg: &SyncConfig) -> Result<i32> {
     let every = cfg.every.expect("the loop runs with --every");
     sys::signals::install_loop().context("cannot install the signal handlers of --every")?;
-    let health = Arc::new(Health::new(cfg.max_failures));
+    let health = Arc::new(Health::new(cfg.unhealthy_after));
     if let Some(addr) = cfg.http_bind {
         http::serve(addr, health.clone())?;
     }
@@ -67,17 +69,20 @@ pub fn run(cfg: &SyncConfig) -> Result<i32> {
         if let Some(sig) = sys::signals::pending() {
             // Whatever the round made of it, its staging is gone by now; a
             // round it cut short is not a failure to show.
-            return Err(Failure::Interrupted(sig).into());
+            return Ok(stopped(sig, cfg, &health));
         }
         first = false;
         let wait = match failure {
             None => {
+                if failures > 0 {
+                    report::round_recovered(failures, health.live().as_deref(), output);
+                }
                 failures = 0;
                 every.saturating_sub(began.elapsed())
             }
             Some(e) => {
                 failures += 1;
-                if !health.knows_live() {
+                if health.live().is_none() {
                     note_live(cfg, &health);
                 }
                 let wait = backoff(failures, every);
@@ -93,9 +98,21 @@ pub fn run(cfg: &SyncConfig) -> Result<i32> {
         };
         match sys::signals::pause(wait) {
             Wake::Elapsed | Wake::Hangup => {}
-            Wake::Stop(sig) => return Err(Failure::Interrupted(sig).into()),
+            Wake::Stop(sig) => return Ok(stopped(sig, cfg, &health)),
         }
     }
+}
+
+/// The loop ends on SIGINT/SIGTERM: one info line, and the exit status
+/// 128 + the signal. With `--json` and nothing shown yet, the JSON object
+/// of an interrupted run too, as a one-shot sync has it.
+fn stopped(sig: i32, cfg: &SyncConfig, health: &Health) -> i32 {
+    report::loop_stopped(sig, health.live().as_deref());
+    let failure = Failure::Interrupted(sig);
+    if cfg.json {
+        report::json_error(&failure.to_string(), failure.exit_code());
+    }
+    failure.exit_code()
 }
 
 /// Record a round that ran to its end and show it if it did something (or

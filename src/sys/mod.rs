@@ -989,6 +989,55 @@ pub fn own_resources() -> Option<(u64, u64)> {
     Some((kib * 1024, fds.saturating_sub(1)))
 }
 
+/// What a Prometheus client library's process collector exports, read
+/// from `/proc/self` when asked (`/metrics` of `sync --every`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ProcessFigures {
+    pub cpu_seconds: f64,
+    pub resident_bytes: u64,
+    pub virtual_bytes: u64,
+    pub start_time_seconds: f64,
+    pub open_fds: u64,
+    pub max_fds: Option<u64>,
+}
+
+/// This process's figures, or `None` where /proc is not mounted (or says
+/// something that does not parse).
+pub fn process_figures() -> Option<ProcessFigures> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let btime = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<u64>().ok())?;
+    let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as u64;
+    let limit = rustix::process::getrlimit(rustix::process::Resource::Nofile).current;
+    let ticks = rustix::param::clock_ticks_per_second() as f64;
+    let page = rustix::param::page_size() as u64;
+    parse_stat(&stat, btime, ticks, page).map(|(cpu, start, vsize, rss)| ProcessFigures {
+        cpu_seconds: cpu,
+        resident_bytes: rss,
+        virtual_bytes: vsize,
+        start_time_seconds: start,
+        // Less the descriptor that listed them.
+        open_fds: open_fds.saturating_sub(1),
+        max_fds: limit,
+    })
+}
+
+/// From `/proc/PID/stat`: CPU seconds (user + system), the start time
+/// (seconds since the epoch, from the boot time `btime`), virtual and
+/// resident bytes. The command name (field 2) may hold spaces and
+/// parentheses: the fields counted are those after its last `)`.
+fn parse_stat(stat: &str, btime: u64, ticks: f64, page: u64) -> Option<(f64, f64, u64, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_ascii_whitespace().collect();
+    // `rest` starts at field 3 (state): field n is f[n - 3].
+    let num = |n: usize| f.get(n - 3)?.parse::<u64>().ok();
+    let cpu = (num(14)? + num(15)?) as f64 / ticks;
+    let start = btime as f64 + num(22)? as f64 / ticks;
+    Some((cpu, start, num(23)?, num(24)?.saturating_mul(page)))
+}
+
 // ---- For sources that are not directories (`net`, `source::oci`). ----
 
 /// At most `max` bytes of a file the user named (`--registry-auth`, a
@@ -1022,4 +1071,21 @@ pub fn open_file_path(path: &std::path::Path) -> io::Result<OwnedFd> {
         OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOCTTY,
         Mode::empty(),
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stat_fields_are_counted_after_the_command_name() {
+        // A command name with a space and a ')' of its own.
+        let stat = "4242 (pack sync) ) S 1 4242 4242 0 -1 4194560 900 0 0 0 \
+                    250 50 0 0 20 0 5 0 1000 123456789 300 18446744073709551615";
+        let (cpu, start, vsize, rss) = super::parse_stat(stat, 1_700_000_000, 100.0, 4096).unwrap();
+        assert_eq!(cpu, 3.0);
+        assert_eq!(start, 1_700_000_010.0);
+        assert_eq!((vsize, rss), (123456789, 300 * 4096));
+        assert_eq!(super::parse_stat("1 (x) S 1 2", 0, 100.0, 4096), None);
+        let live = super::process_figures().expect("/proc is mounted where the tests run");
+        assert!(live.resident_bytes > 0 && live.open_fds >= 3, "{live:?}");
+    }
 }

@@ -683,7 +683,7 @@ fn the_stackstorm_example_in_real_containers() {
     };
     assert_eq!(gens().len(), 2, "1.2.0 and 1.3.0: {:?}", gens());
     let gc = || {
-        let out = Command::new(crate::fixture::bin())
+        let out = crate::fixture::packsync()
             .args(["gc", "--keep", "0", "--grace", "0"])
             .arg(&packs)
             .output()
@@ -1305,7 +1305,7 @@ fn the_stackstorm_registry_example_in_real_containers() {
     assert_published(&packs, "examples/packs");
     assert_published(&packs, "examples/system-packs");
     assert_published(&venvs, "examples/virtualenvs");
-    let status = Command::new(crate::fixture::bin())
+    let status = crate::fixture::packsync()
         .arg("status")
         .arg(&packs)
         .args(["--slot", "packs"])

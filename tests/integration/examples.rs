@@ -254,6 +254,7 @@ fn run(ex: &Example) -> Vec<String> {
         for (n, line) in &commands {
             let cmd = rewrite(line, root);
             let mut sh = Command::new("sh");
+            crate::fixture::clean_env(&mut sh);
             sh.arg("-c")
                 .env("PATH", &path)
                 .envs(ex.env.iter().map(|(k, v)| (k, v)))
@@ -534,7 +535,7 @@ fn the_stackstorm_rollback_path_works_with_a_rollout_undo() {
     };
     let pod = |version: &str, pinned: Option<&str>| {
         image(version);
-        let out = Command::new("sh")
+        let out = crate::fixture::clean_env(&mut Command::new("sh"))
             .arg("-ec")
             .arg(script.join("\n"))
             .env("PACK_VERSION", version)

@@ -68,7 +68,23 @@ pub fn bin() -> PathBuf {
 
 /// The one way to run the binary: a command for it, to add arguments to.
 pub fn packsync() -> Command {
-    Command::new(bin())
+    let mut c = Command::new(bin());
+    clean_env(&mut c);
+    c
+}
+
+/// Take out of `cmd`'s environment every `PACKSYNC_*` variable but the
+/// tests' own `PACKSYNC_TEST_*`: any other is a flag of `sync` (its
+/// environment form), and one left in the environment the tests run in
+/// would change what every run does.
+pub fn clean_env(cmd: &mut Command) -> &mut Command {
+    for (name, _) in std::env::vars_os() {
+        let n = name.to_string_lossy();
+        if n.starts_with("PACKSYNC_") && !n.starts_with("PACKSYNC_TEST_") {
+            cmd.env_remove(&name);
+        }
+    }
+    cmd
 }
 
 /// The exit code, or 128 + the signal that ended the process (as a shell says).

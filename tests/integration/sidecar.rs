@@ -12,23 +12,23 @@ use std::time::{Duration, Instant};
 use crate::fixture::{code, Fixture, Run};
 
 /// Generous for a loaded 2-core machine; a pass never waits this long.
-const DEADLINE: Duration = Duration::from_secs(30);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(30);
 
 /// A running `sync --every`, its output in files; killed if a test fails.
-struct Loop {
-    child: Option<Child>,
+pub(crate) struct Loop {
+    pub(crate) child: Option<Child>,
     out: PathBuf,
     err: PathBuf,
-    port: u16,
+    pub(crate) port: u16,
 }
 
 impl Loop {
     /// `packsync sync --grace 0 --http-bind 127.0.0.1:<free> ARGS src vol/packs`.
-    fn start(fx: &Fixture, args: &[&str]) -> Loop {
+    pub(crate) fn start(fx: &Fixture, args: &[&str]) -> Loop {
         Loop::start_with(fx, args, |_| {})
     }
 
-    fn start_with(
+    pub(crate) fn start_with(
         fx: &Fixture,
         args: &[&str],
         tweak: impl FnOnce(&mut std::process::Command),
@@ -54,17 +54,17 @@ impl Loop {
         l
     }
 
-    fn stdout(&self) -> String {
+    pub(crate) fn stdout(&self) -> String {
         fs::read_to_string(&self.out).unwrap_or_default()
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         fs::read_to_string(&self.err).unwrap_or_default()
     }
 
     /// Wait for `cond`, failing the test (with the loop's output) after `DEADLINE`.
     #[track_caller]
-    fn until(&self, what: &str, mut cond: impl FnMut() -> bool) {
+    pub(crate) fn until(&self, what: &str, mut cond: impl FnMut() -> bool) {
         let start = Instant::now();
         while !cond() {
             if start.elapsed() > DEADLINE {
@@ -79,13 +79,13 @@ impl Loop {
     }
 
     /// GET `path`: the status code and body, or None if nothing answers.
-    fn get(&self, path: &str) -> Option<(u16, String)> {
+    pub(crate) fn get(&self, path: &str) -> Option<(u16, String)> {
         let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
         self.raw(req.as_bytes())
     }
 
     /// Send `bytes` as they are; the answer's status code and body.
-    fn raw(&self, bytes: &[u8]) -> Option<(u16, String)> {
+    pub(crate) fn raw(&self, bytes: &[u8]) -> Option<(u16, String)> {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
         s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
         s.write_all(bytes).ok()?;
@@ -97,7 +97,7 @@ impl Loop {
     }
 
     /// `packsync_syncs_total{result="<result>"}`.
-    fn rounds(&self, result: &str) -> u64 {
+    pub(crate) fn rounds(&self, result: &str) -> u64 {
         let Some((200, text)) = self.get("/metrics") else {
             return 0;
         };
@@ -109,18 +109,18 @@ impl Loop {
 
     /// Wait until `result` was counted `n` more times than now.
     #[track_caller]
-    fn more_rounds(&self, result: &str, n: u64) {
+    pub(crate) fn more_rounds(&self, result: &str, n: u64) {
         let base = self.rounds(result);
         self.until(&format!("{n} more {result} rounds"), || {
             self.rounds(result) >= base + n
         });
     }
 
-    fn status(&self, path: &str) -> u16 {
+    pub(crate) fn status(&self, path: &str) -> u16 {
         self.get(path).expect("an answer").0
     }
 
-    fn signal(&self, sig: rustix::process::Signal) {
+    pub(crate) fn signal(&self, sig: rustix::process::Signal) {
         let pid = self.child.as_ref().unwrap().id();
         rustix::process::kill_process(rustix::process::Pid::from_raw(pid as i32).unwrap(), sig)
             .unwrap();
@@ -128,7 +128,7 @@ impl Loop {
 
     /// Wait for the process to exit by itself: its exit code and output.
     #[track_caller]
-    fn exit(mut self) -> Run {
+    pub(crate) fn exit(mut self) -> Run {
         let mut child = self.child.take().unwrap();
         let start = Instant::now();
         let status = loop {
@@ -155,7 +155,7 @@ impl Loop {
 
     /// SIGTERM, and its exit.
     #[track_caller]
-    fn stop(self) -> Run {
+    pub(crate) fn stop(self) -> Run {
         self.signal(rustix::process::Signal::TERM);
         self.exit()
     }
@@ -170,7 +170,7 @@ impl Drop for Loop {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -178,12 +178,12 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn read(p: &Path) -> Option<String> {
+pub(crate) fn read(p: &Path) -> Option<String> {
     fs::read_to_string(p).ok()
 }
 
 /// The generation DEST points at.
-fn live(fx: &Fixture) -> String {
+pub(crate) fn live(fx: &Fixture) -> String {
     fs::read_link(fx.dest())
         .unwrap()
         .file_name()
@@ -501,7 +501,7 @@ fn metrics_are_valid_prometheus_text_with_the_names_of_the_spec() {
 /// `promtool check metrics` (Debian's prometheus package) reads `text`
 /// without a problem, lint included. Skips where it is not installed,
 /// except in CI (.ci/run installs it).
-fn promtool_accepts(text: &str) {
+pub(crate) fn promtool_accepts(text: &str) {
     let child = std::process::Command::new("promtool")
         .args(["check", "metrics"])
         .stdin(Stdio::piped())

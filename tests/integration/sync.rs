@@ -598,7 +598,7 @@ fn no_fsync_flushes_nothing_even_where_each_file_is_fsynced() {
     }
     let flushes = |dest: &str, extra: &[&str]| -> u64 {
         let log = f.path("strace.txt");
-        let out = std::process::Command::new("strace")
+        let out = crate::fixture::clean_env(&mut std::process::Command::new("strace"))
             .args(["-f", "-c", "-e", "trace=fsync,fdatasync,syncfs", "-o"])
             .arg(&log)
             .arg(crate::fixture::bin())

@@ -160,7 +160,7 @@ fn an_unreadable_source_file_fails_cleanly() {
         .unwrap();
     assert!(st.success());
     let nobody = |args: &[&str]| {
-        Command::new("setpriv")
+        crate::fixture::clean_env(&mut Command::new("setpriv"))
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(&bin)
             .args(args)
