@@ -325,7 +325,7 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__sync)
-            opts="-c -n -i -q -h --exclude --include --exclude-from --checksum --dry-run --itemize --json --quiet --progress --no-progress --keep --grace --max-delete --allow-empty --chown --chmod --exec-after --label --allow-downgrade --layout --slot --adopt --no-fsync --verify --mkpath --migrate --every --max-failures --http-bind --registry-auth --ca-file --insecure-registry --header --header-file --timeout --round-timeout --platform --max-entries --help"
+            opts="-c -n -i -q -h --exclude --include --exclude-from --checksum --set-mtime --dry-run --itemize --json --quiet --progress --no-progress --keep --grace --max-delete --allow-empty --chown --chmod --exec-after --label --allow-downgrade --layout --slot --adopt --no-fsync --verify --mkpath --migrate --every --max-failures --http-bind --registry-auth --ca-file --insecure-registry --header --header-file --timeout --round-timeout --platform --max-entries --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -340,6 +340,10 @@ _packsync() {
                     return 0
                     ;;
                 --exclude-from)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --set-mtime)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

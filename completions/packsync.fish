@@ -38,6 +38,7 @@ complete -c packsync -n "__fish_packsync_needs_command" -f -a "help" -d 'Print t
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from -d 'Read exclude patterns from FILE (gitignore syntax)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l set-mtime -d 'Give every published entry this mtime, seconds since the epoch (e.g. "$SOURCE_DATE_EPOCH"), and compare files by size and content: writers whose sources differ only in mtimes publish one generation' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l keep -d 'Earlier generations to keep besides the live one' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l grace -d 'Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-delete -d 'Refuse (exit 3) to delete more than N entries' -r

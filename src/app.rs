@@ -379,7 +379,12 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     adjust.tree(&mut tree);
 
     // The recorded tree is compared by the quick check: it is the drift check.
-    let by_content = if noop { 0 } else { sources.by_content() };
+    let by_content = match (noop, cfg.set_mtime) {
+        (true, _) => 0,
+        // The sources' mtimes are not kept: every file by its content.
+        (false, Some(_)) => u64::MAX,
+        (false, None) => sources.by_content(),
+    };
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
     if noop && !up_to_date(cfg, &plan, &live) {
         // Drift (or a new label): fetch after all.
@@ -563,7 +568,7 @@ fn streams(
             .all(|s| s.root().is_some() && s.lists_by_directory());
     match dest {
         Dest::Absent if plain => Some(None),
-        Dest::Live(gen) if plain && !cfg.checksum => {
+        Dest::Live(gen) if plain && !cfg.checksum && cfg.set_mtime.is_none() => {
             let state = state?;
             let (mut r, shown) = state.manifest_reader(gen).ok()?;
             let header = Manifest::read_header(&mut r).ok()?;
@@ -825,7 +830,8 @@ fn quick(
     let Dest::Live(gen) = dest else {
         return None;
     };
-    if cfg.dry_run || cfg.checksum {
+    // `--set-mtime` gives every file one mtime: only content tells.
+    if cfg.dry_run || cfg.checksum || cfg.set_mtime.is_some() {
         return None;
     }
     let refs = sources.refs();
@@ -911,6 +917,8 @@ fn unchanged_live(
             .manifest_reader(gen)
             .ok()
             .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+            // Made under another `--set-mtime`: its tree has other mtimes.
+            .filter(|h| h.set_mtime == cfg.set_mtime)
             .map(|h| (gen, h)),
         _ => None,
     };
@@ -1027,7 +1035,10 @@ fn shape_of(cfg: &SyncConfig) -> Option<String> {
         return None;
     }
     let a = Adjust::of(cfg);
-    let text = format!("{:?} {:?} {}", a.owner, a.chmod, a.mirrored);
+    let mut text = format!("{:?} {:?} {}", a.owner, a.chmod, a.mirrored);
+    if let Some(t) = cfg.set_mtime {
+        text.push_str(&format!(" mtime {t}"));
+    }
     let h = crate::manifest::hex(&sha2::Sha256::digest(text.as_bytes()));
     Some(h[..16].to_string())
 }
@@ -1086,8 +1097,9 @@ fn manifest_of(
     sources: &Sources,
     owners: bool,
     caps: &crate::caps::Caps,
-    tree: Tree,
+    mut tree: Tree,
 ) -> Manifest {
+    tree.keep_hashes_on_leaders();
     Manifest {
         label: cfg.label_text().map(str::to_string),
         created: clock::now_pair(),
@@ -1097,6 +1109,7 @@ fn manifest_of(
         granularity_ns: caps.granularity_ns,
         link_meta: caps.link_meta,
         hardlinks: caps.hardlinks,
+        set_mtime: cfg.set_mtime,
         layers: shape_of(cfg).map_or_else(Vec::new, |shape| {
             let records = sources.all.iter().map(|s| s.record(&shape));
             records
@@ -1259,7 +1272,8 @@ fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
 
 /// The owners and modes the staged tree gets: `--chown`'s, the source's as
 /// root, else ours, with setuid/setgid bits dropped from files (they would
-/// mean something else on a file we cannot give its owner); then `--chmod`.
+/// mean something else on a file we cannot give its owner); then `--chmod`;
+/// every mtime `--set-mtime`'s.
 /// Applied entry by entry, to a whole tree or to a directory being compared.
 #[derive(Clone, Copy)]
 struct Adjust<'a> {
@@ -1267,6 +1281,7 @@ struct Adjust<'a> {
     /// Whether owners are mirrored (and so compared).
     mirrored: bool,
     chmod: Option<&'a crate::chmod::Rules>,
+    mtime: Option<crate::tree::Time>,
 }
 
 impl<'a> Adjust<'a> {
@@ -1286,6 +1301,7 @@ impl<'a> Adjust<'a> {
             owner,
             mirrored,
             chmod: cfg.chmod.as_ref(),
+            mtime: cfg.set_mtime.map(|s| (s, 0).into()),
         }
     }
 
@@ -1301,6 +1317,9 @@ impl<'a> Adjust<'a> {
             if kind != Kind::Symlink {
                 m.mode = rules.mode(m.mode, kind == Kind::Dir);
             }
+        }
+        if let Some(t) = self.mtime {
+            m.mtime = t;
         }
     }
 
@@ -1319,6 +1338,10 @@ impl<'a> Adjust<'a> {
         }
         if let Some(rules) = self.chmod {
             rules.apply(tree);
+        }
+        if let Some(t) = self.mtime {
+            tree.root.mtime = t;
+            tree.for_each_mut(&mut |_, e| e.meta.mtime = t);
         }
     }
 }
@@ -1461,6 +1484,7 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
             }
         }
     });
+    live.share_group_hashes();
     match failed {
         Some(err) => Err(err),
         None => Ok(()),
@@ -1487,10 +1511,12 @@ fn plan(
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
         by_content,
     };
-    if cfg.checksum {
+    if cfg.checksum || cfg.set_mtime.is_some() {
         if let Some(lt) = live.tree.as_ref() {
             hash_candidates(tree, lt, sources)?;
         }
+    }
+    if cfg.checksum {
         if let (Some(lt), Some(dir)) = (live.tree.as_mut(), live.dir.as_ref()) {
             scan::hash(lt, &[dir], &|e| matches!(e.node, Node::File(_)))?;
         }
@@ -1519,8 +1545,9 @@ fn plan(
     Ok(plan)
 }
 
-/// With `--checksum`, hash the source files that have a live file of the
-/// same size: the only ones whose content decides anything.
+/// With `--checksum` or `--set-mtime`, hash the source files that have a
+/// live file of the same size (the only ones whose content decides
+/// anything) and no hash yet (a spooled source hashed its files already).
 fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()> {
     let mut sizes = std::collections::HashMap::new();
     live.for_each(&mut |p, e| {
@@ -1533,7 +1560,7 @@ fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()
     let mut want = HashSet::new();
     tree.for_each(&mut |p, e| {
         if let Node::File(f) = &e.node {
-            if sizes.get(p) == Some(&e.meta.size) {
+            if f.hash.is_none() && sizes.get(p) == Some(&e.meta.size) {
                 want.insert((f.src, f.dev, f.ino));
             }
         }

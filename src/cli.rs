@@ -116,6 +116,9 @@ pub struct SyncArgs {
     /// Compare file content by SHA-256 instead of size and mtime
     #[arg(short = 'c', long)]
     pub checksum: bool,
+    /// Give every published entry this mtime, seconds since the epoch (e.g. "$SOURCE_DATE_EPOCH"), and compare files by size and content: writers whose sources differ only in mtimes publish one generation
+    #[arg(long, value_name = "EPOCH", env = "PACKSYNC_SET_MTIME", allow_negative_numbers = true, value_parser = parse_epoch)]
+    pub set_mtime: Option<i64>,
     /// Show what would change; write nothing
     #[arg(short = 'n', long)]
     pub dry_run: bool,
@@ -442,6 +445,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         dest,
         filter,
         checksum: s.checksum,
+        set_mtime: s.set_mtime,
         dry_run: s.dry_run,
         itemize: s.itemize,
         json: s.json,
@@ -479,6 +483,20 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
 /// `--grace`: see `config::parse_duration`.
 fn parse_duration(s: &str) -> Result<Duration> {
     config::parse_duration(s)
+}
+
+/// `sync --set-mtime`: whole seconds since the epoch, within the range a
+/// time in nanoseconds holds (1677 to 2262).
+fn parse_epoch(s: &str) -> Result<i64> {
+    let t: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("not a whole number of seconds since the epoch"))?;
+    let max = i64::MAX / 1_000_000_000;
+    if !(-max..=max).contains(&t) {
+        anyhow::bail!("out of range (at most {max} seconds either side of the epoch)");
+    }
+    Ok(t)
 }
 
 /// `sync --every`: a duration of at least `config::MIN_EVERY`.

@@ -102,6 +102,9 @@ pub struct SyncConfig {
     pub filter: Filter,
     /// `--checksum`
     pub checksum: bool,
+    /// `--set-mtime EPOCH`: every published entry gets this mtime (seconds
+    /// since the epoch), and files are compared by size and content.
+    pub set_mtime: Option<i64>,
     /// `--dry-run`
     pub dry_run: bool,
     /// `--itemize`

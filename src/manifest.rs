@@ -12,6 +12,7 @@
 //! granularity 1                 (mtime granularity of the volume, nanoseconds)
 //! linkmeta 1                    (1: symlinks got their own mtime and owner; 0: not compared)
 //! hardlinks 1                   (1: the volume shows hardlinks as one inode; 0: groups from here)
+//! setmtime 1700000000           (optional: `--set-mtime`, every entry got this mtime)
 //! digest <sha256 hex of the entry lines and label>
 //! entries 42
 //! bytes 123456
@@ -52,6 +53,10 @@ pub struct Manifest {
     /// The volume shows hardlinked names as one inode. Where it does not
     /// (sshfs), the live tree's hardlink groups are taken from this manifest.
     pub hardlinks: bool,
+    /// `--set-mtime`: every entry was given this mtime (seconds since the
+    /// epoch), so the sources' own mtimes are not in the tree: a source
+    /// unchanged since is up to date only under the same value.
+    pub set_mtime: Option<i64>,
     /// (SOURCE index, record): what a source kind keeps so that the next
     /// sync can start from this generation (an image's applied layers,
     /// `Source::record`). Not part of the digest; a malformed line is
@@ -204,6 +209,9 @@ impl Manifest {
         writeln!(w, "granularity {}", self.granularity_ns)?;
         writeln!(w, "linkmeta {}", self.link_meta as u8)?;
         writeln!(w, "hardlinks {}", self.hardlinks as u8)?;
+        if let Some(t) = self.set_mtime {
+            writeln!(w, "setmtime {t}")?;
+        }
         writeln!(w, "digest {}", self.digest)?;
         writeln!(w, "entries {entries}")?;
         writeln!(w, "bytes {bytes}")?;
@@ -279,6 +287,7 @@ impl Manifest {
                 "granularity" => m.granularity_ns = v.parse().context("bad granularity")?,
                 "linkmeta" => m.link_meta = flag(v).context("bad linkmeta")?,
                 "hardlinks" => m.hardlinks = flag(v).context("bad hardlinks")?,
+                "setmtime" => m.set_mtime = Some(v.parse().context("bad setmtime")?),
                 "digest" => m.digest = v.to_string(),
                 _ => {} // counts and fields of later minor versions
             }
@@ -720,12 +729,16 @@ mod tests {
             granularity_ns: 1000,
             link_meta: false,
             hardlinks: false,
+            set_mtime: Some(-86400),
             layers: vec![(0, "oci-layers 1 x".into())],
             digest: String::new(),
             tree,
         };
         let text = m.seal();
-        assert!(text.contains("\nlinkmeta 0\nhardlinks 0\n"), "{text}");
+        assert!(
+            text.contains("\nlinkmeta 0\nhardlinks 0\nsetmtime -86400\n"),
+            "{text}"
+        );
         let back = Manifest::parse(&text).unwrap();
         assert_eq!(back, m);
         // And the other way round.

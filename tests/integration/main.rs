@@ -1,6 +1,7 @@
 //! Integration tests: the real binary on temporary trees.
 
 mod containers;
+mod converge;
 mod copy;
 mod examples;
 mod faults;
