@@ -67,7 +67,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -s n -l dry-run 
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l json -d 'One JSON summary on stdout'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s q -l quiet -d 'No summary line, no progress, warnings only'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal; in a log, a line every 10s of long work instead, which --no-progress turns off)'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-progress
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-empty -d 'Allow an empty source to replace a non-empty tree'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l allow-downgrade -d 'Publish even if --label orders below the live generation\'s label'

@@ -249,11 +249,16 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
-    let bar = cfg.progress.unwrap_or_else(sys::stderr_is_tty);
+    let show = match cfg.progress {
+        Some(true) => report::Show::Bar,
+        Some(false) => report::Show::Off,
+        None if sys::stderr_is_tty() => report::Show::Bar,
+        None => report::Show::Lines,
+    };
     let mut console = if pass.defer_warnings {
-        Console::keeping(output, bar)
+        Console::keeping(output, show)
     } else {
-        Console::new(output, bar)
+        Console::new(output, show)
     };
     if let Some(n) = note {
         console.warn(&n);

@@ -131,7 +131,7 @@ pub struct SyncArgs {
     /// No summary line, no progress, warnings only
     #[arg(short = 'q', long)]
     pub quiet: bool,
-    /// Show a progress bar (default: when stderr is a terminal)
+    /// Show a progress bar (default: when stderr is a terminal; in a log, a line every 10s of long work instead, which --no-progress turns off)
     #[arg(long, overrides_with = "no_progress")]
     pub progress: bool,
     #[arg(long, overrides_with = "progress")]
