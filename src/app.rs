@@ -205,6 +205,27 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
+    round_or_full(cfg, pass).map_err(|e| stays_live(cfg, e))
+}
+
+/// A failure (exit 1: a fetch, a stream, the volume) said with the
+/// generation that stays live, where one is: nothing was published.
+fn stays_live(cfg: &SyncConfig, e: anyhow::Error) -> anyhow::Error {
+    if error::exit_code(&e) != 1 || sys::signals::pending().is_some() {
+        return e;
+    }
+    let gen = Volume::open(&cfg.dest, false)
+        .and_then(|base| layout::open_for_sync(base, cfg))
+        .and_then(|vol| layout::live_generation(&vol));
+    match gen {
+        Ok(Some(gen)) => error::StaysLive { cause: e, gen }.into(),
+        _ => e,
+    }
+}
+
+/// `round`, tried once more where the volume was full and dead writers'
+/// staging could be removed.
+fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let err = match round_with(cfg, pass, true, None) {
         Err(e) if !cfg.dry_run && out_of_space(&e) => e,
         done => return done,

@@ -70,7 +70,7 @@ pub enum Cmd {
         dest: PathBuf,
         #[arg(long, default_value_t = config::DEFAULT_KEEP)]
         keep: usize,
-        #[arg(long, default_value = config::DEFAULT_GRACE, value_parser = parse_duration)]
+        #[arg(long, default_value = config::DEFAULT_GRACE, allow_hyphen_values = true, value_parser = parse_duration)]
         grace: Duration,
     },
     /// Block until DEST holds a live generation (exit 5 on timeout)
@@ -140,7 +140,7 @@ pub struct SyncArgs {
     #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N")]
     pub keep: usize,
     /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
-    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration)]
+    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", allow_hyphen_values = true, value_parser = parse_duration)]
     pub grace: Duration,
     /// Refuse (exit 3) to delete more than N entries
     #[arg(long, value_name = "N")]

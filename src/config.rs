@@ -298,6 +298,9 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     if s.is_empty() || s.contains(char::is_whitespace) {
         bail!(EXPECTED);
     }
+    if s.starts_with('-') {
+        bail!("negative durations are not allowed");
+    }
     let plain_seconds = s.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     let parsed = if plain_seconds {
         humantime::parse_duration(&format!("{s}s"))

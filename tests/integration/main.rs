@@ -8,6 +8,7 @@ mod faults;
 mod fixture;
 mod hostile_remote;
 mod layouts;
+mod messages;
 mod ops;
 mod property;
 mod sidecar;
