@@ -65,6 +65,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d '
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them (repeatable)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from -d 'Read exclude patterns from FILE (gitignore syntax; repeatable)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l set-mtime -d 'Give every published entry this mtime, seconds since the epoch (e.g. "$SOURCE_DATE_EPOCH"), and compare files by size and content: writers whose sources differ only in mtimes publish one generation' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chown -d 'Set every owner to UID:GID' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chmod -d 'Change modes, rsync syntax (e.g. D755,F644 or go-w)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l label -d 'A version label recorded with the generation (refuses downgrades)' -r
@@ -94,7 +95,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l migrate -d 'T
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s i -l itemize -d 'One line per change: + added, ~ changed, - deleted (with --json, in its changes field)'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l json -d 'One JSON summary on stdout'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s q -l quiet -d 'No summary line, no progress, warnings only'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal)'
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l progress -d 'Show a progress bar (default: when stderr is a terminal; in a log, a line every 10s of long work instead, which --no-progress turns off)'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l no-progress -d 'Show no progress bar, not even on a terminal'
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c packsync -n "__fish_packsync_using_subcommand help; and not __fish_seen_subcommand_from status verify rollback gc wait exec completions sync help" -f -a "status" -d 'Show what is live and what is retained'

@@ -205,6 +205,27 @@ impl Round {
 /// One sync: validate → scan → plan → guards → stage → verify → commit →
 /// retire. Shown by the caller (`Round::report`).
 pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
+    round_or_full(cfg, pass).map_err(|e| stays_live(cfg, e))
+}
+
+/// A failure (exit 1: a fetch, a stream, the volume) said with the
+/// generation that stays live, where one is: nothing was published.
+fn stays_live(cfg: &SyncConfig, e: anyhow::Error) -> anyhow::Error {
+    if error::exit_code(&e) != 1 || sys::signals::pending().is_some() {
+        return e;
+    }
+    let gen = Volume::open(&cfg.dest, false)
+        .and_then(|base| layout::open_for_sync(base, cfg))
+        .and_then(|vol| layout::live_generation(&vol));
+    match gen {
+        Ok(Some(gen)) => error::StaysLive { cause: e, gen }.into(),
+        _ => e,
+    }
+}
+
+/// `round`, tried once more where the volume was full and dead writers'
+/// staging could be removed.
+fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
     let err = match round_with(cfg, pass, true, None) {
         Err(e) if !cfg.dry_run && out_of_space(&e) => e,
         done => return done,
@@ -249,11 +270,16 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
-    let bar = cfg.progress.unwrap_or_else(sys::stderr_is_tty);
+    let show = match cfg.progress {
+        Some(true) => report::Show::Bar,
+        Some(false) => report::Show::Off,
+        None if sys::stderr_is_tty() => report::Show::Bar,
+        None => report::Show::Lines,
+    };
     let mut console = if pass.defer_warnings {
-        Console::keeping(output, bar)
+        Console::keeping(output, show)
     } else {
-        Console::new(output, bar)
+        Console::new(output, show)
     };
     if let Some(n) = note {
         console.warn(&n);
@@ -400,7 +426,12 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     adjust.tree(&mut tree);
 
     // The recorded tree is compared by the quick check: it is the drift check.
-    let by_content = if noop { 0 } else { sources.by_content() };
+    let by_content = match (noop, cfg.set_mtime) {
+        (true, _) => 0,
+        // The sources' mtimes are not kept: every file by its content.
+        (false, Some(_)) => u64::MAX,
+        (false, None) => sources.by_content(),
+    };
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
     if noop && !up_to_date(cfg, &plan, &live) {
         // Drift (or a new label): fetch after all.
@@ -614,7 +645,7 @@ fn streams(
             .all(|s| s.root().is_some() && s.lists_by_directory());
     match dest {
         Dest::Absent if plain => Some(None),
-        Dest::Live(gen) if plain && !cfg.checksum => {
+        Dest::Live(gen) if plain && !cfg.checksum && cfg.set_mtime.is_none() => {
             let state = state?;
             let (mut r, shown) = state.manifest_reader(gen).ok()?;
             let header = Manifest::read_header(&mut r).ok()?;
@@ -878,8 +909,9 @@ fn quick(
     let Dest::Live(gen) = dest else {
         return None;
     };
-    // A listing of the live tree shows no extended attributes.
-    if cfg.dry_run || cfg.checksum || cfg.filter.xattrs {
+    // A listing of the live tree shows no extended attributes;
+    // `--set-mtime` gives every file one mtime: only content tells.
+    if cfg.dry_run || cfg.checksum || cfg.filter.xattrs || cfg.set_mtime.is_some() {
         return None;
     }
     let refs = sources.refs();
@@ -973,6 +1005,8 @@ fn unchanged_live(
             .manifest_reader(gen)
             .ok()
             .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+            // Made under another `--set-mtime`: its tree has other mtimes.
+            .filter(|h| h.set_mtime == cfg.set_mtime)
             .map(|h| (gen, h)),
         _ => None,
     };
@@ -1089,7 +1123,10 @@ fn shape_of(cfg: &SyncConfig) -> Option<String> {
         return None;
     }
     let a = Adjust::of(cfg);
-    let text = format!("{:?} {:?} {}", a.owner, a.chmod, a.mirrored);
+    let mut text = format!("{:?} {:?} {}", a.owner, a.chmod, a.mirrored);
+    if let Some(t) = cfg.set_mtime {
+        text.push_str(&format!(" mtime {t}"));
+    }
     let h = crate::manifest::hex(&sha2::Sha256::digest(text.as_bytes()));
     Some(h[..16].to_string())
 }
@@ -1148,8 +1185,9 @@ fn manifest_of(
     sources: &Sources,
     owners: bool,
     caps: &crate::caps::Caps,
-    tree: Tree,
+    mut tree: Tree,
 ) -> Manifest {
+    tree.keep_hashes_on_leaders();
     Manifest {
         label: cfg.label_text().map(str::to_string),
         created: clock::now_pair(),
@@ -1160,6 +1198,7 @@ fn manifest_of(
         link_meta: caps.link_meta,
         hardlinks: caps.hardlinks,
         xattrs: tree.has_xattrs(),
+        set_mtime: cfg.set_mtime,
         layers: shape_of(cfg).map_or_else(Vec::new, |shape| {
             let records = sources.all.iter().map(|s| s.record(&shape));
             records
@@ -1397,7 +1436,8 @@ fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
 
 /// The owners and modes the staged tree gets: `--chown`'s, the source's as
 /// root, else ours, with setuid/setgid bits dropped from files (they would
-/// mean something else on a file we cannot give its owner); then `--chmod`.
+/// mean something else on a file we cannot give its owner); then `--chmod`;
+/// every mtime `--set-mtime`'s.
 /// Applied entry by entry, to a whole tree or to a directory being compared.
 #[derive(Clone, Copy)]
 struct Adjust<'a> {
@@ -1405,6 +1445,7 @@ struct Adjust<'a> {
     /// Whether owners are mirrored (and so compared).
     mirrored: bool,
     chmod: Option<&'a crate::chmod::Rules>,
+    mtime: Option<crate::tree::Time>,
 }
 
 impl<'a> Adjust<'a> {
@@ -1424,6 +1465,7 @@ impl<'a> Adjust<'a> {
             owner,
             mirrored,
             chmod: cfg.chmod.as_ref(),
+            mtime: cfg.set_mtime.map(|s| (s, 0).into()),
         }
     }
 
@@ -1439,6 +1481,9 @@ impl<'a> Adjust<'a> {
             if kind != Kind::Symlink {
                 m.mode = rules.mode(m.mode, kind == Kind::Dir);
             }
+        }
+        if let Some(t) = self.mtime {
+            m.mtime = t;
         }
     }
 
@@ -1457,6 +1502,10 @@ impl<'a> Adjust<'a> {
         }
         if let Some(rules) = self.chmod {
             rules.apply(tree);
+        }
+        if let Some(t) = self.mtime {
+            tree.root.mtime = t;
+            tree.for_each_mut(&mut |_, e| e.meta.mtime = t);
         }
     }
 }
@@ -1632,6 +1681,7 @@ fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manif
             }
         }
     });
+    live.share_group_hashes();
     match failed {
         Some(err) => Err(err),
         None => Ok(()),
@@ -1659,10 +1709,12 @@ fn plan(
         by_content,
         xattrs: true,
     };
-    if cfg.checksum {
+    if cfg.checksum || cfg.set_mtime.is_some() {
         if let Some(lt) = live.tree.as_ref() {
             hash_candidates(tree, lt, sources)?;
         }
+    }
+    if cfg.checksum {
         if let (Some(lt), Some(dir)) = (live.tree.as_mut(), live.dir.as_ref()) {
             scan::hash(lt, &[dir], &|e| matches!(e.node, Node::File(_)))?;
         }
@@ -1691,8 +1743,9 @@ fn plan(
     Ok(plan)
 }
 
-/// With `--checksum`, hash the source files that have a live file of the
-/// same size: the only ones whose content decides anything.
+/// With `--checksum` or `--set-mtime`, hash the source files that have a
+/// live file of the same size (the only ones whose content decides
+/// anything) and no hash yet (a spooled source hashed its files already).
 fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()> {
     let mut sizes = std::collections::HashMap::new();
     live.for_each(&mut |p, e| {
@@ -1705,7 +1758,7 @@ fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -> Result<()
     let mut want = HashSet::new();
     tree.for_each(&mut |p, e| {
         if let Node::File(f) = &e.node {
-            if sizes.get(p) == Some(&e.meta.size) {
+            if f.hash.is_none() && sizes.get(p) == Some(&e.meta.size) {
                 want.insert((f.src, f.dev, f.ino));
             }
         }

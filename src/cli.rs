@@ -79,7 +79,7 @@ pub enum Cmd {
         #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N")]
         keep: usize,
         /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
-        #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration)]
+        #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", allow_hyphen_values = true, value_parser = parse_duration)]
         grace: Duration,
     },
     /// Block until DEST holds a live generation (exit 5 on timeout)
@@ -196,6 +196,9 @@ pub struct SyncArgs {
     /// Mirror a directory source's extended attributes (user.*, security.*, trusted.*; not ACLs), as rsync -X; archives and images always carry theirs
     #[arg(short = 'X', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_XATTRS", help_heading = FILTERS)]
     pub xattrs: bool,
+    /// Give every published entry this mtime, seconds since the epoch (e.g. "$SOURCE_DATE_EPOCH"), and compare files by size and content: writers whose sources differ only in mtimes publish one generation
+    #[arg(long, value_name = "EPOCH", env = "PACKSYNC_SET_MTIME", allow_negative_numbers = true, value_parser = parse_epoch, help_heading = FILTERS)]
+    pub set_mtime: Option<i64>,
     /// Set every owner to UID:GID
     #[arg(long, value_name = "UID:GID", value_parser = config::parse_owner, env = "PACKSYNC_CHOWN", help_heading = FILTERS)]
     pub chown: Option<Owner>,
@@ -243,7 +246,7 @@ pub struct SyncArgs {
     #[arg(long, default_value_t = config::DEFAULT_KEEP, value_name = "N", env = "PACKSYNC_KEEP", help_heading = LAYOUT)]
     pub keep: usize,
     /// Keep every generation retired less than DUR ago (e.g. 30s, 10m, 2h)
-    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", value_parser = parse_duration, env = "PACKSYNC_GRACE", help_heading = LAYOUT)]
+    #[arg(long, default_value = config::DEFAULT_GRACE, value_name = "DUR", allow_hyphen_values = true, value_parser = parse_duration, env = "PACKSYNC_GRACE", help_heading = LAYOUT)]
     pub grace: Duration,
     /// Create DEST's parent directories
     #[arg(long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_MKPATH", help_heading = LAYOUT)]
@@ -279,7 +282,7 @@ pub struct SyncArgs {
     /// No summary line, no progress, warnings only
     #[arg(short = 'q', long, value_parser = BoolishValueParser::new(), env = "PACKSYNC_QUIET", help_heading = OUTPUT)]
     pub quiet: bool,
-    /// Show a progress bar (default: when stderr is a terminal)
+    /// Show a progress bar (default: when stderr is a terminal; in a log, a line every 10s of long work instead, which --no-progress turns off)
     #[arg(long, overrides_with = "no_progress", value_parser = BoolishValueParser::new(), env = "PACKSYNC_PROGRESS", help_heading = OUTPUT)]
     pub progress: bool,
     /// Show no progress bar, not even on a terminal
@@ -583,6 +586,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         dest: s.dest,
         filter,
         checksum: s.checksum,
+        set_mtime: s.set_mtime,
         dry_run: s.dry_run,
         itemize: s.itemize,
         json: s.json,
@@ -621,6 +625,20 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
 /// `--grace`: see `config::parse_duration`.
 fn parse_duration(s: &str) -> Result<Duration> {
     config::parse_duration(s)
+}
+
+/// `sync --set-mtime`: whole seconds since the epoch, within the range a
+/// time in nanoseconds holds (1677 to 2262).
+fn parse_epoch(s: &str) -> Result<i64> {
+    let t: i64 = s
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("not a whole number of seconds since the epoch"))?;
+    let max = i64::MAX / 1_000_000_000;
+    if !(-max..=max).contains(&t) {
+        anyhow::bail!("out of range (at most {max} seconds either side of the epoch)");
+    }
+    Ok(t)
 }
 
 /// `sync --every`: a duration of at least `config::MIN_EVERY`.

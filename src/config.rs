@@ -102,6 +102,9 @@ pub struct SyncConfig {
     pub filter: Filter,
     /// `--checksum`
     pub checksum: bool,
+    /// `--set-mtime EPOCH`: every published entry gets this mtime (seconds
+    /// since the epoch), and files are compared by size and content.
+    pub set_mtime: Option<i64>,
     /// `--dry-run`
     pub dry_run: bool,
     /// `--itemize`
@@ -300,6 +303,9 @@ pub fn parse_duration(s: &str) -> Result<Duration> {
     let s = s.trim();
     if s.is_empty() || s.contains(char::is_whitespace) {
         bail!(EXPECTED);
+    }
+    if s.starts_with('-') {
+        bail!("negative durations are not allowed");
     }
     let plain_seconds = s.bytes().all(|b| b.is_ascii_digit() || b == b'.');
     let parsed = if plain_seconds {

@@ -44,8 +44,27 @@ impl Failure {
     }
 }
 
+/// A sync that failed where a generation was live: shown as its cause
+/// then `; generation G stays live`, with the cause's exit status.
+#[derive(Debug)]
+pub struct StaysLive {
+    pub cause: anyhow::Error,
+    pub gen: String,
+}
+
+impl fmt::Display for StaysLive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:#}; generation {} stays live", self.cause, self.gen)
+    }
+}
+
+impl std::error::Error for StaysLive {}
+
 /// The exit status for an error: its `Failure`, if any in the chain, else 1.
 pub fn exit_code(err: &anyhow::Error) -> i32 {
+    if let Some(s) = err.downcast_ref::<StaysLive>() {
+        return exit_code(&s.cause);
+    }
     err.chain()
         .find_map(|e| e.downcast_ref::<Failure>())
         .map(Failure::exit_code)

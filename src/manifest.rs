@@ -13,6 +13,7 @@
 //! linkmeta 1                    (1: symlinks got their own mtime and owner; 0: not compared)
 //! hardlinks 1                   (1: the volume shows hardlinks as one inode; 0: groups from here)
 //! xattrs 1                      (only where some entry carries extended attributes)
+//! setmtime 1700000000           (optional: `--set-mtime`, every entry got this mtime)
 //! digest <sha256 hex of the entry lines and label>
 //! entries 42
 //! bytes 123456
@@ -62,6 +63,10 @@ pub struct Manifest {
     /// Some entry carries extended attributes (the line is written only
     /// then): a listing of the tree, which shows none, is not the tree.
     pub xattrs: bool,
+    /// `--set-mtime`: every entry was given this mtime (seconds since the
+    /// epoch), so the sources' own mtimes are not in the tree: a source
+    /// unchanged since is up to date only under the same value.
+    pub set_mtime: Option<i64>,
     /// (SOURCE index, record): what a source kind keeps so that the next
     /// sync can start from this generation (an image's applied layers,
     /// `Source::record`). Not part of the digest; a malformed line is
@@ -221,6 +226,9 @@ impl Manifest {
         if self.xattrs {
             writeln!(w, "xattrs 1")?;
         }
+        if let Some(t) = self.set_mtime {
+            writeln!(w, "setmtime {t}")?;
+        }
         writeln!(w, "digest {}", self.digest)?;
         writeln!(w, "entries {entries}")?;
         writeln!(w, "bytes {bytes}")?;
@@ -297,6 +305,7 @@ impl Manifest {
                 "linkmeta" => m.link_meta = flag(v).context("bad linkmeta")?,
                 "hardlinks" => m.hardlinks = flag(v).context("bad hardlinks")?,
                 "xattrs" => m.xattrs = flag(v).context("bad xattrs")?,
+                "setmtime" => m.set_mtime = Some(v.parse().context("bad setmtime")?),
                 "digest" => m.digest = v.to_string(),
                 _ => {} // counts and fields of later minor versions
             }
@@ -751,13 +760,14 @@ mod tests {
             link_meta: false,
             hardlinks: false,
             xattrs: true,
+            set_mtime: Some(-86400),
             layers: vec![(0, "oci-layers 1 x".into())],
             digest: String::new(),
             tree,
         };
         let text = m.seal();
         assert!(
-            text.contains("\nlinkmeta 0\nhardlinks 0\nxattrs 1\n"),
+            text.contains("\nlinkmeta 0\nhardlinks 0\nxattrs 1\nsetmtime -86400\n"),
             "{text}"
         );
         assert!(

@@ -17,7 +17,7 @@ use crate::plan::Plan;
 pub trait Reporter: Sync {
     /// Work on `entries` entries and `bytes` bytes of copying is about to start.
     fn begin(&self, entries: u64, bytes: u64);
-    /// One more entry done, with its bytes.
+    /// One more entry done, with its bytes (those not told of by `copying`).
     fn advance(&self, bytes: u64);
     fn finish(&self);
     /// Something the user should know that does not stop the sync.
@@ -28,6 +28,11 @@ pub trait Reporter: Sync {
     /// (`verify`) keeps it from here, never from the warning's text.
     fn skipped(&self, label: &str, path: &[u8], what: &str) {
         self.warn(&skip_line(label, path, what));
+    }
+    /// `bytes` more of a file still being copied (a large one, a chunk at a
+    /// time): its `advance` then brings only the rest.
+    fn copying(&self, bytes: u64) {
+        let _ = bytes;
     }
     /// `bytes` more downloaded (a layer, a bundle), before staging begins.
     fn fetched(&self, bytes: u64) {
@@ -113,10 +118,10 @@ pub struct Console {
 }
 
 impl Console {
-    /// `bar`: a progress bar rather than a line now and then (a terminal).
-    pub fn new(output: Output, bar: bool) -> Console {
+    /// `show`: a bar, a line now and then (a log), or no progress at all.
+    pub fn new(output: Output, show: Show) -> Console {
         Console {
-            progress: (output == Output::Line).then(|| Progress::new(bar)),
+            progress: (output == Output::Line).then(|| Progress::new(show)),
             warnings: Mutex::new(Vec::new()),
             echo: true,
         }
@@ -125,10 +130,10 @@ impl Console {
     /// A console that keeps warnings without showing them, for a round of
     /// `sync --every`: only a round that did something or failed is shown
     /// (`show_kept`), never an idle one.
-    pub fn keeping(output: Output, bar: bool) -> Console {
+    pub fn keeping(output: Output, show: Show) -> Console {
         Console {
             echo: false,
-            ..Console::new(output, bar)
+            ..Console::new(output, show)
         }
     }
 
@@ -164,6 +169,12 @@ impl Reporter for Console {
         }
     }
 
+    fn copying(&self, bytes: u64) {
+        if let Some(p) = &self.progress {
+            p.copying(bytes);
+        }
+    }
+
     fn fetched(&self, bytes: u64) {
         if let Some(p) = &self.progress {
             p.fetched(bytes);
@@ -180,9 +191,155 @@ impl Reporter for Console {
     }
 }
 
-/// A bar on a terminal; in a log, a line every 10 seconds of long work.
+/// How progress is shown: a bar (a terminal, or `--progress`), a line every
+/// `LOG_EVERY` of long work (a log), or not at all (`--no-progress`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Show {
+    Bar,
+    Lines,
+    Off,
+}
+
+/// How often a log gets a progress line.
+pub const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// The counts a progress line shows, as they are at one instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Counts {
+    entries: u64,
+    /// 0: not known (a sync staged as it lists).
+    total_entries: u64,
+    bytes: u64,
+    total_bytes: u64,
+}
+
+impl Counts {
+    /// How much of the work is done, 0 to 1: by bytes where bytes are to
+    /// be copied, else by entries; `None` without a total.
+    fn fraction(&self) -> Option<f64> {
+        let (done, total) = match (self.total_bytes, self.total_entries) {
+            (0, 0) => return None,
+            (0, t) => (self.entries, t),
+            (t, _) => (self.bytes, t),
+        };
+        Some((done as f64 / total as f64).min(1.0))
+    }
+}
+
+/// The rates a progress line shows, smoothed over the last seconds (an
+/// exponential average with `Pace::SMOOTH`), and an ETA only once it can be
+/// trusted: after `ETA_AFTER` and `ETA_FROM` of the work, so that it does
+/// not swing (3m, 29s, 11s) while the first files are small or cached.
+/// Times are given (since the start), never read: tests bring their clock.
+#[derive(Debug, Default)]
+struct Pace {
+    /// The last sample: (time since the start, bytes, entries).
+    last: Option<(Duration, u64, u64)>,
+    bytes_per_s: f64,
+    entries_per_s: f64,
+}
+
+impl Pace {
+    /// Seconds an old rate takes to fade to a third.
+    const SMOOTH: f64 = 5.0;
+    /// Samples closer than this to the last one are not taken.
+    const MIN_STEP: Duration = Duration::from_millis(500);
+    const ETA_AFTER: Duration = Duration::from_secs(5);
+    const ETA_FROM: f64 = 0.10;
+
+    /// Take the counts at `at` (time since the start) into the rates.
+    fn sample(&mut self, at: Duration, c: &Counts) {
+        let (t0, b0, e0) = match self.last {
+            None => {
+                // The first sample: the average since the start.
+                let secs = at.as_secs_f64();
+                if secs > 0.0 {
+                    self.bytes_per_s = c.bytes as f64 / secs;
+                    self.entries_per_s = c.entries as f64 / secs;
+                    self.last = Some((at, c.bytes, c.entries));
+                }
+                return;
+            }
+            Some(last) => last,
+        };
+        if at < t0 + Pace::MIN_STEP {
+            return;
+        }
+        let dt = (at - t0).as_secs_f64();
+        let w = 1.0 - (-dt / Pace::SMOOTH).exp();
+        let now_b = c.bytes.saturating_sub(b0) as f64 / dt;
+        let now_e = c.entries.saturating_sub(e0) as f64 / dt;
+        self.bytes_per_s += (now_b - self.bytes_per_s) * w;
+        self.entries_per_s += (now_e - self.entries_per_s) * w;
+        self.last = Some((at, c.bytes, c.entries));
+    }
+
+    /// Time left at `at`, if it can be told yet.
+    fn eta(&self, at: Duration, c: &Counts) -> Option<Duration> {
+        let fraction = c.fraction()?;
+        if at < Pace::ETA_AFTER || fraction < Pace::ETA_FROM {
+            return None;
+        }
+        let (left, rate) = if c.total_bytes > 0 {
+            (c.total_bytes.saturating_sub(c.bytes), self.bytes_per_s)
+        } else {
+            (
+                c.total_entries.saturating_sub(c.entries),
+                self.entries_per_s,
+            )
+        };
+        if left == 0 {
+            return Some(Duration::ZERO);
+        }
+        (rate > 0.0).then(|| Duration::from_secs_f64((left as f64 / rate).min(1e7)))
+    }
+
+    /// `12/100 entries, 3.0 MiB/20.0 MiB copied, 1.5 MiB/s, 230 entries/s, ETA 11s`:
+    /// totals where known, a rate where it says something (not `1 B/s`
+    /// of a sync that reuses), the ETA once it is stable.
+    fn line(&self, at: Duration, c: &Counts) -> String {
+        let mut out = match c.total_entries {
+            0 => format!("{} entries", c.entries),
+            t => format!("{}/{t} entries", c.entries),
+        };
+        match c.total_bytes {
+            0 => out.push_str(&format!(", {} copied", human_bytes(c.bytes))),
+            t => out.push_str(&format!(
+                ", {}/{} copied",
+                human_bytes(c.bytes),
+                human_bytes(t)
+            )),
+        }
+        if self.last.is_some() {
+            if self.bytes_per_s >= 1024.0 {
+                out.push_str(&format!(", {}/s", human_bytes(self.bytes_per_s as u64)));
+            }
+            if self.entries_per_s >= 1.0 {
+                out.push_str(&format!(", {:.0} entries/s", self.entries_per_s));
+            }
+        }
+        if let Some(eta) = self.eta(at, c) {
+            out.push_str(&format!(", ETA {}", short_duration(eta)));
+        }
+        out
+    }
+}
+
+/// `45s`, `3m 05s`, `2h 10m`.
+fn short_duration(d: Duration) -> String {
+    let s = d.as_secs() + u64::from(d.subsec_millis() >= 500);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m {:02}s", s / 60, s % 60),
+        _ => format!("{}h {:02}m", s / 3600, s % 3600 / 60),
+    }
+}
+
+/// A bar on a terminal; in a log, a line every `LOG_EVERY` of long work.
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
+    /// Lines in a log (no bar, and not `Show::Off`).
+    lines: bool,
     total: AtomicU64,
     done: AtomicU64,
     bytes: AtomicU64,
@@ -190,93 +347,101 @@ struct Progress {
     /// Bytes downloaded so far (remote sources), and when the bar last said so.
     fetched: AtomicU64,
     fetched_shown: AtomicU64,
+    /// Bytes shown by the bar's message when it was last refreshed.
+    bytes_shown: AtomicU64,
     last_line: Mutex<Instant>,
+    pace: Mutex<Pace>,
     start: Instant,
 }
 
 impl Progress {
-    fn new(terminal: bool) -> Progress {
-        let bar = terminal.then(|| {
+    fn new(show: Show) -> Progress {
+        let bar = (show == Show::Bar).then(|| {
             let b = indicatif::ProgressBar::with_draw_target(
                 Some(0),
                 indicatif::ProgressDrawTarget::stderr_with_hz(10),
             );
             b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{spinner} {pos}/{len} entries  {msg}  ETA {eta}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                indicatif::ProgressStyle::with_template("{spinner} {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
             );
             b
         });
         Progress {
             bar,
+            lines: show == Show::Lines,
             total: AtomicU64::new(0),
             done: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
             total_bytes: AtomicU64::new(0),
             fetched: AtomicU64::new(0),
             fetched_shown: AtomicU64::new(0),
+            bytes_shown: AtomicU64::new(0),
             last_line: Mutex::new(Instant::now()),
+            pace: Mutex::new(Pace::default()),
             start: Instant::now(),
         }
     }
 
-    /// `copied/total bytes, rate`, for the bar and the log lines.
-    /// Without a total (a sync staged as it lists: `begin(0, 0)`), only
-    /// what was copied.
-    fn bytes_line(&self, copied: u64) -> String {
-        let secs = self.start.elapsed().as_secs_f64().max(0.001);
-        let rate = human_bytes((copied as f64 / secs) as u64);
-        match self.total_bytes.load(Ordering::Relaxed) {
-            0 => format!("{} copied, {rate}/s", human_bytes(copied)),
-            total => format!(
-                "{}/{} copied, {rate}/s",
-                human_bytes(copied),
-                human_bytes(total)
-            ),
+    fn counts(&self) -> Counts {
+        Counts {
+            entries: self.done.load(Ordering::Relaxed),
+            total_entries: self.total.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+            total_bytes: self.total_bytes.load(Ordering::Relaxed),
         }
     }
-}
 
-impl Progress {
+    /// The line for the counts now, the rates brought up to date.
+    fn line(&self) -> String {
+        let at = self.start.elapsed();
+        let c = self.counts();
+        let mut pace = self.pace.lock().unwrap();
+        pace.sample(at, &c);
+        pace.line(at, &c)
+    }
+
     fn begin(&self, entries: u64, bytes: u64) {
         self.total.store(entries, Ordering::Relaxed);
         self.total_bytes.store(bytes, Ordering::Relaxed);
         if let Some(b) = &self.bar {
-            if entries == 0 {
-                // Entries are counted as they are staged: no total, no ETA.
-                b.set_style(
-                    indicatif::ProgressStyle::with_template("{spinner} {pos} entries  {msg}")
-                        .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-                );
-            }
-            b.set_length(entries);
-            b.set_message(self.bytes_line(0));
+            b.set_message(self.line());
         }
     }
 
     fn advance(&self, bytes: u64) {
         let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
         let b = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        // Formatting is the costly part: refresh the text now and then.
+        self.refresh(done.is_multiple_of(256), b);
+    }
+
+    fn copying(&self, bytes: u64) {
+        let b = self.bytes.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.refresh(false, b);
+    }
+
+    /// Refresh the bar's text (`now`, or every 4 MiB copied), or print a
+    /// log line if `LOG_EVERY` passed since the last.
+    fn refresh(&self, now: bool, bytes: u64) {
         if let Some(bar) = &self.bar {
-            bar.set_position(done);
-            // Formatting is the costly part: refresh the text now and then.
-            if done.is_multiple_of(256) || bytes > 1 << 20 {
-                bar.set_message(self.bytes_line(b));
+            let shown = self.bytes_shown.load(Ordering::Relaxed);
+            if now || bytes >= shown + (4 << 20) {
+                self.bytes_shown.store(bytes, Ordering::Relaxed);
+                bar.set_message(self.line());
             }
             return;
         }
+        if !self.lines {
+            return;
+        }
         let mut last = self.last_line.lock().unwrap();
-        if last.elapsed() >= Duration::from_secs(10) {
+        if last.elapsed() >= LOG_EVERY {
             *last = Instant::now();
-            let of = match self.total.load(Ordering::Relaxed) {
-                0 => String::new(),
-                total => format!("/{total}"),
-            };
+            drop(last);
             eprintln!(
-                "packsync: {done}{of} entries, {}, {:.0}s",
-                self.bytes_line(b),
+                "packsync: {}, {:.0}s",
+                self.line(),
                 self.start.elapsed().as_secs_f64()
             );
         }
@@ -289,7 +454,7 @@ impl Progress {
     }
 
     /// Downloads come before the entries are known: the bar's message
-    /// counts them (every MiB), a log a line every 10 seconds.
+    /// counts them (every MiB), a log a line every `LOG_EVERY`.
     fn fetched(&self, bytes: u64) {
         let total = self.fetched.fetch_add(bytes, Ordering::Relaxed) + bytes;
         let line = || {
@@ -309,8 +474,11 @@ impl Progress {
             }
             return;
         }
+        if !self.lines {
+            return;
+        }
         let mut last = self.last_line.lock().unwrap();
-        if last.elapsed() >= Duration::from_secs(10) {
+        if last.elapsed() >= LOG_EVERY {
             *last = Instant::now();
             eprintln!("packsync: {}", line());
         }
@@ -621,6 +789,104 @@ mod tests {
         assert_eq!(escape("é".as_bytes()), "é");
     }
 
+    fn at(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    fn counts(entries: u64, bytes: u64) -> Counts {
+        Counts {
+            entries,
+            total_entries: 1000,
+            bytes,
+            total_bytes: 100 << 20,
+        }
+    }
+
+    #[test]
+    fn no_eta_before_five_seconds_and_a_tenth_of_the_work() {
+        let mut p = Pace::default();
+        // Fast at first (cached files), 20% done in 2 s: no ETA yet.
+        let c = counts(200, 20 << 20);
+        p.sample(at(2.0), &c);
+        assert_eq!(p.eta(at(2.0), &c), None);
+        assert!(
+            !p.line(at(2.0), &c).contains("ETA"),
+            "{}",
+            p.line(at(2.0), &c)
+        );
+        // Past 5 s but only 5% of a bigger job: still none.
+        let few = Counts {
+            total_bytes: 1 << 30,
+            ..c
+        };
+        assert_eq!(p.eta(at(6.0), &few), None);
+        // Past 5 s and 10%: an ETA.
+        let c = counts(300, 30 << 20);
+        p.sample(at(6.0), &c);
+        assert!(p.eta(at(6.0), &c).is_some());
+        assert!(
+            p.line(at(6.0), &c).contains(", ETA "),
+            "{}",
+            p.line(at(6.0), &c)
+        );
+    }
+
+    #[test]
+    fn the_eta_follows_a_smoothed_rate_not_the_last_burst() {
+        // 1 MiB/s for 20 s, then one second at 50 MiB/s (a cached stretch).
+        let mut p = Pace::default();
+        let mut bytes = 0u64;
+        for s in 1..=20 {
+            bytes += 1 << 20;
+            p.sample(at(s as f64), &counts(s, bytes));
+        }
+        let steady = p.eta(at(20.0), &counts(20, bytes)).unwrap();
+        assert!((75.0..=85.0).contains(&steady.as_secs_f64()), "{steady:?}");
+        bytes += 50 << 20;
+        p.sample(at(21.0), &counts(21, bytes));
+        let after = p.eta(at(21.0), &counts(21, bytes)).unwrap();
+        // The raw rate would say under a second; the smoothed one still minutes.
+        assert!(after.as_secs() >= 2, "{after:?}");
+        assert!(after < steady, "{after:?} {steady:?}");
+        // Samples closer than half a second change nothing.
+        let before = (p.bytes_per_s, p.entries_per_s);
+        p.sample(at(21.2), &counts(500, bytes + (10 << 20)));
+        assert_eq!((p.bytes_per_s, p.entries_per_s), before);
+    }
+
+    #[test]
+    fn small_file_trees_show_entries_per_second_and_no_tiny_byte_rate() {
+        let mut p = Pace::default();
+        let c = Counts {
+            entries: 4000,
+            total_entries: 10_000,
+            bytes: 300,
+            total_bytes: 0,
+        };
+        p.sample(at(8.0), &c);
+        let line = p.line(at(8.0), &c);
+        assert_eq!(
+            line,
+            "4000/10000 entries, 300 B copied, 500 entries/s, ETA 12s"
+        );
+        // A first sync staged as it lists: no totals, so no ETA.
+        let c = Counts {
+            entries: 10,
+            ..Counts::default()
+        };
+        let mut p = Pace::default();
+        p.sample(at(20.0), &c);
+        assert_eq!(p.line(at(20.0), &c), "10 entries, 0 B copied");
+    }
+
+    #[test]
+    fn durations_read_short() {
+        assert_eq!(short_duration(at(0.4)), "0s");
+        assert_eq!(short_duration(at(44.6)), "45s");
+        assert_eq!(short_duration(at(185.0)), "3m 05s");
+        assert_eq!(short_duration(at(7800.0)), "2h 10m");
+    }
+
     #[test]
     fn human_bytes_reads_well() {
         assert_eq!(human_bytes(12), "12 B");
@@ -656,7 +922,7 @@ mod tests {
 
     #[test]
     fn the_console_keeps_every_warning_in_order() {
-        let c = Console::new(Output::Json, false);
+        let c = Console::new(Output::Json, Show::Lines);
         c.warn("one");
         c.warn("two");
         assert_eq!(c.take_warnings(), ["one", "two"]);

@@ -473,12 +473,12 @@ impl Walker<'_> {
                             self.changed.fetch_add(1, Ordering::Relaxed);
                         }
                         let i = f.src as usize;
-                        let hash = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
+                        let (hash, shown) = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
                         self.ctx.copied.fetch_add(1, Ordering::Relaxed);
                         self.ctx
                             .copied_bytes
                             .fetch_add(e.meta.size, Ordering::Relaxed);
-                        (hash, e.meta.size)
+                        (hash, e.meta.size - shown)
                     };
                     if let Node::File(f) = &mut e.node {
                         f.hash = Some(hash);
@@ -791,7 +791,9 @@ fn stage_symlink(ctx: &Ctx<'_>, e: &Entry, out: &DirFd, path: &[u8]) -> Result<(
 
 /// A file: hardlinked from the live generation where the plan says so and
 /// the link checks out, else copied from its source and hashed. The bytes
-/// copied; `None` for a hardlink follower, left for the second pass.
+/// copied that the reporter was not told of while they were
+/// (`Reporter::copying`); `None` for a hardlink follower, left for the
+/// second pass.
 fn stage_file(
     ctx: &Ctx<'_>,
     e: &mut Entry,
@@ -821,8 +823,10 @@ fn stage_file(
         return Ok(Some(0));
     }
     let i = f.src as usize;
-    let hash = match (ctx.job.sources[i].owns_root(), srcs[i], f.hash) {
-        (true, Some(dir), Some(hash)) => move_file(ctx, i, dir, out, e, path).map(|()| hash)?,
+    let (hash, shown) = match (ctx.job.sources[i].owns_root(), srcs[i], f.hash) {
+        (true, Some(dir), Some(hash)) => {
+            move_file(ctx, i, dir, out, e, path).map(|()| (hash, 0))?
+        }
         _ => copy_file(ctx, i, srcs[i], out, e, path)?,
     };
     if let Node::File(f) = &mut e.node {
@@ -831,7 +835,7 @@ fn stage_file(
     }
     ctx.copied.fetch_add(1, Ordering::Relaxed);
     ctx.copied_bytes.fetch_add(e.meta.size, Ordering::Relaxed);
-    Ok(Some(e.meta.size))
+    Ok(Some(e.meta.size - shown))
 }
 
 /// Hardlink `name` from the live generation, then check what was linked:
@@ -905,7 +909,9 @@ fn set_meta(
 
 /// Copy file `e` of source `i` into staging, hashing its content; fails if
 /// the source changed or vanished while it was copied. `dir`: the source's
-/// handle on the file's directory, where it has one.
+/// handle on the file's directory, where it has one. The hash, and the
+/// bytes the reporter was told of as they were copied (a large file's, a
+/// chunk at a time: `Reporter::copying`).
 fn copy_file(
     ctx: &Ctx<'_>,
     i: usize,
@@ -913,7 +919,7 @@ fn copy_file(
     out: &DirFd,
     e: &Entry,
     path: &[u8],
-) -> Result<[u8; 32]> {
+) -> Result<([u8; 32], u64)> {
     let source = ctx.job.sources[i];
     let shown = display(source.label(), path);
     let changed = || {
@@ -935,10 +941,20 @@ fn copy_file(
         .create_excl(&e.name)
         .with_context(|| format!("cannot create {shown} in staging"))?;
     let meta = &e.meta;
+    let told = AtomicU64::new(0);
     let copied = if meta.size <= SMALL {
         copy_small(src.as_fd(), dst.as_fd(), meta.size)
     } else {
-        copy_large(src.as_fd(), dst.as_fd(), ctx.job.caps.flush.durable())
+        let report = |n| {
+            told.fetch_add(n, Ordering::Relaxed);
+            ctx.job.reporter.copying(n);
+        };
+        copy_large(
+            src.as_fd(),
+            dst.as_fd(),
+            ctx.job.caps.flush.durable(),
+            &report,
+        )
     };
     // A copy cut short by SIGINT/SIGTERM is an interruption, not an I/O error.
     check_signal()?;
@@ -959,7 +975,7 @@ fn copy_file(
     ctx.flush(dst.as_fd())
         .with_context(|| format!("cannot flush {shown} in staging"))?;
     sys::crash_point("copied-file");
-    Ok(hash)
+    Ok((hash, told.into_inner().min(meta.size)))
 }
 
 /// A file of a source whose files are private to this sync (a spool):
@@ -1028,18 +1044,21 @@ fn copy_small(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result
 /// a time, hashing each chunk from the page cache right after; read/write
 /// where the kernel offers neither. A durable sync starts each chunk's
 /// writeback at once, so that the final flush finds little left to write and
-/// the disk works while the next chunk is read and hashed.
+/// the disk works while the next chunk is read and hashed. `report` is
+/// told the bytes of each chunk once it is copied and hashed (one atomic
+/// add a chunk: a 2 GiB file shows its progress).
 fn copy_large(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
     durable: bool,
+    report: &dyn Fn(u64),
 ) -> io::Result<([u8; 32], u64)> {
     BUF.with(|b| {
         let mut buf = b.borrow_mut();
         if buf.len() < BUF_MAX {
             buf.resize(BUF_MAX, 0);
         }
-        copy_large_with(src, dst, durable, &mut buf[..BUF_MAX])
+        copy_large_with(src, dst, durable, &mut buf[..BUF_MAX], report)
     })
 }
 
@@ -1049,11 +1068,21 @@ fn copy_large_with(
     dst: BorrowedFd<'_>,
     durable: bool,
     buf: &mut [u8],
+    report: &dyn Fn(u64),
 ) -> io::Result<([u8; 32], u64)> {
     let mut h = Sha256::new();
     if sys::ficlone(dst, src).is_ok() {
         let size = sys::fstat(src)?.st_size as u64;
-        let n = hash_range(src, &mut h, buf, 0, u64::MAX)?;
+        // Hashed a chunk at a time, each one reported.
+        let mut n = 0u64;
+        loop {
+            let got = hash_range(src, &mut h, buf, n, CHUNK)?;
+            n += got;
+            report(got);
+            if got < CHUNK {
+                break;
+            }
+        }
         if n != size {
             return Err(io::Error::other("source size changed during copy"));
         }
@@ -1072,6 +1101,7 @@ fn copy_large_with(
                     return Err(io::Error::other("source size changed during copy"));
                 }
                 copied += n;
+                report(n);
             }
             Err(e) if copied == 0 && sys::is_unsupported(&e) => break,
             Err(e) => return Err(e),
@@ -1089,6 +1119,7 @@ fn copy_large_with(
         h.update(&buf[..n]);
         sys::write_all(dst, &buf[..n])?;
         copied += n as u64;
+        report(n as u64);
         if durable && copied - written_back >= CHUNK {
             sys::start_writeback(dst, written_back, copied - written_back);
             written_back = copied;
@@ -1305,5 +1336,62 @@ mod tests {
             format!("{err:#}").contains("src/a/b/f changed while being copied"),
             "{err:#}"
         );
+    }
+
+    /// Counts what a stage reports: entries, bytes with them, bytes while copying.
+    #[derive(Default)]
+    struct Counting {
+        entries: AtomicU64,
+        with_entries: AtomicU64,
+        copying: AtomicU64,
+        copying_calls: AtomicU64,
+    }
+
+    impl Reporter for Counting {
+        fn begin(&self, _: u64, _: u64) {}
+        fn advance(&self, bytes: u64) {
+            self.entries.fetch_add(1, Ordering::Relaxed);
+            self.with_entries.fetch_add(bytes, Ordering::Relaxed);
+        }
+        fn finish(&self) {}
+        fn warn(&self, _: &str) {}
+        fn copying(&self, bytes: u64) {
+            self.copying.fetch_add(bytes, Ordering::Relaxed);
+            self.copying_calls.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_large_file_is_reported_a_chunk_at_a_time_and_counted_once() {
+        let t = tempfile::tempdir().unwrap();
+        let big = 2 * CHUNK + 5;
+        std::fs::write(t.path().join("big"), vec![3u8; big as usize]).unwrap();
+        std::fs::write(t.path().join("small"), "small").unwrap();
+        let dir = Dir::new(DirFd::open_path(t.path()).unwrap(), "src");
+        let sources: [&dyn Source; 1] = [&dir];
+        let mut tree =
+            crate::scan::run(&sources, &Filter::default(), &Collected::default()).unwrap();
+        let vol = tempfile::tempdir().unwrap();
+        let staging = DirFd::open_path(vol.path()).unwrap();
+        let reporter = Counting::default();
+        let job = Job {
+            sources: &sources,
+            live: None,
+            owners: false,
+            reporter: &reporter,
+            caps: Caps::default(),
+            heartbeat: None,
+        };
+        run(&job, &mut tree, &staging).unwrap();
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        // The big file's bytes while it copied, in chunks; the small one's with its entry.
+        assert_eq!(n(&reporter.copying), big);
+        assert!(
+            n(&reporter.copying_calls) >= 3,
+            "{}",
+            n(&reporter.copying_calls)
+        );
+        assert_eq!(n(&reporter.with_entries), 5);
+        assert_eq!(n(&reporter.entries), 2);
     }
 }

@@ -71,6 +71,7 @@ pub fn record(
         hardlinks: caps.hardlinks,
         // Read without them, so recorded without them (they stay on disk).
         xattrs: false,
+        set_mtime: None,
         layers: Vec::new(),
         digest: String::new(),
         tree,

@@ -178,8 +178,10 @@ pub struct File {
     pub dev: u64,
     pub ino: u64,
     pub nlink: u32,
-    /// Change time when scanned: a copy that sees another one was raced.
-    pub ctime: u64,
+    /// The change and modification times when scanned, folded into one
+    /// number (`sys::change_stamp`): a copy that sees another one was
+    /// raced. Kept apart from `Meta::mtime`, which `--set-mtime` replaces.
+    pub stamp: u64,
     /// SHA-256 of the content, once known.
     pub hash: Option<[u8; 32]>,
     /// Hardlink group, shared by every path of one inode (`None`: a single link).
@@ -303,6 +305,47 @@ impl Tree {
             }
         }
         walk(&mut Vec::new(), &mut self.entries, f)
+    }
+
+    /// Give every path of a hardlink group the hash that one of them has
+    /// (a manifest keeps it on the group's first path only): one inode,
+    /// one content.
+    pub fn share_group_hashes(&mut self) {
+        let mut hashes = std::collections::HashMap::new();
+        self.for_each(&mut |_, e| {
+            if let Node::File(File {
+                group: Some(g),
+                hash: Some(h),
+                ..
+            }) = &e.node
+            {
+                hashes.entry(*g).or_insert(*h);
+            }
+        });
+        if hashes.is_empty() {
+            return;
+        }
+        self.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                if let (Some(g), None) = (f.group, f.hash) {
+                    f.hash = hashes.get(&g).copied();
+                }
+            }
+        });
+    }
+
+    /// Keep the hash on the first path (in pre-order) of each hardlink group
+    /// only, as a manifest records it (`manifest::assemble`): one tree gives
+    /// one digest whichever way it was staged.
+    pub fn keep_hashes_on_leaders(&mut self) {
+        let mut leaders = std::collections::HashSet::new();
+        self.for_each_mut(&mut |_, e| {
+            if let Node::File(f) = &mut e.node {
+                if f.group.is_some_and(|g| !leaders.insert(g)) {
+                    f.hash = None;
+                }
+            }
+        });
     }
 
     /// Whether no entry at all (an empty source).

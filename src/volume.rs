@@ -328,13 +328,39 @@ impl Volume {
         let fd = match opened {
             Ok(fd) => fd,
             Err(e) if !create && e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => {
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                // Say what this process may not do, and where.
+                let exists = self
+                    .parent()
+                    .is_ok_and(|d| d.exists(&self.state_name).unwrap_or(false));
+                let (verb, need) = match (create, exists) {
+                    (true, false) => (
+                        "create",
+                        format!(
+                            "write and search permission on {}, DEST's parent",
+                            self.parent_path.display()
+                        ),
+                    ),
+                    (true, true) => ("open", "read, write and search permission on it".into()),
+                    (false, _) => ("open", "read and search permission on it".into()),
+                };
+                return Err(anyhow::anyhow!(
+                    "cannot {verb} state directory {}: permission denied (uid {} needs {need})",
+                    path.display(),
+                    sys::euid()
+                ));
+            }
+            Err(e) if sys::is_not_dir(&e) => {
                 return Err(e).with_context(|| {
                     format!(
-                        "cannot open state directory {} (it must be a real directory)",
+                        "cannot open state directory {} (it must be a real directory, not a symlink or a file)",
                         path.display()
                     )
                 })
+            }
+            Err(e) => {
+                return Err(e)
+                    .with_context(|| format!("cannot open state directory {}", path.display()))
             }
         };
         let mut subs = Vec::with_capacity(SUBDIRS.len());

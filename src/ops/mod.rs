@@ -36,10 +36,16 @@ pub fn open(dest: &Path, slot: Option<&str>) -> Result<Vec<Target>> {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
         };
+        // The whole path, and what is wrong with it.
+        let full = std::path::absolute(parent).unwrap_or_else(|_| parent.to_path_buf());
+        let why = match std::fs::symlink_metadata(parent) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => "does not exist",
+            _ => "is not a directory",
+        };
         return Err(error::refused(format!(
-            "{}: not a packsync destination ({} is not a directory)",
+            "{}: not a packsync destination ({} {why})",
             dest.display(),
-            parent.display()
+            full.display()
         )));
     };
     if layout::current(&base)?.is_none() {

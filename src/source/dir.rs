@@ -191,7 +191,7 @@ impl Source for Dir {
         self.root.open_beneath(dir)?.open_read(name)
     }
 
-    /// Still a regular file with the inode, size, mtime and ctime scanned:
+    /// Still a regular file with the inode, size, ctime and mtime scanned:
     /// neither swapped for another file (or a FIFO, a device) nor written to.
     fn unchanged(&self, fd: BorrowedFd<'_>, seen: &Entry) -> io::Result<bool> {
         let Node::File(f) = &seen.node else {
@@ -201,8 +201,7 @@ impl Source for Dir {
         Ok(sys::kind_of(&st) == StatKind::File
             && st.st_ino == f.ino
             && st.st_size as u64 == seen.meta.size
-            && sys::mtime_of(&st) == seen.meta.mtime.pair()
-            && sys::ctime_of(&st) == f.ctime)
+            && sys::change_stamp(&st) == f.stamp)
     }
 }
 
@@ -285,7 +284,7 @@ impl Walk<'_> {
                     dev: st.st_dev,
                     ino: st.st_ino,
                     nlink: st.st_nlink as u32,
-                    ctime: sys::ctime_of(&st),
+                    stamp: sys::change_stamp(&st),
                     ..Default::default()
                 }),
                 st.st_size as u64,

@@ -105,6 +105,7 @@ impl Stream for Bundle {
                 ),
             },
         };
+        let content_type = download.content_type.take();
         let stop = download.body.stopper();
         let mut counted = Counted {
             inner: &mut download,
@@ -122,7 +123,8 @@ impl Stream for Bundle {
                 false => io::copy(c, &mut io::sink()).map(|_| ()),
             },
             |plain| spool.apply(plain, false, &self.label, reporter).map(|_| ()),
-        )?;
+        )
+        .map_err(|e| not_an_archive(e, &self.label, content_type.as_deref()))?;
         let id = download
             .identity(&self.target.url)
             .with_context(|| self.label.clone())?;
@@ -211,6 +213,8 @@ pub enum Fetched {
 /// A body as it streams, hashed on the way (the identity's SHA-256).
 pub struct Download {
     body: net::Body,
+    /// The Content-Type the server gave, to name when the body is no archive.
+    content_type: Option<String>,
     hasher: Sha256,
     pub etag: Option<String>,
     pub last_modified: Option<String>,
@@ -246,6 +250,29 @@ impl Read for Download {
         self.hasher.update(&buf[..n]);
         Ok(n)
     }
+}
+
+/// A body that failed to read as an archive, sent as a web page or a JSON
+/// answer (a login page, an error document): the Content-Type the server
+/// gave is what tells the user, so the error names it.
+fn not_an_archive(e: anyhow::Error, label: &str, content_type: Option<&str>) -> anyhow::Error {
+    let Some(ct) = content_type else { return e };
+    let media = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let textual = media.starts_with("text/")
+        || ["json", "xml", "html", "javascript"]
+            .iter()
+            .any(|t| media.contains(t));
+    if !textual || error::exit_code(&e) != 1 {
+        return e;
+    }
+    let why = format!("{e:#}");
+    let why = why.strip_prefix(&format!("{label}: ")).unwrap_or(&why);
+    anyhow::anyhow!("{label}: the server sent Content-Type: {ct}, not an archive ({why})")
 }
 
 /// A header value a peer sent that is safe to record and send back.
@@ -292,6 +319,7 @@ impl Bundle {
         Ok(Fetched::Body(Box::new(Download {
             etag: validator(reply.header("etag")),
             last_modified: validator(reply.header("last-modified")),
+            content_type: validator(reply.header("content-type")),
             length: reply.length(),
             hasher: Sha256::new(),
             seen: 0,

@@ -1180,7 +1180,7 @@ impl Seeder<'_> {
                 Node::File(f) => {
                     f.dev = BORROWED_DEV;
                     f.reuse = false;
-                    f.ctime = 0;
+                    f.stamp = 0;
                     match f
                         .group
                         .take()

@@ -675,12 +675,18 @@ pub fn mtime_of(st: &Stat) -> (i64, u32) {
     t
 }
 
-/// The change time as one number (nanoseconds since the epoch, wrapping):
-/// only ever compared for equality, to see that a file changed.
-pub fn ctime_of(st: &Stat) -> u64 {
+/// The change and modification times as one number (each in nanoseconds
+/// since the epoch, wrapping, the mtime's bits rotated before they are
+/// mixed in): only ever compared for equality, to see that a file changed.
+pub fn change_stamp(st: &Stat) -> u64 {
     #[allow(clippy::unnecessary_cast)]
     let (s, ns) = (st.st_ctime as i64, st.st_ctime_nsec as u64);
-    (s as u64).wrapping_mul(1_000_000_000).wrapping_add(ns)
+    let ctime = (s as u64).wrapping_mul(1_000_000_000).wrapping_add(ns);
+    let (ms, mns) = mtime_of(st);
+    let mtime = (ms as u64)
+        .wrapping_mul(1_000_000_000)
+        .wrapping_add(mns as u64);
+    ctime ^ mtime.rotate_left(32)
 }
 
 mod dirfd;

@@ -1,6 +1,7 @@
 //! Integration tests: the real binary on temporary trees.
 
 mod containers;
+mod converge;
 mod copy;
 mod examples;
 mod faults;
@@ -9,6 +10,7 @@ mod help;
 mod hostile_remote;
 mod layouts;
 mod manifests;
+mod messages;
 mod ops;
 mod property;
 mod sidecar;
