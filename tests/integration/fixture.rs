@@ -550,6 +550,19 @@ pub fn spawn_sync(src: &Path, dest: &Path, extra: &[&str]) -> std::process::Chil
 
 /// The one JSON object a `--json` run printed on stdout.
 #[track_caller]
+/// Each line of `stdout` as a JSON object, and each one's `status`.
+pub fn json_lines(stdout: &str) -> (Vec<serde_json::Value>, Vec<String>) {
+    let objects: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    let statuses = objects
+        .iter()
+        .map(|o| o["status"].as_str().unwrap().to_string())
+        .collect();
+    (objects, statuses)
+}
+
 pub fn json(run: &Run) -> serde_json::Value {
     serde_json::from_str(run.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", run.stdout))
 }

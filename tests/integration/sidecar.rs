@@ -542,15 +542,7 @@ fn with_json_each_round_shown_is_one_json_object() {
     fs::remove_dir_all(fx.src()).unwrap();
     let run = l.exit();
     assert_eq!(run.code, 1, "{}", run.stderr);
-    let objects: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
-    let statuses: Vec<&str> = objects
-        .iter()
-        .map(|o| o["status"].as_str().unwrap())
-        .collect();
+    let (objects, statuses) = crate::fixture::json_lines(&run.stdout);
     assert_eq!(statuses, ["synced", "error", "error"], "{}", run.stdout);
     assert_eq!(objects[1]["failures"], 1);
     assert!(objects[1]["retry_in_seconds"].as_f64().is_some());

@@ -122,15 +122,7 @@ fn with_json_the_recovery_is_one_object_after_the_failed_ones() {
     let gen = live(&fx);
     let run = l.stop();
     assert_eq!(run.code, 143, "{}", run.stderr);
-    let objects: Vec<serde_json::Value> = run
-        .stdout
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
-        .collect();
-    let statuses: Vec<&str> = objects
-        .iter()
-        .map(|o| o["status"].as_str().unwrap())
-        .collect();
+    let (objects, statuses) = crate::fixture::json_lines(&run.stdout);
     let mut want = vec!["synced"];
     want.extend(std::iter::repeat_n("error", failed as usize));
     want.push("recovered");
