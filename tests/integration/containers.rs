@@ -180,9 +180,28 @@ impl Rig {
     /// A claim's volume as a PersistentVolumeClaim starts: empty (made
     /// beforehand with `nocopy`: a podman named volume made on first use is
     /// filled from the image at its mount point) and writable by the pods'
-    /// fsGroup (`fs_group`).
+    /// fsGroup (`fs_group`). Podman also gives a new volume, at its first
+    /// mount, the owner and mode of the directory it covers in that image
+    /// (root, 0755 for /opt/stackstorm/packs in the st2 image), which would
+    /// undo the fsGroup: one mount where nothing is covered spends that rule
+    /// before the group is set.
     fn claim(&self, name: &str) {
         self.ok("podman", &["volume", "create", "-o", "nocopy", name]);
+        let busybox = self.var("CONTAINER_RIG_BUSYBOX_IMAGE").to_string();
+        let mount = format!("{name}:/packsync-claim");
+        self.ok(
+            "podman",
+            &[
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "-v",
+                &mount,
+                &busybox,
+                "true",
+            ],
+        );
         fs_group(&self.volume(name));
     }
 
