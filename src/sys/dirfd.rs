@@ -195,7 +195,7 @@ impl DirFd {
     }
 
     pub fn rename(&self, from: &[u8], to_dir: &DirFd, to: &[u8]) -> io::Result<()> {
-        super::rename_at(
+        super::rename_dir_at(
             self.0.as_fd(),
             component(from)?,
             to_dir.0.as_fd(),

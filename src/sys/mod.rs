@@ -215,6 +215,83 @@ fn rename_at(
     Ok(rfs::renameat(from_dir, from, to_dir, to)?)
 }
 
+/// Run the rename `op` of the names `moved` (each a directory handle and a
+/// name), also when one is a read-only directory going to another parent.
+/// Moving a directory rewrites its `..`, which needs write permission on the
+/// directory itself: a caller that is not root, moving a tree whose root is
+/// read-only (a source of mode 0555; a generation into trash/), gets
+/// EACCES. Then, for each such directory this caller owns, the owner's write
+/// bit is lent for one more try and given back through the handle held
+/// across it, so a moved directory keeps its mode. Any other EACCES stands.
+fn lending_write(
+    moved: &[(BorrowedFd<'_>, &[u8])],
+    op: impl Fn() -> io::Result<()>,
+) -> io::Result<()> {
+    let refused = match op() {
+        Err(e) if e.raw_os_error() == Some(libc::EACCES) => e,
+        res => return res,
+    };
+    let me = rustix::process::geteuid().as_raw();
+    let mut lent = Vec::new();
+    for &(dir, name) in moved {
+        let Ok(held) = open_dir_at(dir, name) else {
+            continue;
+        };
+        let st = fstat(held.as_fd())?;
+        let mode = st.st_mode & 0o7777;
+        if mode & 0o200 == 0 && st.st_uid == me {
+            set_mode_fd(held.as_fd(), mode | 0o200)?;
+            lent.push((held, mode));
+        }
+    }
+    if lent.is_empty() {
+        return Err(refused);
+    }
+    let res = op();
+    for (held, mode) in lent {
+        set_mode_fd(held.as_fd(), mode)?;
+    }
+    res
+}
+
+/// `rename_at` through `lending_write`.
+fn rename_dir_at(
+    from_dir: BorrowedFd<'_>,
+    from: &[u8],
+    to_dir: BorrowedFd<'_>,
+    to: &[u8],
+) -> io::Result<()> {
+    lending_write(&[(from_dir, from)], || {
+        rename_at(from_dir, from, to_dir, to)
+    })
+}
+
+/// Open directory `name` of `dir` for removing what it holds: one this
+/// caller owns without the owner's read, write and search bits (a tree
+/// copied from a read-only source) gets them first, since it is about to go.
+fn open_dir_to_empty(dir: BorrowedFd<'_>, name: &[u8], st: &Stat) -> io::Result<OwnedFd> {
+    let mine = st.st_uid == rustix::process::geteuid().as_raw();
+    let mode = st.st_mode & 0o7777;
+    if !mine || mode & 0o700 == 0o700 || rustix::process::geteuid().is_root() {
+        return open_dir_at(dir, name);
+    }
+    if mode & 0o400 == 0 {
+        // Unreadable: not openable to fchmod it, so by path beneath the
+        // handle (the last component not followed: it was just seen as a
+        // directory, and a swap to a symlink is refused by O_NOFOLLOW below).
+        let path = OFlags::PATH | OFlags::NOFOLLOW | OFlags::DIRECTORY | OFlags::CLOEXEC;
+        use std::os::fd::AsRawFd;
+        let fd = rfs::openat(dir, name, path, Mode::empty())?;
+        rfs::chmod(
+            format!("/proc/self/fd/{}", fd.as_raw_fd()),
+            Mode::from_raw_mode(mode | 0o700),
+        )?;
+    }
+    let sub = open_dir_at(dir, name)?;
+    set_mode_fd(sub.as_fd(), mode | 0o700)?;
+    Ok(sub)
+}
+
 /// Swap two names atomically; `Unsupported` where the filesystem lacks it.
 fn rename_exchange(
     a_dir: BorrowedFd<'_>,
@@ -222,14 +299,16 @@ fn rename_exchange(
     b_dir: BorrowedFd<'_>,
     b: &[u8],
 ) -> io::Result<()> {
-    match rfs::renameat_with(a_dir, a, b_dir, b, RenameFlags::EXCHANGE) {
-        Ok(()) => Ok(()),
-        Err(e) if exchange_unsupported(e) => Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "the filesystem does not support renameat2(RENAME_EXCHANGE)",
-        )),
-        Err(e) => Err(e.into()),
-    }
+    lending_write(&[(a_dir, a), (b_dir, b)], || {
+        match rfs::renameat_with(a_dir, a, b_dir, b, RenameFlags::EXCHANGE) {
+            Ok(()) => Ok(()),
+            Err(e) if exchange_unsupported(e) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the filesystem does not support renameat2(RENAME_EXCHANGE)",
+            )),
+            Err(e) => Err(e.into()),
+        }
+    })
 }
 
 /// Rename onto a name that must not exist (`AlreadyExists` if it does, even an
@@ -241,14 +320,16 @@ fn rename_noreplace(
     to_dir: BorrowedFd<'_>,
     to: &[u8],
 ) -> io::Result<()> {
-    match rfs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
-        Ok(()) => Ok(()),
-        Err(e) if exchange_unsupported(e) => Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "the filesystem does not support renameat2(RENAME_NOREPLACE)",
-        )),
-        Err(e) => Err(e.into()),
-    }
+    lending_write(&[(from_dir, from)], || {
+        match rfs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
+            Ok(()) => Ok(()),
+            Err(e) if exchange_unsupported(e) => Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the filesystem does not support renameat2(RENAME_NOREPLACE)",
+            )),
+            Err(e) => Err(e.into()),
+        }
+    })
 }
 
 fn exchange_unsupported(e: Errno) -> bool {
@@ -546,7 +627,7 @@ fn remove_tree_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
             _ => Ok(true),
         };
     }
-    let sub = match open_dir_at(dir, name) {
+    let sub = match open_dir_to_empty(dir, name, &st) {
         Ok(fd) => fd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(true),
         Err(e) => return Err(e),
