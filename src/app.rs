@@ -267,6 +267,13 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // Validate: nothing is written before the guards have passed.
     crate::source::spool::limit_entries(cfg.max_entries);
     let sources = Sources::open(cfg)?;
+    // With --verify-key: every source is verified after its scan, so no
+    // shortcut that skips the scan runs, but for sources unchanged since a
+    // live generation those same keys verified (`unchanged_live`).
+    let trusting = !cfg.verify_keys.is_empty();
+    if trusting {
+        crate::trust::refuse_unverifiable(&sources.refs())?;
+    }
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
@@ -305,7 +312,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let same_gen = unchanged_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
     let quick = state
         .as_ref()
-        .filter(|_| damage.is_none())
+        .filter(|_| damage.is_none() && !trusting)
         .and_then(|state| {
             quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
                 let gen = same_gen.as_ref()?;
@@ -346,8 +353,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
     }
 
-    let streamed = damage
-        .is_none()
+    let streamed = (damage.is_none() && !trusting)
         .then(|| streams(cfg, &vol, state.as_ref(), &dest, &sources))
         .flatten();
     if let Some(recorded) = streamed {
@@ -378,7 +384,8 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         _ => None,
     };
     let noop = recorded.is_some();
-    let resumed = !noop && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+    let resumed =
+        !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -404,12 +411,13 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         .as_ref()
         .map(|s| s.dir())
         .or(scratch.as_ref().map(|s| s.dir()));
-    let (tree, live) = rayon::join(
+    let (scanned, live) = rayon::join(
         || match recorded {
-            Some(tree) => Ok(tree),
+            Some(tree) => Ok((tree, None)),
             None => sources.scan(
                 spool_in,
                 &cfg.filter,
+                &cfg.verify_keys,
                 &Scanning {
                     kept: &warnings,
                     console: &console,
@@ -418,7 +426,13 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         },
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
-    let (mut tree, mut live) = (tree?, live?);
+    let ((mut tree, verified), mut live) = (scanned?, live?);
+    // Unchanged since the live generation: the keys that verified it then.
+    let verified = verified.unwrap_or_else(|| {
+        live.manifest
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.verified.clone())
+    });
     if let Some(d) = &damage {
         forget_damaged(&mut live, d);
     }
@@ -433,7 +447,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
         (false, None) => sources.by_content(),
     };
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
-    if noop && !up_to_date(cfg, &plan, &live) {
+    if noop && !up_to_date(cfg, &plan, &live, &verified) {
         // Drift (or a new label): fetch after all.
         drop((live, made));
         return round_with(cfg, pass, false, None);
@@ -461,7 +475,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     };
     let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     let check = guards(cfg, &vol, &totals, live.gen.as_deref(), live_label)?;
-    let up_to_date = up_to_date(cfg, &plan, &live);
+    let up_to_date = up_to_date(cfg, &plan, &live, &verified);
     let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
     if cfg.itemize {
         report::itemize(&plan, output, &mut summary);
@@ -518,7 +532,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let staged = stage::run(&job, &mut tree, staging.dir())?;
     console.finish();
     let owners = owners && staged.owner_failures == 0;
-    let manifest = manifest_of(cfg, &sources, owners, &caps, tree);
+    let manifest = manifest_of(cfg, &sources, owners, &caps, tree, verified);
     if cfg.verify {
         let rules = verify::Rules::of(&manifest);
         verify::staged(&staged.tree, &manifest.tree, rules)?;
@@ -797,7 +811,14 @@ impl StreamedRound<'_> {
         // before the commit (staging is private and goes).
         max_delete(cfg, vol, changes.deleted)?;
         let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
-        let manifest = manifest_of(cfg, self.sources, owners, &caps, Tree::default());
+        let manifest = manifest_of(
+            cfg,
+            self.sources,
+            owners,
+            &caps,
+            Tree::default(),
+            Vec::new(),
+        );
         let mut summary = Summary {
             dest: vol.display.clone(),
             entries: streamed.body.entries,
@@ -1007,6 +1028,8 @@ fn unchanged_live(
             .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
             // Made under another `--set-mtime`: its tree has other mtimes.
             .filter(|h| h.set_mtime == cfg.set_mtime)
+            // Under --verify-key: only if these keys verified every source then.
+            .filter(|h| trusted_by(cfg, h, sources.all.len()))
             .map(|h| (gen, h)),
         _ => None,
     };
@@ -1020,6 +1043,18 @@ fn unchanged_live(
         all &= s.unchanged_since(r)? && recorded.is_some();
     }
     Ok(header.filter(|_| all).map(|(gen, _)| gen.clone()))
+}
+
+/// Whether a generation's record says that one of `cfg`'s keys verified
+/// each of its `n` sources (always true without --verify-key).
+fn trusted_by(cfg: &SyncConfig, header: &Manifest, n: usize) -> bool {
+    cfg.verify_keys.is_empty()
+        || (0..n).all(|i| {
+            header
+                .verified
+                .iter()
+                .any(|(at, fp)| *at == i && cfg.verify_keys.iter().any(|k| &k.fingerprint == fp))
+        })
 }
 
 /// For sources unchanged since the live generation `gen`
@@ -1135,12 +1170,14 @@ fn shape_of(cfg: &SyncConfig) -> Option<String> {
 /// same label (a new label on the same content is a new generation).
 /// A live generation whose manifest is missing or unreadable is not up to
 /// date: the sync stages it again, and commit replaces the bad manifest.
-fn up_to_date(cfg: &SyncConfig, plan: &Plan, live: &Live) -> bool {
+fn up_to_date(cfg: &SyncConfig, plan: &Plan, live: &Live, verified: &[(usize, String)]) -> bool {
     let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     plan.up_to_date()
         && live.gen.is_some()
         && live.manifest.is_some()
         && (cfg.label.is_none() || cfg.label_text() == live_label)
+        // Verified now but not then (or by other keys): the record is news.
+        && live.manifest.as_ref().is_some_and(|m| m.verified == verified)
 }
 
 /// The summary as planned: "up to date", or what a dry run would do, or
@@ -1186,6 +1223,7 @@ fn manifest_of(
     owners: bool,
     caps: &crate::caps::Caps,
     mut tree: Tree,
+    verified: Vec<(usize, String)>,
 ) -> Manifest {
     tree.keep_hashes_on_leaders();
     Manifest {
@@ -1206,6 +1244,7 @@ fn manifest_of(
                 .filter_map(|(i, r)| Some((i, r?)))
                 .collect()
         }),
+        verified,
         digest: String::new(),
         tree,
     }
@@ -1269,16 +1308,30 @@ impl Sources {
     /// Spool the streamed sources into `staging` (this writer's staging
     /// directory, or a dry run's scratch directory), then scan every source
     /// (each in parallel inside) and overlay them in order.
+    /// With `keys`, each source's tree is checked as it is scanned
+    /// (`trust::check`, exit 6), before any is staged: then the SOURCE
+    /// index and fingerprint of the key that verified each.
+    #[allow(clippy::type_complexity)]
     fn scan(
         &self,
         staging: Option<&DirFd>,
         filter: &Filter,
+        keys: &[crate::trust::Key],
         reporter: &dyn Reporter,
-    ) -> Result<Tree> {
+    ) -> Result<(Tree, Option<Vec<(usize, String)>>)> {
         if let Some(staging) = staging {
             source::spool_all(&self.refs(), staging, reporter)?;
         }
-        scan::run(&self.refs(), filter, reporter)
+        if keys.is_empty() {
+            return Ok((scan::run(&self.refs(), filter, reporter)?, None));
+        }
+        let verified = std::sync::Mutex::new(Vec::new());
+        let tree = scan::run_each(&self.refs(), filter, reporter, &|i, s, t| {
+            let fp = crate::trust::check(s, t, keys, filter)?;
+            verified.lock().expect("not poisoned").push((i, fp));
+            Ok(())
+        })?;
+        Ok((tree, Some(verified.into_inner().expect("not poisoned"))))
     }
 }
 

@@ -179,6 +179,9 @@ pub struct SyncArgs {
     /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
     #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform, env = "PACKSYNC_PLATFORM", help_heading = SOURCES)]
     pub platform: Option<config::Platform>,
+    /// Publish only sources signed by this PEM public key (repeatable; ECDSA P-256/P-384, Ed25519, RSA >= 2048): an OPA bundle's /.signatures.json; else exit 6
+    #[arg(long, value_name = "FILE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(parse_key_path), env = "PACKSYNC_VERIFY_KEY", help_heading = SOURCES)]
+    pub verify_key: Vec<Option<PathBuf>>,
 
     // ---- Filters and metadata ----
     /// Leave out paths matching GLOB (gitignore syntax; repeatable)
@@ -572,6 +575,11 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     if s.round_timeout.is_some_and(|d| d.is_zero()) {
         return Err(bad_value("--round-timeout", "0", "must be more than zero"));
     }
+    let mut verify_keys = Vec::new();
+    for f in s.verify_key.iter().flatten() {
+        let key = crate::trust::Key::load(f).map_err(|e| error::usage(format!("{e:#}")))?;
+        verify_keys.push(key);
+    }
     let remote = config::Remote {
         registry_auth: s.registry_auth,
         ca_file: s.ca_file,
@@ -618,8 +626,17 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         unhealthy_after: s.unhealthy_after.unwrap_or(config::DEFAULT_UNHEALTHY_AFTER),
         http_bind: s.http_bind,
         max_entries: s.max_entries,
+        verify_keys,
         remote,
     })
+}
+
+/// `--verify-key FILE`: read in `sync_config`, where a bad key names its file.
+fn parse_key_path(s: &str) -> Result<PathBuf> {
+    if s.trim().is_empty() {
+        anyhow::bail!("empty path");
+    }
+    Ok(PathBuf::from(s))
 }
 
 /// `--grace`: see `config::parse_duration`.

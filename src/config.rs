@@ -157,6 +157,9 @@ pub struct SyncConfig {
     /// `--max-entries N`: the most entries an archive, bundle or image may
     /// hold (every header of every layer counts, whiteouts too).
     pub max_entries: u64,
+    /// `--verify-key FILE` (repeatable): with any, every SOURCE must be
+    /// signed by one of these keys (`trust`), else exit 6.
+    pub verify_keys: Vec<crate::trust::Key>,
     /// How `https://`, `oci://` and `oci-layout:` sources are reached.
     pub remote: Remote,
 }

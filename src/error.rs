@@ -13,6 +13,9 @@ pub enum Failure {
     Drift(String),
     /// `wait` timed out (exit 5).
     Timeout(String),
+    /// `--verify-key` given and a source without a valid signature by one
+    /// of the keys (exit 6); nothing was written.
+    Untrusted(String),
     /// SIGINT (130) or SIGTERM (143), after cleaning up.
     Interrupted(i32),
 }
@@ -20,9 +23,11 @@ pub enum Failure {
 impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Failure::Usage(m) | Failure::Refused(m) | Failure::Drift(m) | Failure::Timeout(m) => {
-                f.write_str(m)
-            }
+            Failure::Usage(m)
+            | Failure::Refused(m)
+            | Failure::Drift(m)
+            | Failure::Timeout(m)
+            | Failure::Untrusted(m) => f.write_str(m),
             Failure::Interrupted(sig) => {
                 write!(f, "interrupted by {}", crate::sys::signal_name(*sig))
             }
@@ -39,6 +44,7 @@ impl Failure {
             Failure::Refused(_) => 3,
             Failure::Drift(_) => 4,
             Failure::Timeout(_) => 5,
+            Failure::Untrusted(_) => 6,
             Failure::Interrupted(sig) => 128 + sig,
         }
     }
@@ -77,4 +83,8 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
 
 pub fn refused(msg: impl Into<String>) -> anyhow::Error {
     Failure::Refused(msg.into()).into()
+}
+
+pub fn untrusted(msg: impl Into<String>) -> anyhow::Error {
+    Failure::Untrusted(msg.into()).into()
 }

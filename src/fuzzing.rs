@@ -481,6 +481,34 @@ pub fn oci_record(text: &str) {
     assert!(r.newest.ns < 1_000_000_000);
 }
 
+/// `trust::opa::signed`, on a bundle's `/.signatures.json` (and the
+/// compact JWS inside it), checked against a fixed Ed25519 key: bytes the
+/// fuzzer makes never verify, and refusing them never panics.
+pub fn opa_signatures(data: &[u8]) {
+    use crate::trust::{opa, Key};
+    const ED: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END PUBLIC KEY-----\n";
+    let key = Key::from_pem(std::path::Path::new("fuzz.pem"), ED).expect("the fixed key");
+    assert!(
+        opa::signed(data, std::slice::from_ref(&key)).is_err(),
+        "unsigned bytes verified"
+    );
+    if let Ok(text) = std::str::from_utf8(data) {
+        let _ = crate::trust::jws::parse(text);
+    }
+}
+
+/// `trust::canon::canonical`, OPA's canonical JSON of a bundle's
+/// `data.json`: what it writes is canonical already (written again, the
+/// same bytes) and is JSON that serde_json reads.
+pub fn opa_canonical(data: &[u8]) {
+    let Ok(c) = crate::trust::canon::canonical(data) else {
+        return;
+    };
+    let again = crate::trust::canon::canonical(&c).expect("canonical output parses");
+    assert_eq!(again, c, "canonical form is not a fixed point");
+    serde_json::from_slice::<serde_json::Value>(&c).expect("canonical output is JSON");
+}
+
 /// The fuzz targets, by name: how each turns the fuzzer's bytes into a
 /// call of the facade above. `fuzz/fuzz_targets/*.rs` call this, and
 /// `cargo test` replays `fuzz/seeds/TARGET/*` through it, so every seed
@@ -526,6 +554,8 @@ pub fn target(name: &str, data: &[u8]) -> bool {
             }
         }
         "oci_record" => text.into_iter().for_each(oci_record),
+        "opa_canonical" => opa_canonical(data),
+        "opa_signatures" => opa_signatures(data),
         "oci_reference" => text.into_iter().for_each(oci_reference),
         "tar" => tar(data),
         _ => return false,

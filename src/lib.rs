@@ -45,6 +45,7 @@ pub(crate) mod staging;
 pub(crate) mod sys;
 pub(crate) mod takeover;
 pub(crate) mod tree;
+pub(crate) mod trust;
 pub(crate) mod verify;
 pub(crate) mod volume;
 pub(crate) mod xattr;

@@ -14,6 +14,7 @@
 //! hardlinks 1                   (1: the volume shows hardlinks as one inode; 0: groups from here)
 //! xattrs 1                      (only where some entry carries extended attributes)
 //! setmtime 1700000000           (optional: `--set-mtime`, every entry got this mtime)
+//! verified 0 SHA256:…           (optional: `--verify-key`, the key that verified SOURCE 0)
 //! digest <sha256 hex of the entry lines and label>
 //! entries 42
 //! bytes 123456
@@ -72,6 +73,11 @@ pub struct Manifest {
     /// `Source::record`). Not part of the digest; a malformed line is
     /// ignored (it only costs that shortcut).
     pub layers: Vec<(usize, String)>,
+    /// (SOURCE index, key fingerprint): `--verify-key`, the key whose
+    /// signature each source carried. Part of the digest when present (a
+    /// tree published verified is another generation than the same tree
+    /// unverified); manifests without it read and digest as before.
+    pub verified: Vec<(usize, String)>,
     pub digest: String,
     pub tree: Tree,
 }
@@ -174,12 +180,16 @@ pub fn for_each_line(tree: &Tree, f: &mut dyn FnMut(&str)) {
     });
 }
 
-/// The digest that names a tree: entry lines plus label.
-pub fn digest(tree: &Tree, label: Option<&str>) -> String {
+/// The digest that names a tree: entry lines plus label, plus the
+/// `verified` records where there are any.
+pub fn digest(tree: &Tree, label: Option<&str>, verified: &[(usize, String)]) -> String {
     let mut h = Sha256::new();
     for_each_line(tree, &mut |l| h.update(l.as_bytes()));
     h.update(b"label ");
     h.update(label.unwrap_or("").as_bytes());
+    for (i, fp) in verified {
+        h.update(format!("\nverified {i} {}", escape(fp.as_bytes())).as_bytes());
+    }
     hex(&h.finalize())
 }
 
@@ -193,7 +203,7 @@ impl Manifest {
 
     /// Fill in `digest` and write the manifest to `w`, a line at a time.
     pub fn write(&mut self, w: &mut dyn Write) -> std::io::Result<()> {
-        self.digest = digest(&self.tree, self.label.as_deref());
+        self.digest = digest(&self.tree, self.label.as_deref(), &self.verified);
         self.write_header(w, self.tree.count(), self.tree.bytes())?;
         let mut res = Ok(());
         for_each_line(&self.tree, &mut |l| {
@@ -229,6 +239,9 @@ impl Manifest {
         if let Some(t) = self.set_mtime {
             writeln!(w, "setmtime {t}")?;
         }
+        for (i, fp) in &self.verified {
+            writeln!(w, "verified {i} {}", escape(fp.as_bytes()))?;
+        }
         writeln!(w, "digest {}", self.digest)?;
         writeln!(w, "entries {entries}")?;
         writeln!(w, "bytes {bytes}")?;
@@ -250,7 +263,7 @@ impl Manifest {
     /// edited is refused, never taken for the tree it names.
     pub fn read_checked(r: &mut dyn BufRead) -> Result<Manifest> {
         let m = Manifest::read(r)?;
-        if digest(&m.tree, m.label.as_deref()) != m.digest {
+        if digest(&m.tree, m.label.as_deref(), &m.verified) != m.digest {
             bail!("the manifest does not match its digest (cut short or edited)");
         }
         Ok(m)
@@ -306,6 +319,14 @@ impl Manifest {
                 "hardlinks" => m.hardlinks = flag(v).context("bad hardlinks")?,
                 "xattrs" => m.xattrs = flag(v).context("bad xattrs")?,
                 "setmtime" => m.set_mtime = Some(v.parse().context("bad setmtime")?),
+                "verified" => {
+                    let (i, fp) = v.split_once(' ').context("bad verified")?;
+                    let i: u16 = i.parse().context("bad verified")?;
+                    m.verified.push((
+                        i.into(),
+                        String::from_utf8_lossy(&unescape(fp)?).into_owned(),
+                    ));
+                }
                 "digest" => m.digest = v.to_string(),
                 _ => {} // counts and fields of later minor versions
             }
@@ -762,6 +783,7 @@ mod tests {
             xattrs: true,
             set_mtime: Some(-86400),
             layers: vec![(0, "oci-layers 1 x".into())],
+            verified: vec![(0, "SHA256:ab+/c".into())],
             digest: String::new(),
             tree,
         };
@@ -786,6 +808,14 @@ mod tests {
         other.label = None;
         other.seal();
         assert_ne!(other.digest, m.digest);
+        // So does the key that verified it; without one, the digest is the
+        // tree's and label's alone, as before `verified` lines.
+        let mut unverified = m.clone();
+        unverified.verified.clear();
+        let plain = unverified.seal();
+        assert!(!plain.contains("verified"), "{plain}");
+        assert_ne!(unverified.digest, m.digest);
+        assert_eq!(unverified.digest, digest(&m.tree, m.label.as_deref(), &[]));
         // Written in pieces or at once, the same bytes.
         let mut streamed = Vec::new();
         m.write(&mut streamed).unwrap();
@@ -910,7 +940,7 @@ mod tests {
             String::from_utf8(got).unwrap(),
             String::from_utf8(want).unwrap()
         );
-        assert_eq!(body.digest, digest(&tree, Some("v1")));
+        assert_eq!(body.digest, digest(&tree, Some("v1"), &[]));
         assert_eq!((body.entries, body.bytes), (tree.count(), tree.bytes()));
     }
 

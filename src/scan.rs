@@ -69,9 +69,21 @@ impl Filter {
 /// two provide; each entry keeps the index of the source it came from, and
 /// hardlinks inside a source become groups.
 pub fn run(sources: &[&dyn Source], filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
+    run_each(sources, filter, reporter, &|_, _, _| Ok(()))
+}
+
+/// `run`, with `each` called on every source's own tree (its index, the
+/// source, its tree) before it is overlaid: a failure there ends the scan.
+pub fn run_each(
+    sources: &[&dyn Source],
+    filter: &Filter,
+    reporter: &dyn Reporter,
+    each: &(dyn Fn(usize, &dyn Source, &Tree) -> Result<()> + Sync),
+) -> Result<Tree> {
     let mut tree = Tree::default();
     for (i, s) in sources.iter().enumerate() {
         let t = s.scan(i as u16, filter, reporter)?;
+        each(i, *s, &t)?;
         if i == 0 {
             tree = t;
         } else {

@@ -59,6 +59,7 @@ pub fn record(
     let now = crate::clock::now_pair();
     let made = tree.root.mtime.pair().min((now.0 - 1, now.1));
     let mut manifest = Manifest {
+        verified: Vec::new(),
         label: None,
         created: made,
         host: sys::hostname(),

@@ -68,6 +68,19 @@ pub struct GenInfo {
     pub retired_unix: Option<i64>,
     /// An `exec` holds it.
     pub leased: bool,
+    /// `--verify-key`: for each source, the fingerprint of the key whose
+    /// signature it carried (empty: published without verification).
+    pub verified: Vec<VerifiedInfo>,
+}
+
+#[derive(serde::Serialize)]
+pub struct VerifiedInfo {
+    /// The SOURCE as the manifest records it.
+    pub source: String,
+    /// Its position among the sources, from 0.
+    pub index: usize,
+    /// `SHA256:` and the unpadded base64 SHA-256 of the key's DER SubjectPublicKeyInfo.
+    pub key: String,
 }
 
 #[derive(serde::Serialize)]
@@ -173,12 +186,22 @@ fn info(t: &Target, gen: &str, retained: bool) -> GenInfo {
         retired: retired_unix.map(rfc3339),
         retired_unix,
         leased: retire::leased(&t.state, gen),
+        verified: Vec::new(),
     };
     if let Some((m, entries, bytes)) = header {
         g.label = m.label;
         g.created = Some(rfc3339(m.created.0));
         g.created_unix = Some(m.created.0);
         g.host = Some(m.host);
+        g.verified = m
+            .verified
+            .iter()
+            .map(|(i, fp)| VerifiedInfo {
+                source: m.sources.get(*i).cloned().unwrap_or_default(),
+                index: *i,
+                key: fp.clone(),
+            })
+            .collect();
         g.sources = m.sources;
         g.entries = entries;
         g.bytes = bytes;
@@ -330,6 +353,9 @@ fn table(s: &Status) -> String {
                 },
                 g.digest.as_deref().unwrap_or("-")
             ));
+            for v in &g.verified {
+                out.push_str(&format!("verified: {} signed by {}\n", v.source, v.key));
+            }
         }
     }
     if let Some(d) = &s.damaged {

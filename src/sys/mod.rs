@@ -947,6 +947,22 @@ pub fn read_text(path: &std::path::Path) -> io::Result<String> {
     std::fs::read_to_string(path)
 }
 
+/// `read_text`, refusing a file longer than `max` bytes.
+pub fn read_text_bounded(path: &std::path::Path, max: u64) -> io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > max {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("longer than {max} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
 /// Set the file mode creation mask; the previous one.
 pub fn set_umask(mode: u32) -> u32 {
     rustix::process::umask(Mode::from_raw_mode(mode)).as_raw_mode()

@@ -24,4 +24,5 @@ mod streaming;
 mod sync;
 mod takeover;
 mod tar_corpus;
+mod trust_bundles;
 mod xattrs;

@@ -127,15 +127,15 @@ fn bundle_tree(revision: &str, allow: &str) -> Vec<String> {
     ]
 }
 
-struct Server {
+pub(crate) struct Server {
     _proc: Helper,
     port: u16,
     log: std::path::PathBuf,
-    www: std::path::PathBuf,
+    pub(crate) www: std::path::PathBuf,
 }
 
 impl Server {
-    fn start(f: &Fixture) -> Server {
+    pub(crate) fn start(f: &Fixture) -> Server {
         Server::start_with(f, &[])
     }
 
@@ -157,7 +157,7 @@ impl Server {
         }
     }
 
-    fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 

@@ -1,0 +1,51 @@
+//! Trust: whether a SOURCE was signed by a key the operator pins
+//! (`--verify-key`), decided after the scan and before anything is staged.
+//! `key.rs` reads keys and checks raw signatures, `jws.rs` compact JWS
+//! tokens, `canon.rs` OPA's canonical JSON, `opa.rs` a bundle's
+//! `/.signatures.json`. A source that is not trusted is exit 6
+//! (`error::Failure::Untrusted`), one line naming it and what was wrong.
+//! Nothing here writes.
+
+pub mod canon;
+pub mod jws;
+pub mod key;
+pub mod opa;
+
+pub use key::Key;
+
+use crate::error;
+use crate::scan::Filter;
+use crate::source::Source;
+use crate::tree::Tree;
+
+/// Whether SOURCE `label` is an image (its signatures are cosign's, not a
+/// bundle's): told by the prefix the SOURCE was given with.
+pub fn is_image(label: &str) -> bool {
+    ["oci://", "oci-layout:", "oci-archive:", "docker-archive:"]
+        .iter()
+        .any(|p| label.starts_with(p))
+}
+
+/// Before anything is fetched: a source whose kind this build cannot
+/// verify is refused (exit 6).
+pub fn refuse_unverifiable(sources: &[&dyn Source]) -> anyhow::Result<()> {
+    match sources.iter().find(|s| is_image(s.label())) {
+        Some(s) => Err(error::untrusted(format!(
+            "{}: image signatures are not verified by this build; --verify-key refuses it",
+            s.label()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Check one scanned source's bundle signature; the fingerprint of the
+/// key that verified it, or exit 6 naming the source.
+pub fn check(
+    source: &dyn Source,
+    tree: &Tree,
+    keys: &[Key],
+    filter: &Filter,
+) -> anyhow::Result<String> {
+    opa::check(source, tree, keys, filter)
+        .map_err(|m| error::untrusted(format!("{}: {m}", source.label())))
+}
