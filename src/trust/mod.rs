@@ -7,6 +7,7 @@
 //! Nothing here writes.
 
 pub mod canon;
+pub mod cosign;
 pub mod jws;
 pub mod key;
 pub mod opa;
@@ -26,18 +27,6 @@ pub fn is_image(label: &str) -> bool {
         .any(|p| label.starts_with(p))
 }
 
-/// Before anything is fetched: a source whose kind this build cannot
-/// verify is refused (exit 6).
-pub fn refuse_unverifiable(sources: &[&dyn Source]) -> anyhow::Result<()> {
-    match sources.iter().find(|s| is_image(s.label())) {
-        Some(s) => Err(error::untrusted(format!(
-            "{}: image signatures are not verified by this build; --verify-key refuses it",
-            s.label()
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Check one scanned source's bundle signature; the fingerprint of the
 /// key that verified it, or exit 6 naming the source.
 pub fn check(
@@ -46,6 +35,15 @@ pub fn check(
     keys: &[Key],
     filter: &Filter,
 ) -> anyhow::Result<String> {
+    if is_image(source.label()) {
+        // Checked when its digest was resolved, before any layer came.
+        return source.verified_by().ok_or_else(|| {
+            error::untrusted(format!(
+                "{}: its cosign signature was not checked",
+                source.label()
+            ))
+        });
+    }
     opa::check(source, tree, keys, filter)
         .map_err(|m| error::untrusted(format!("{}: {m}", source.label())))
 }
