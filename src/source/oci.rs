@@ -458,7 +458,8 @@ impl Image {
         let mut r = self.resolved.lock().unwrap();
         if r.is_none() {
             let resolved = oci_fetch::resolve(&*self.store, &self.platform)?;
-            self.trust.check(&*self.store, &resolved.digest)?;
+            self.trust
+                .check(&*self.store, &resolved.root, &resolved.digest)?;
             *r = Some(resolved);
         }
         Ok(self.identity_of(&r.as_ref().expect("resolved").digest))

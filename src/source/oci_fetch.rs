@@ -29,6 +29,9 @@ pub trait Sink {
 /// its layers.
 pub struct Resolved {
     pub digest: String,
+    /// The digest of what the reference itself names (an index, or the
+    /// image manifest itself): what `cosign sign IMAGE:TAG` signs.
+    pub root: String,
     desc: Descriptor,
     layers: Option<Vec<Descriptor>>,
 }
@@ -63,6 +66,7 @@ pub trait Store: Send + Sync {
 /// where an index gave the digest.
 pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
     let (mut bytes, mut ctype, mut desc) = store.root()?;
+    let root = desc.digest.clone();
     for _ in 0..4 {
         let doc = oci_image::parse(&bytes, ctype.as_deref())
             .with_context(|| format!("{}: manifest {}", store.label(), desc.digest))?;
@@ -70,6 +74,7 @@ pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
             Document::Image(layers) => {
                 return Ok(Resolved {
                     digest: desc.digest.clone(),
+                    root,
                     desc,
                     layers: Some(layers),
                 })
@@ -81,6 +86,7 @@ pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
                 if !is_index_type(&chosen.media_type) {
                     return Ok(Resolved {
                         digest: chosen.digest.clone(),
+                        root,
                         desc: chosen,
                         layers: None,
                     });

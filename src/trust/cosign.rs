@@ -167,28 +167,59 @@ fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
         .any(|a| key.verify(*a, payload, sig, EcdsaForm::Der).is_ok())
 }
 
-/// Check the cosign signature of the image manifest `digest` held in
-/// `store`: the fingerprint of the key that verified it. What is missing
-/// or wrong is exit 6 naming the source; a store that cannot be read (a
-/// registry down, a blob gone) is its own error.
-pub fn check(store: &dyn Store, digest: &str, keys: &[Key]) -> anyhow::Result<String> {
+/// Check the cosign signature of the image `digest` held in `store`
+/// (`root`: what its reference names, an index where it chose a platform;
+/// the same digest otherwise): the fingerprint of the key that verified
+/// it. A signature is looked for at `root`'s tag first (what `cosign sign
+/// IMAGE:TAG` signs: an index pins its manifests by digest), then at
+/// `digest`'s; the payload must name the digest whose tag held it. What is
+/// missing or wrong is exit 6 naming the source; a store that cannot be
+/// read (a registry down, a blob gone) is its own error.
+pub fn check(store: &dyn Store, root: &str, digest: &str, keys: &[Key]) -> anyhow::Result<String> {
     let label = store.label();
-    let tag = sig_tag(digest);
     let untrusted = |m: String| error::untrusted(format!("{label}: {m}"));
-    let Some(found) = store.by_tag(&tag) else {
-        return Err(untrusted(format!(
-            "no cosign signature (tag {tag}) can be looked up: a docker-archive holds no tags \
-             of that form; --verify-key refuses it (save the image and its signature as \
-             oci-archive: or oci-layout:)"
-        )));
+    let mut tried = Vec::new();
+    for d in [root, digest] {
+        if tried.iter().any(|(t, _)| *t == d) {
+            continue;
+        }
+        let tag = sig_tag(d);
+        let Some(found) = store.by_tag(&tag) else {
+            return Err(untrusted(format!(
+                "no cosign signature (tag {tag}) can be looked up: a docker-archive holds no \
+                 tags of that form; --verify-key refuses it (save the image and its signature \
+                 as oci-archive: or oci-layout:)"
+            )));
+        };
+        match found? {
+            Some(bytes) => return verify(store, d, &tag, &bytes, keys),
+            None => tried.push((d, tag)),
+        }
+    }
+    let tags = match tried.as_slice() {
+        [(_, one)] => format!("tag {one}"),
+        [(_, index), (_, image)] => {
+            format!("tag {index} for the index, nor {image} for the platform's image")
+        }
+        _ => unreachable!("one or two digests"),
     };
-    let Some(bytes) = found? else {
-        return Err(untrusted(format!(
-            "no cosign signature (tag {tag}) {}",
-            store.tags_where()
-        )));
-    };
-    let layers = signature_layers(&bytes).map_err(|m| untrusted(format!("{tag}: {m}")))?;
+    Err(untrusted(format!(
+        "no cosign signature ({tags}) {}",
+        store.tags_where()
+    )))
+}
+
+/// Verify the `.sig` manifest `bytes` found at `tag` for `digest`.
+fn verify(
+    store: &dyn Store,
+    digest: &str,
+    tag: &str,
+    bytes: &[u8],
+    keys: &[Key],
+) -> anyhow::Result<String> {
+    let label = store.label();
+    let untrusted = |m: String| error::untrusted(format!("{label}: {m}"));
+    let layers = signature_layers(bytes).map_err(|m| untrusted(format!("{tag}: {m}")))?;
     let mut other_digest = None;
     for (desc, sig) in &layers {
         let payload = read_payload(store, desc)?
@@ -254,11 +285,11 @@ impl Trust {
     }
 
     /// Check the signature of `digest` (nothing without keys).
-    pub fn check(&self, store: &dyn Store, digest: &str) -> anyhow::Result<()> {
+    pub fn check(&self, store: &dyn Store, root: &str, digest: &str) -> anyhow::Result<()> {
         if self.keys.is_empty() {
             return Ok(());
         }
-        let fp = check(store, digest, &self.keys)?;
+        let fp = check(store, root, digest, &self.keys)?;
         *self.verified.lock().unwrap() = Some(fp);
         Ok(())
     }

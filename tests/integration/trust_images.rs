@@ -371,3 +371,52 @@ fn a_signed_image_in_a_registry_lands_and_an_unsigned_tag_is_refused() {
     let fp = openssl_fingerprint(&f.path("keys"), "ec");
     assert!(status.stdout.contains(&fp), "{}", status.stdout);
 }
+
+#[test]
+fn an_index_signed_as_cosign_signs_a_tag_publishes_its_platform_image() {
+    let Some((f, _)) = setup() else { return };
+    let spec = r#"[{"tag":"2.0","platforms":[
+        {"os":"linux","arch":"amd64","layers":[{"compression":"none","entries":[{"name":"amd","data":"a"}]}]},
+        {"os":"linux","arch":"arm64","layers":[{"compression":"none","entries":[{"name":"arm","data":"b"}]}]}]}]"#;
+    let layout = f.path("layout");
+    let platforms = write_layout(&layout, spec, "2.0");
+    let index: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(layout.join("index.json")).unwrap()).unwrap();
+    let top = index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == "2.0")
+        .unwrap()["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_ne!(top, platforms[0]);
+    let src = format!("oci-layout:{}:2.0", layout.display());
+    let ec = key(&f, "ec");
+    let args = [
+        "sync",
+        "--grace",
+        "0",
+        "--platform",
+        "linux/amd64",
+        "--verify-key",
+        &ec,
+        &src,
+        "vol/packs",
+    ];
+    // Unsigned: both places looked at are named.
+    f.refused(
+        &args,
+        6,
+        &format!(
+            "no cosign signature (tag {}.sig for the index, nor {}.sig for the platform's image)",
+            top.replace(':', "-"),
+            platforms[0].replace(':', "-")
+        ),
+    );
+    // A signature over the index (what `cosign sign IMAGE:2.0` makes).
+    sign(&f, &layout, &top, &top, "ec", "ec");
+    f.packsync(&args).ok();
+    assert_eq!(tree(&f.dest()), ["amd=a"]);
+}
