@@ -370,6 +370,13 @@ fn a_signed_image_in_a_registry_lands_and_an_unsigned_tag_is_refused() {
     let status = f.packsync(&["status", "vol/packs"]).ok();
     let fp = openssl_fingerprint(&f.path("keys"), "ec");
     assert!(status.stdout.contains(&fp), "{}", status.stdout);
+    // A verified no-op: the tag's manifest, the signature's manifest and
+    // its one payload blob; no layer.
+    let (manifests, blobs) = (reg.requests("/manifests/"), reg.requests("/blobs/"));
+    let again = f.unchanged_by(|| f.packsync(&args).ok());
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+    assert_eq!(reg.requests("/manifests/") - manifests, 2);
+    assert_eq!(reg.requests("/blobs/") - blobs, 1);
 }
 
 #[test]
