@@ -7,9 +7,10 @@
 //! tag). Each of its layers of media type
 //! `application/vnd.dev.cosign.simplesigning.v1+json` is a payload blob,
 //! its signature (base64) in the layer's `dev.cosignproject.cosign/signature`
-//! annotation: ECDSA (DER) over the payload hashed with SHA-256 (P-256) or
-//! SHA-384 (P-384), Ed25519 over the payload, RSA PKCS#1 v1.5 (or PSS)
-//! with SHA-256. The payload is simple signing JSON whose
+//! annotation: ECDSA (DER) over the payload hashed with SHA-256, as
+//! `cosign verify --key` hashes for every curve (P-384 over SHA-384 is
+//! taken too), Ed25519 over the payload, RSA PKCS#1 v1.5 (or PSS) with
+//! SHA-256. The payload is simple signing JSON whose
 //! `critical.image.docker-manifest-digest` must be the digest published
 //! and whose `critical.type` is `cosign container image signature`.
 //! One payload verified by one of the keys is enough.
@@ -157,10 +158,12 @@ fn field<'v>(
 }
 
 /// Whether `key` signed `payload` with `sig`, as cosign signs with a key.
+/// `cosign verify --key` hashes with SHA-256 for every key type; a P-384
+/// signature over SHA-384 (sigstore's default for that curve) is taken too.
 fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
-    if key.kind() == "ECDSA P-256" {
-        let d: [u8; 32] = Sha256::digest(payload).into();
-        return key.verify_sha256_digest(&d, sig).is_ok();
+    let d: [u8; 32] = Sha256::digest(payload).into();
+    if key.verify_sha256_digest(&d, sig).is_ok() {
+        return true;
     }
     [Alg::Es384, Alg::EdDsa, Alg::Rs256, Alg::Ps256]
         .iter()

@@ -82,7 +82,7 @@ fn sign(f: &Fixture, layout: &Path, tagged: &str, named: &str, key: &str, kind: 
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// Keys `ec`, `other` (P-256) and `ed` (Ed25519) in keys/; an image tagged
+/// Keys `ec`, `other` (P-256), `p384` and `ed` (Ed25519) in keys/; an image tagged
 /// 1.0 in layout/ (its manifest digest returned).
 fn setup() -> Option<(Fixture, String)> {
     if !have(&["openssl", "python3"]) {
@@ -95,6 +95,11 @@ fn setup() -> Option<(Fixture, String)> {
     keypair(&keys, "ec", &ec);
     keypair(&keys, "other", &ec);
     keypair(&keys, "ed", &["-algorithm", "ed25519"]);
+    keypair(
+        &keys,
+        "p384",
+        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"],
+    );
     let digest = write_layout(&f.path("layout"), &image("v1"), "1.0").remove(0);
     Some((f, digest))
 }
@@ -426,4 +431,59 @@ fn an_index_signed_as_cosign_signs_a_tag_publishes_its_platform_image() {
     sign(&f, &layout, &top, &top, "ec", "ec");
     f.packsync(&args).ok();
     assert_eq!(tree(&f.dest()), ["amd=a"]);
+}
+
+#[test]
+fn a_p384_signature_and_an_oci_archive_land() {
+    let Some((f, digest)) = setup() else { return };
+    // `openssl dgst -sha256` with a P-384 key: what cosign makes with one.
+    sign(&f, &f.path("layout"), &digest, &digest, "p384", "ec");
+    let tar = f.path("image.tar");
+    let out = Command::new("tar")
+        .arg("-C")
+        .arg(f.path("layout"))
+        .arg("-cf")
+        .arg(&tar)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let p384 = key(&f, "p384");
+    let src = format!("oci-archive:{}:1.0", tar.display());
+    f.packsync(&[
+        "sync",
+        "--grace",
+        "0",
+        "--verify-key",
+        &p384,
+        &src,
+        "vol/packs",
+    ])
+    .ok();
+    assert_eq!(tree(&f.dest()), ["packs/", "packs/core.yaml=core v1"]);
+    let status = f.packsync(&["status", "vol/packs"]).ok();
+    let fp = openssl_fingerprint(&f.path("keys"), "p384");
+    assert!(status.stdout.contains(&fp), "{}", status.stdout);
+    // The same archive, another key: exit 6, naming where it looked.
+    let ec = key(&f, "ec");
+    f.refused(
+        &[
+            "sync",
+            "--grace",
+            "0",
+            "--verify-key",
+            &ec,
+            &src,
+            "vol/packs",
+        ],
+        6,
+        &format!(
+            "{src}: sha256-{}.sig: none of its 1 signature(s) is by a --verify-key",
+            &digest[7..]
+        ),
+    );
 }
