@@ -3,7 +3,8 @@
 //! signature in the `dev.cosignproject.cosign/signature` annotation), made
 //! here as cosign makes it: the payload JSON for the image's manifest
 //! digest, signed by `openssl dgst -sha256 -sign` with an ECDSA P-256 key
-//! (DER, exactly cosign's form) or `openssl pkeyutl -rawin` with Ed25519,
+//! (DER, exactly cosign's form; P-384 and RSA likewise) or `openssl
+//! pkeyutl -rawin` with Ed25519,
 //! added to an OCI layout written by the test. A user checks: a signed
 //! image lands and `status` names the key; no `.sig` tag, a payload naming
 //! another digest, a signature by a key not given, a payload blob altered
@@ -168,24 +169,25 @@ fn a_signed_layout_lands_and_status_names_the_key() {
 }
 
 #[test]
-fn an_ed25519_signature_lands() {
+fn ed25519_and_rsa_signatures_land() {
     let Some((f, digest)) = setup() else { return };
-    sign(&f, &f.path("layout"), &digest, &digest, "ed", "ed");
-    let fp = openssl_fingerprint(&f.path("keys"), "ed");
-    let ed = key(&f, "ed");
-    f.packsync(&[
-        "sync",
-        "--grace",
-        "0",
-        "--verify-key",
-        &ed,
-        &layout_src(&f),
-        "vol/packs",
-    ])
-    .ok();
-    assert_eq!(tree(&f.dest()), ["packs/", "packs/core.yaml=core v1"]);
-    let status = f.packsync(&["status", "vol/packs"]).ok();
-    assert!(status.stdout.contains(&fp), "{}", status.stdout);
+    keypair(
+        &f.path("keys"),
+        "rsa",
+        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+    );
+    let src = layout_src(&f);
+    // Ed25519 over the payload itself; RSA PKCS#1 v1.5 over its SHA-256.
+    for (name, kind, dest) in [("ed", "ed", "vol/ed"), ("rsa", "ec", "vol/rsa")] {
+        sign(&f, &f.path("layout"), &digest, &digest, name, kind);
+        let k = key(&f, name);
+        f.packsync(&["sync", "--grace", "0", "--verify-key", &k, &src, dest])
+            .ok();
+        assert_eq!(tree(&f.path(dest)), ["packs/", "packs/core.yaml=core v1"]);
+        let status = f.packsync(&["status", dest]).ok();
+        let fp = openssl_fingerprint(&f.path("keys"), name);
+        assert!(status.stdout.contains(&fp), "{name}: {}", status.stdout);
+    }
 }
 
 #[test]
