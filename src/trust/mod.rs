@@ -1,8 +1,9 @@
 //! Trust: whether a SOURCE was signed by a key the operator pins
-//! (`--verify-key`), decided after the scan and before anything is staged.
+//! (`--verify-key`), decided after the scan and before anything is staged
+//! (an image: as soon as its digest is resolved, before any layer).
 //! `key.rs` reads keys and checks raw signatures, `jws.rs` compact JWS
 //! tokens, `canon.rs` OPA's canonical JSON, `opa.rs` a bundle's
-//! `/.signatures.json`. A source that is not trusted is exit 6
+//! `/.signatures.json`, `cosign.rs` an image's cosign signature. A source that is not trusted is exit 6
 //! (`error::Failure::Untrusted`), one line naming it and what was wrong.
 //! Nothing here writes.
 
