@@ -269,11 +269,10 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let sources = Sources::open(cfg)?;
     // With --verify-key: every source is verified after its scan, so no
     // shortcut that skips the scan runs, but for sources unchanged since a
-    // live generation those same keys verified (`unchanged_live`).
+    // live generation those same keys verified (`unchanged_live`). An image
+    // checks its cosign signature as its digest is resolved, which
+    // `unchanged_live` does for every one before anything is written.
     let trusting = !cfg.verify_keys.is_empty();
-    if trusting {
-        crate::trust::refuse_unverifiable(&sources.refs())?;
-    }
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);

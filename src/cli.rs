@@ -588,6 +588,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         timeout: s.timeout,
         round_timeout: s.round_timeout,
         platform: s.platform,
+        verify_keys: verify_keys.clone(),
     };
     Ok(SyncConfig {
         sources: s.sources,

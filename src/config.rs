@@ -197,6 +197,9 @@ pub struct Remote {
     pub round_timeout: Option<Duration>,
     /// `--platform OS/ARCH[/VARIANT]` (None: the running one).
     pub platform: Option<Platform>,
+    /// `--verify-key`: images check their cosign signature with these as
+    /// soon as their digest is resolved.
+    pub verify_keys: Vec<crate::trust::Key>,
 }
 
 /// An image platform: `linux/amd64`, `linux/arm64/v8`.

@@ -509,6 +509,29 @@ pub fn opa_canonical(data: &[u8]) {
     serde_json::from_slice::<serde_json::Value>(&c).expect("canonical output is JSON");
 }
 
+/// `trust::cosign`: a `.sig` manifest's signature layers and a simple
+/// signing payload, as a registry or a layout hands them over. The first
+/// byte picks which; refusing never panics, and every layer taken is
+/// within the bounds (count, payload size, a sha256 digest).
+pub fn cosign_signature(data: &[u8]) {
+    use crate::trust::cosign;
+    let Some((&pick, doc)) = data.split_first() else {
+        return;
+    };
+    if pick % 2 == 0 {
+        if let Ok(layers) = cosign::signature_layers(doc) {
+            assert!(!layers.is_empty() && layers.len() <= cosign::MAX_SIGNATURES);
+            for (d, _) in layers {
+                assert!(d.size <= cosign::MAX_PAYLOAD);
+                assert!(crate::source::oci_ref::valid_digest(&d.digest));
+                assert_eq!(d.media_type, cosign::SIMPLESIGNING);
+            }
+        }
+    } else {
+        let _ = cosign::payload_digest(doc);
+    }
+}
+
 /// The fuzz targets, by name: how each turns the fuzzer's bytes into a
 /// call of the facade above. `fuzz/fuzz_targets/*.rs` call this, and
 /// `cargo test` replays `fuzz/seeds/TARGET/*` through it, so every seed
@@ -525,6 +548,7 @@ pub fn target(name: &str, data: &[u8]) -> bool {
                 chmod(rules, u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
             }
         }
+        "cosign_signature" => cosign_signature(data),
         "docker_config" => docker_config(data),
         "duration" => text.into_iter().for_each(duration),
         "exclude_from" => exclude_from(data),

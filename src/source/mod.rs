@@ -163,6 +163,12 @@ pub trait Source: Send + Sync {
     fn why_not_intact(&self) -> Option<String> {
         None
     }
+
+    /// Under `--verify-key`, an image's: the fingerprint of the key its
+    /// cosign signature was verified with when its digest was resolved.
+    fn verified_by(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The source a SOURCE argument names: the one place where its kind is

@@ -57,9 +57,18 @@ pub trait Named: Stream {
         let _ = (record, shape, base);
         Ok(false)
     }
+
+    /// `Source::verified_by`.
+    fn verified_by(&self) -> Option<String> {
+        None
+    }
 }
 
 impl Named for Image {
+    fn verified_by(&self) -> Option<String> {
+        self.trust.verified.lock().unwrap().clone()
+    }
+
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         Image::unchanged_since(self, recorded)
     }
@@ -338,6 +347,10 @@ impl<S: Named> Source for Fetched<S> {
         let why = self.inner.filled()?.why_incomplete()?;
         Some(format!("{}: {why}", self.label()))
     }
+
+    fn verified_by(&self) -> Option<String> {
+        self.inner.stream().verified_by()
+    }
 }
 
 /// An image in a registry or a layout, resolved at most once per sync.
@@ -356,6 +369,8 @@ pub struct Image {
     resume: Mutex<Option<(Base, usize)>>,
     /// The digests of every layer of the image, once `fill` ran.
     applied: Mutex<Option<Vec<String>>>,
+    /// `--verify-key`: checked as soon as the digest is resolved.
+    trust: crate::trust::cosign::Trust,
 }
 
 /// `oci://…`: parsed now (a malformed reference is exit 2); nothing is
@@ -375,6 +390,7 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         resolved: Mutex::new(None),
         resume: Mutex::new(None),
         applied: Mutex::new(None),
+        trust: crate::trust::cosign::Trust::of(remote),
     })
 }
 
@@ -396,6 +412,7 @@ pub fn open_archive(arg: &str, remote: &Remote) -> Result<Image> {
         resolved: Mutex::new(None),
         resume: Mutex::new(None),
         applied: Mutex::new(None),
+        trust: crate::trust::cosign::Trust::of(remote),
     })
 }
 
@@ -416,6 +433,7 @@ pub fn open_layout(arg: &str, remote: &Remote) -> Result<Image> {
         resolved: Mutex::new(None),
         resume: Mutex::new(None),
         applied: Mutex::new(None),
+        trust: crate::trust::cosign::Trust::of(remote),
     })
 }
 
@@ -439,7 +457,10 @@ impl Image {
     fn identity(&self) -> Result<String> {
         let mut r = self.resolved.lock().unwrap();
         if r.is_none() {
-            *r = Some(oci_fetch::resolve(&*self.store, &self.platform)?);
+            let resolved = oci_fetch::resolve(&*self.store, &self.platform)?;
+            self.trust
+                .check(&*self.store, &resolved.root, &resolved.digest)?;
+            *r = Some(resolved);
         }
         Ok(self.identity_of(&r.as_ref().expect("resolved").digest))
     }

@@ -435,6 +435,20 @@ impl Store for OciArchive {
             crate::net::Stop::default(),
         ))
     }
+
+    fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
+        Some((|| {
+            let index = self.members.read(&self.label, "index.json")?;
+            match oci_fetch::in_index(&self.label, &index, tag)? {
+                Some(d) => Ok(Some(self.document(&d)?.0)),
+                None => Ok(None),
+            }
+        })())
+    }
+
+    fn tags_where(&self) -> String {
+        "in the archive's index.json".into()
+    }
 }
 
 // ---------------------------------------------------------------- docker-archive

@@ -29,6 +29,9 @@ pub trait Sink {
 /// its layers.
 pub struct Resolved {
     pub digest: String,
+    /// The digest of what the reference itself names (an index, or the
+    /// image manifest itself): what `cosign sign IMAGE:TAG` signs.
+    pub root: String,
     desc: Descriptor,
     layers: Option<Vec<Descriptor>>,
 }
@@ -44,6 +47,18 @@ pub trait Store: Send + Sync {
     fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)>;
     /// `what` for messages: `oci://host/repo:tag`.
     fn label(&self) -> &str;
+    /// The manifest tagged `tag` beside the image (cosign's
+    /// `sha256-HEX.sig`), not checked against anything: `Some(Ok(None))`
+    /// where there is no such tag, `None` where this store holds no tags
+    /// of that form (a docker-archive).
+    fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
+        let _ = tag;
+        None
+    }
+    /// Where `by_tag` looked, for messages: `in REPO`, `in index.json`.
+    fn tags_where(&self) -> String {
+        String::new()
+    }
 }
 
 /// The image manifest the reference names for `platform` (an index is
@@ -51,6 +66,7 @@ pub trait Store: Send + Sync {
 /// where an index gave the digest.
 pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
     let (mut bytes, mut ctype, mut desc) = store.root()?;
+    let root = desc.digest.clone();
     for _ in 0..4 {
         let doc = oci_image::parse(&bytes, ctype.as_deref())
             .with_context(|| format!("{}: manifest {}", store.label(), desc.digest))?;
@@ -58,6 +74,7 @@ pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
             Document::Image(layers) => {
                 return Ok(Resolved {
                     digest: desc.digest.clone(),
+                    root,
                     desc,
                     layers: Some(layers),
                 })
@@ -69,6 +86,7 @@ pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
                 if !is_index_type(&chosen.media_type) {
                     return Ok(Resolved {
                         digest: chosen.digest.clone(),
+                        root,
                         desc: chosen,
                         layers: None,
                     });
@@ -445,6 +463,12 @@ impl Registry {
         accept: Option<&str>,
         what: &dyn Fn() -> String,
     ) -> Result<net::Reply> {
+        self.try_get(path, accept)?
+            .map_err(|e| self.failed(e, what))
+    }
+
+    /// `get`, the server's refusal (a 404) given back as it came.
+    fn try_get(&self, path: &str, accept: Option<&str>) -> Result<Result<net::Reply, Failed>> {
         let url = self
             .base
             .join(path)
@@ -461,7 +485,7 @@ impl Registry {
                 ..Get::new(url.clone())
             };
             match self.client.send(&req) {
-                Ok(r) => return Ok(r),
+                Ok(r) => return Ok(Ok(r)),
                 Err(Failed::Status {
                     code: 401,
                     challenge,
@@ -470,7 +494,7 @@ impl Registry {
                     challenged = true;
                     self.authenticate(challenge.as_deref())?;
                 }
-                Err(e) => return Err(self.failed(e, what)),
+                Err(e) => return Ok(Err(e)),
             }
         }
     }
@@ -639,6 +663,27 @@ impl Store for Registry {
         let stop = body.stopper();
         Ok((Box::new(Named { inner: body, label }), stop))
     }
+
+    fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
+        let path = self.repo_path("manifests", tag);
+        let accept = "application/vnd.oci.image.manifest.v1+json, \
+            application/vnd.docker.distribution.manifest.v2+json";
+        Some((|| {
+            let reply = match self.try_get(&path, Some(accept))? {
+                Ok(r) => r,
+                Err(e) if e.code() == Some(404) => return Ok(None),
+                Err(e) => return Err(self.failed(e, &String::new)),
+            };
+            let bytes = reply
+                .read_document(net::MAX_DOCUMENT)
+                .map_err(|e| anyhow::anyhow!("{}: manifest {tag}: {e}", self.label))?;
+            Ok(Some(bytes))
+        })())
+    }
+
+    fn tags_where(&self) -> String {
+        format!("in {}", self.reference.repo)
+    }
 }
 
 /// A body whose read errors name the source.
@@ -747,6 +792,39 @@ impl Store for Layout {
         let file = io::BufReader::with_capacity(256 << 10, self.open_blob(&desc.digest)?);
         Ok((Box::new(file), net::Stop::default()))
     }
+
+    fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
+        Some((|| {
+            let fd = self
+                .dir
+                .open_read(b"index.json")
+                .with_context(|| format!("{}: cannot open index.json", self.label))?;
+            let index = self.read_bounded(sys::reader(fd), "index.json")?;
+            match in_index(&self.label, &index, tag)? {
+                Some(d) => Ok(Some(self.document(&d)?.0)),
+                None => Ok(None),
+            }
+        })())
+    }
+
+    fn tags_where(&self) -> String {
+        "in the layout's index.json".into()
+    }
+}
+
+/// The descriptor an OCI layout's `index.json` (`bytes`) tags `tag`, if any.
+pub fn in_index(label: &str, bytes: &[u8], tag: &str) -> Result<Option<Descriptor>> {
+    let Document::Index(ms) = oci_image::parse(bytes, Some(oci_image::OCI_INDEX))
+        .with_context(|| format!("{label}: index.json"))?
+    else {
+        bail!("{label}: index.json is not an image index");
+    };
+    Ok(ms.into_iter().find(|d| {
+        d.annotations
+            .as_ref()
+            .and_then(|a| a.get(REF_NAME))
+            .is_some_and(|t| t == tag)
+    }))
 }
 
 /// The image an OCI layout's `index.json` (`bytes`) names by `tag` (its

@@ -65,7 +65,6 @@ impl Alg {
 /// How an ECDSA signature is laid out: JWS writes `r || s` (RFC 7518
 /// 3.4), cosign and X.509 write ASN.1 DER.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(dead_code)] // `Der`: image signatures (cosign), not yet verified
 pub enum EcdsaForm {
     Raw,
     Der,
@@ -230,16 +229,22 @@ impl Key {
         }
     }
 
-    /// Check an ECDSA P-256 signature (DER) over a SHA-256 digest computed
-    /// elsewhere (a payload hashed as it streamed).
-    #[allow(dead_code)] // image signatures (cosign), not yet verified
+    /// Check an ECDSA signature (DER) over a SHA-256 digest computed
+    /// elsewhere: P-256, or P-384 as `cosign verify --key` checks one (it
+    /// hashes with SHA-256 whatever the curve).
     pub fn verify_sha256_digest(&self, digest: &[u8; 32], der: &[u8]) -> Result<(), Refusal> {
         use p256::ecdsa::signature::hazmat::PrehashVerifier;
-        let Public::P256(k) = &self.public else {
-            return Err(Refusal::WrongType);
-        };
-        let sig = p256::ecdsa::Signature::from_der(der).map_err(|_| Refusal::Bad)?;
-        k.verify_prehash(digest, &sig).map_err(|_| Refusal::Bad)
+        match &self.public {
+            Public::P256(k) => {
+                let sig = p256::ecdsa::Signature::from_der(der).map_err(|_| Refusal::Bad)?;
+                k.verify_prehash(digest, &sig).map_err(|_| Refusal::Bad)
+            }
+            Public::P384(k) => {
+                let sig = p384::ecdsa::Signature::from_der(der).map_err(|_| Refusal::Bad)?;
+                k.verify_prehash(digest, &sig).map_err(|_| Refusal::Bad)
+            }
+            _ => Err(Refusal::WrongType),
+        }
     }
 
     /// Whether a JWS `kid` (or OPA's `keyid`) names this key: its

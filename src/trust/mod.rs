@@ -1,12 +1,14 @@
 //! Trust: whether a SOURCE was signed by a key the operator pins
-//! (`--verify-key`), decided after the scan and before anything is staged.
+//! (`--verify-key`), decided after the scan and before anything is staged
+//! (an image: as soon as its digest is resolved, before any layer).
 //! `key.rs` reads keys and checks raw signatures, `jws.rs` compact JWS
 //! tokens, `canon.rs` OPA's canonical JSON, `opa.rs` a bundle's
-//! `/.signatures.json`. A source that is not trusted is exit 6
+//! `/.signatures.json`, `cosign.rs` an image's cosign signature. A source that is not trusted is exit 6
 //! (`error::Failure::Untrusted`), one line naming it and what was wrong.
 //! Nothing here writes.
 
 pub mod canon;
+pub mod cosign;
 pub mod jws;
 pub mod key;
 pub mod opa;
@@ -26,18 +28,6 @@ pub fn is_image(label: &str) -> bool {
         .any(|p| label.starts_with(p))
 }
 
-/// Before anything is fetched: a source whose kind this build cannot
-/// verify is refused (exit 6).
-pub fn refuse_unverifiable(sources: &[&dyn Source]) -> anyhow::Result<()> {
-    match sources.iter().find(|s| is_image(s.label())) {
-        Some(s) => Err(error::untrusted(format!(
-            "{}: image signatures are not verified by this build; --verify-key refuses it",
-            s.label()
-        ))),
-        None => Ok(()),
-    }
-}
-
 /// Check one scanned source's bundle signature; the fingerprint of the
 /// key that verified it, or exit 6 naming the source.
 pub fn check(
@@ -46,6 +36,15 @@ pub fn check(
     keys: &[Key],
     filter: &Filter,
 ) -> anyhow::Result<String> {
+    if is_image(source.label()) {
+        // Checked when its digest was resolved, before any layer came.
+        return source.verified_by().ok_or_else(|| {
+            error::untrusted(format!(
+                "{}: its cosign signature was not checked",
+                source.label()
+            ))
+        });
+    }
     opa::check(source, tree, keys, filter)
         .map_err(|m| error::untrusted(format!("{}: {m}", source.label())))
 }

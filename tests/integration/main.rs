@@ -25,4 +25,5 @@ mod sync;
 mod takeover;
 mod tar_corpus;
 mod trust_bundles;
+mod trust_images;
 mod xattrs;

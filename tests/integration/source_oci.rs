@@ -293,7 +293,7 @@ fn answers(port: u16) -> bool {
 }
 
 /// How a registry asks for credentials.
-enum Auth<'a> {
+pub(crate) enum Auth<'a> {
     None,
     /// htpasswd Basic auth for this user and password.
     Basic(&'a str, &'a str),
@@ -304,14 +304,14 @@ enum Auth<'a> {
 
 /// One docker-registry, on a free port, with its data and access log in
 /// a temporary directory.
-struct Registry {
+pub(crate) struct Registry {
     _proc: Helper,
     port: u16,
     dir: tempfile::TempDir,
 }
 
 impl Registry {
-    fn start(auth: Auth) -> Registry {
+    pub(crate) fn start(auth: Auth) -> Registry {
         let dir = tempfile::tempdir().unwrap();
         let port = free_port();
         let auth_conf = match auth {
@@ -361,12 +361,12 @@ impl Registry {
         r
     }
 
-    fn host(&self) -> String {
+    pub(crate) fn host(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Push the layout's `tag` as `repo:tag` (every platform).
-    fn push(&self, layout: &Path, tag: &str, repo: &str, creds: Option<&str>) {
+    pub(crate) fn push(&self, layout: &Path, tag: &str, repo: &str, creds: Option<&str>) {
         let mut c = Command::new("skopeo");
         c.args(["copy", "-q", "--all", "--dest-tls-verify=false"]);
         if let Some(creds) = creds {
@@ -385,7 +385,7 @@ impl Registry {
     }
 
     /// Requests packsync made whose path holds `part` (`/blobs/`, `/manifests/`).
-    fn requests(&self, part: &str) -> usize {
+    pub(crate) fn requests(&self, part: &str) -> usize {
         fs::read_to_string(self.dir.path().join("log"))
             .unwrap()
             .lines()
@@ -418,7 +418,7 @@ fn layers_of(layout: &Path, manifest: &str) -> Vec<String> {
         .collect()
 }
 
-const TOOLS: &[&str] = &["docker-registry", "skopeo", "python3", "zstd"];
+pub(crate) const TOOLS: &[&str] = &["docker-registry", "skopeo", "python3", "zstd"];
 
 #[test]
 fn an_image_lands_as_its_merged_root_filesystem() {

@@ -73,7 +73,7 @@ json.dump({"signatures": [signing.decode() + "." + b64(sig)]}, open(os.path.join
 "#;
 
 /// A key pair in `dir`: `NAME.key` (private) and `NAME.pub` (PEM public).
-fn keypair(dir: &Path, name: &str, algorithm: &[&str]) {
+pub(crate) fn keypair(dir: &Path, name: &str, algorithm: &[&str]) {
     let key = format!("{name}.key");
     let mut args = vec!["genpkey"];
     args.extend_from_slice(algorithm);
@@ -93,7 +93,7 @@ fn keypair(dir: &Path, name: &str, algorithm: &[&str]) {
 }
 
 /// The fingerprint as a user computes it: SHA-256 of the DER public key, base64, no padding.
-fn openssl_fingerprint(dir: &Path, name: &str) -> String {
+pub(crate) fn openssl_fingerprint(dir: &Path, name: &str) -> String {
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!(
@@ -480,17 +480,6 @@ fn bad_key_files_are_usage_errors_naming_the_file() {
         Some(0),
         "{}",
         String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-#[test]
-fn an_image_source_with_a_key_is_refused_honestly() {
-    let Some(f) = setup() else { return };
-    let ec = key_arg(&f, "ec");
-    f.refused(
-        &["sync", "--verify-key", &ec, "oci://127.0.0.1:1/x:1", "vol/packs"],
-        6,
-        "oci://127.0.0.1:1/x:1: image signatures are not verified by this build; --verify-key refuses it",
     );
 }
 
