@@ -72,6 +72,19 @@ else:
 json.dump({"signatures": [signing.decode() + "." + b64(sig)]}, open(os.path.join(root, ".signatures.json"), "w"))
 "#;
 
+/// `sync --grace 0 --verify-key KEY SOURCE vol/packs`.
+pub(crate) fn keyed<'a>(key: &'a str, source: &'a str) -> [&'a str; 7] {
+    [
+        "sync",
+        "--grace",
+        "0",
+        "--verify-key",
+        key,
+        source,
+        "vol/packs",
+    ]
+}
+
 /// A key pair in `dir`: `NAME.key` (private) and `NAME.pub` (PEM public).
 pub(crate) fn keypair(dir: &Path, name: &str, algorithm: &[&str]) {
     let key = format!("{name}.key");
@@ -262,16 +275,8 @@ fn a_signed_bundle_over_http_lands_and_an_altered_one_does_not() {
     tar(&tgz);
     // The spool lives in this writer's staging directory, removed again.
     f.unchanged_but_staging(|| {
-        f.packsync(&[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ed,
-            &url,
-            "vol/packs",
-        ])
-        .fails(6, "/authz/policy.rego: hash mismatch")
+        f.packsync(&keyed(&ed, &url))
+            .fails(6, "/authz/policy.rego: hash mismatch")
     });
     assert!(fs::read_to_string(f.dest().join("authz/policy.rego"))
         .unwrap()

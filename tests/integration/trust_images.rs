@@ -16,7 +16,7 @@ use std::process::Command;
 
 use crate::fixture::Fixture;
 use crate::source_oci::{have, tree, write_layout, Auth, Registry, TOOLS};
-use crate::trust_bundles::{keypair, openssl_fingerprint};
+use crate::trust_bundles::{keyed, keypair, openssl_fingerprint};
 
 /// `sig.py LAYOUT TAGGED_DIGEST NAMED_DIGEST KEY KIND`: add to LAYOUT the
 /// signature manifest tagged `sha256-HEX.sig` (HEX of TAGGED_DIGEST) whose
@@ -199,35 +199,11 @@ fn an_unsigned_image_is_exit_6_and_nothing_is_written() {
     let want =
         format!("{src}: no cosign signature (tag sha256-{hex}.sig) in the layout's index.json");
     // With no volume yet: nothing is made.
-    f.refused(
-        &[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ec,
-            &src,
-            "vol/packs",
-        ],
-        6,
-        &want,
-    );
+    f.refused(&keyed(&ec, &src), 6, &want);
     assert!(!f.path("vol/packs").exists());
     // Over a published generation: it and the state directory stay as they are.
     published_unverified(&f);
-    f.refused(
-        &[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ec,
-            &src,
-            "vol/packs",
-        ],
-        6,
-        &want,
-    );
+    f.refused(&keyed(&ec, &src), 6, &want);
 }
 
 #[test]
@@ -240,15 +216,7 @@ fn a_payload_naming_another_digest_is_exit_6() {
     let src = layout_src(&f);
     let fp = openssl_fingerprint(&f.path("keys"), "ec");
     f.refused(
-        &[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ec,
-            &src,
-            "vol/packs",
-        ],
+        &keyed(&ec, &src),
         6,
         &format!("the signature by {fp} names image {other}, not the published {digest}"),
     );
@@ -290,15 +258,7 @@ fn a_payload_altered_after_signing_is_exit_6() {
     published_unverified(&f);
     let ec = key(&f, "ec");
     f.refused(
-        &[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ec,
-            &layout_src(&f),
-            "vol/packs",
-        ],
+        &keyed(&ec, &layout_src(&f)),
         6,
         "digest mismatch: the blob is",
     );
@@ -325,15 +285,7 @@ fn a_docker_archive_has_nowhere_to_look_and_is_exit_6() {
     let ec = key(&f, "ec");
     let src = format!("docker-archive:{}", tar.display());
     f.refused(
-        &[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ec,
-            &src,
-            "vol/packs",
-        ],
+        &keyed(&ec, &src),
         6,
         "a docker-archive holds no tags of that form",
     );
@@ -456,16 +408,7 @@ fn a_p384_signature_and_an_oci_archive_land() {
     );
     let p384 = key(&f, "p384");
     let src = format!("oci-archive:{}:1.0", tar.display());
-    f.packsync(&[
-        "sync",
-        "--grace",
-        "0",
-        "--verify-key",
-        &p384,
-        &src,
-        "vol/packs",
-    ])
-    .ok();
+    f.packsync(&keyed(&p384, &src)).ok();
     assert_eq!(tree(&f.dest()), ["packs/", "packs/core.yaml=core v1"]);
     let status = f.packsync(&["status", "vol/packs"]).ok();
     let fp = openssl_fingerprint(&f.path("keys"), "p384");
@@ -473,15 +416,7 @@ fn a_p384_signature_and_an_oci_archive_land() {
     // The same archive, another key: exit 6, naming where it looked.
     let ec = key(&f, "ec");
     f.refused(
-        &[
-            "sync",
-            "--grace",
-            "0",
-            "--verify-key",
-            &ec,
-            &src,
-            "vol/packs",
-        ],
+        &keyed(&ec, &src),
         6,
         &format!(
             "{src}: sha256-{}.sig: none of its 1 signature(s) is by a --verify-key",
