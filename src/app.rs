@@ -267,6 +267,8 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // Validate: nothing is written before the guards have passed.
     crate::source::spool::limit_entries(cfg.max_entries);
     let sources = Sources::open(cfg)?;
+    let resolved = resolve_label(cfg, &sources)?;
+    let cfg = resolved.as_ref().unwrap_or(cfg);
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
@@ -1804,8 +1806,88 @@ fn guards(
     max_delete(cfg, vol, t.deleted)?;
     // The layout's own (fanout: other slots' entries, entries packsync did not make).
     let check = layout::of(vol).check(vol, t.names, t.live_names, cfg.adopt)?;
-    crate::label::guard(&vol.display, cfg.label.as_ref(), gen, live_label)?;
+    let new = cfg
+        .label
+        .as_ref()
+        .filter(|l| !range_moved(cfg, l, live_label));
+    crate::label::guard(&vol.display, new, gen, live_label)?;
     Ok(check)
+}
+
+/// Whether the live generation's label is a tag `--semver` no longer
+/// matches (the range was moved on purpose, below it say): then a lower
+/// chosen tag is what the range says, not a registry mirror behind, and
+/// the downgrade guard lets it through.
+fn range_moved(cfg: &SyncConfig, new: &config::Label, live_label: Option<&str>) -> bool {
+    let (true, Some(choose), Some(live)) = (new.from_tag, &cfg.remote.choose, live_label) else {
+        return false;
+    };
+    crate::semver::parse_tag(live).is_some_and(|v| !choose.range.matches(&v))
+}
+
+/// The label of this round where the sources give it: `--label auto`
+/// takes the first SOURCE's version that names one (an image's
+/// `org.opencontainers.image.version`, a bundle's `.manifest` `revision`),
+/// and `--semver` without `--label` the tag it chose (the first image's
+/// with `--semver`), so that the downgrade guard orders what is published.
+/// `None`: the configuration's label stands. A source that names no
+/// version, or one that is not a version, fails the round (exit 1).
+fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfig>> {
+    let by_tag = cfg.remote.choose.is_some() && cfg.label.is_none() && !cfg.label_auto;
+    if !cfg.label_auto && !by_tag {
+        return Ok(None);
+    }
+    let ordered = |text: &str| {
+        if cfg.allow_downgrade {
+            None
+        } else {
+            crate::label::parse(text)
+        }
+    };
+    if by_tag {
+        for s in &sources.all {
+            if let Some((tag, _)) = s.chosen()? {
+                let label = config::Label {
+                    version: ordered(&tag),
+                    text: tag,
+                    from_tag: true,
+                };
+                return Ok(Some(SyncConfig {
+                    label: Some(label),
+                    ..cfg.clone()
+                }));
+            }
+        }
+        return Ok(None);
+    }
+    let mut found = None;
+    for s in &sources.all {
+        if let Some(v) = s.version()? {
+            found = Some((v, s.label()));
+            break;
+        }
+    }
+    let Some((text, from)) = found else {
+        let names: Vec<&str> = sources.all.iter().map(|s| s.label()).collect();
+        anyhow::bail!(
+            "--label auto: no version in {} (an image's org.opencontainers.image.version annotation or config label, a bundle's .manifest revision)",
+            names.join(", ")
+        );
+    };
+    let version = ordered(&text);
+    if version.is_none() && !cfg.allow_downgrade {
+        anyhow::bail!(
+            "--label auto: {from} names the version {text:?}, which is not a version such as v1.2.3 (pass --allow-downgrade to record it without ordering)"
+        );
+    }
+    Ok(Some(SyncConfig {
+        label: Some(config::Label {
+            text,
+            version,
+            from_tag: false,
+        }),
+        ..cfg.clone()
+    }))
 }
 
 /// `--max-delete`: refuse to delete more than that many entries.
