@@ -267,8 +267,40 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // Validate: nothing is written before the guards have passed.
     crate::source::spool::limit_entries(cfg.max_entries);
     let sources = Sources::open(cfg)?;
+    // `--semver` lists tags and `--label auto` reads versions first: the
+    // label (and so the guards) of this round depend on them.
     let resolved = resolve_label(cfg, &sources)?;
     let cfg = resolved.as_ref().unwrap_or(cfg);
+    let chosen = chosen_of(&sources)?;
+    let mut round = round_on(cfg, sources, pass, shortcut, note, start)?;
+    round.summary.chosen = chosen;
+    Ok(round)
+}
+
+/// What `--semver` chose, source by source (for the summary and metrics).
+fn chosen_of(sources: &Sources) -> Result<Vec<report::Chosen>> {
+    let mut out = Vec::new();
+    for s in &sources.all {
+        if let Some((tag, digest)) = s.chosen()? {
+            out.push(report::Chosen {
+                source: s.label().to_string(),
+                tag,
+                digest,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `round_with`, on the sources opened (and the label resolved).
+fn round_on(
+    cfg: &SyncConfig,
+    sources: Sources,
+    pass: Pass,
+    shortcut: bool,
+    note: Option<String>,
+    start: Instant,
+) -> Result<Round> {
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
@@ -292,6 +324,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // manifest): a sync that finds nothing to do ends here, having held no
     // whole tree.
     let state = vol.state(false)?;
+    early_label_guard(cfg, &vol, state.as_ref(), &dest)?;
     // Files `verify` found damaged: the live manifest is not to be trusted
     // for them, so no shortcut that trusts it (the quick compare, the
     // streamed update, sources unchanged since the live generation) runs,
@@ -1812,6 +1845,30 @@ fn guards(
         .filter(|l| !range_moved(cfg, l, live_label));
     crate::label::guard(&vol.display, new, gen, live_label)?;
     Ok(check)
+}
+
+/// A label the sources gave (`--semver`'s tag, `--label auto`) is known
+/// before anything is fetched: a downgrade is refused then, before a layer
+/// is asked for or a spool made (the guards check again after the scan).
+fn early_label_guard(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: Option<&State>,
+    dest: &Dest,
+) -> Result<()> {
+    let (Some(new), Some(state), Dest::Live(gen)) = (cfg.label.as_ref(), state, dest) else {
+        return Ok(());
+    };
+    if !new.from_tag && !cfg.label_auto {
+        return Ok(());
+    }
+    let live_label = state
+        .manifest_reader(gen)
+        .ok()
+        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+        .and_then(|m| m.label);
+    let new = Some(new).filter(|l| !range_moved(cfg, l, live_label.as_deref()));
+    crate::label::guard(&vol.display, new, Some(gen), live_label.as_deref())
 }
 
 /// Whether the live generation's label is a tag `--semver` no longer

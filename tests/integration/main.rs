@@ -13,6 +13,7 @@ mod manifests;
 mod messages;
 mod ops;
 mod property;
+mod semver;
 mod sidecar;
 mod sidecar_truth;
 mod source_archive;
