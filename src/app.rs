@@ -274,7 +274,22 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     let chosen = chosen_of(&sources)?;
     let mut round = round_on(cfg, sources, pass, shortcut, note, start)?;
     round.summary.chosen = chosen;
+    if cfg.label_auto && round.summary.label.is_none() {
+        // Up to date on sources not spooled: the live generation's label.
+        round.summary.label = round
+            .summary
+            .generation
+            .as_deref()
+            .and_then(|gen| recorded_label(cfg, gen));
+    }
     Ok(round)
+}
+
+/// The label generation `gen` of DEST records.
+fn recorded_label(cfg: &SyncConfig, gen: &str) -> Option<String> {
+    let target = ops::open_one(&cfg.dest, cfg.slot.as_deref()).ok()?;
+    let (mut r, _) = target.state.manifest_reader(gen).ok()?;
+    Manifest::read_header(&mut r).ok()?.label
 }
 
 /// What `--semver` chose, source by source (for the summary and metrics).
@@ -454,6 +469,16 @@ fn round_on(
         || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
     );
     let (mut tree, mut live) = (tree?, live?);
+    // `--label auto` with a bundle that told its version only in the spool.
+    // Sources unchanged since the live generation (`noop`) are not
+    // spooled: the live label stands for what they hold.
+    let late;
+    let cfg = if cfg.label_auto && cfg.label.is_none() && !noop {
+        late = resolve_label(cfg, &sources)?;
+        late.as_ref().unwrap_or(cfg)
+    } else {
+        cfg
+    };
     if let Some(d) = &damage {
         forget_damaged(&mut live, d);
     }
@@ -1919,6 +1944,10 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
     }
     let mut found = None;
     for s in &sources.all {
+        if s.version_in_spool() && s.root().is_none() {
+            // Known once the sources are spooled: `round_on` asks again.
+            return Ok(None);
+        }
         if let Some(v) = s.version()? {
             found = Some((v, s.label()));
             break;

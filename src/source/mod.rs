@@ -128,6 +128,12 @@ pub trait Source: Send + Sync {
         Ok(None)
     }
 
+    /// Whether `version` can tell only once the source is spooled (an
+    /// archive's or a URL's bundle `.manifest`): before that it says `None`.
+    fn version_in_spool(&self) -> bool {
+        false
+    }
+
     /// Whether the source still holds what `recorded` (the live
     /// generation's identity for it) names, found out without fetching it:
     /// a tag that resolves to the same image digest, a URL answering 304.

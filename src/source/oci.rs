@@ -51,6 +51,12 @@ pub trait Named: Stream {
         Ok(None)
     }
 
+    /// `Source::version_in_spool`: a bundle (an archive, a URL) whose
+    /// `.manifest` is read from the spool.
+    fn version_in_spool(&self) -> bool {
+        false
+    }
+
     /// `Source::record`, given the filled spool.
     fn record(&self, spooled: &super::Spooled, shape: &str) -> Option<String> {
         let _ = (spooled, shape);
@@ -269,11 +275,19 @@ impl Named for super::http::Bundle {
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         super::http::Bundle::unchanged_since(self, recorded)
     }
+
+    fn version_in_spool(&self) -> bool {
+        true
+    }
 }
 
 impl Named for super::Archive {
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         super::Archive::unchanged_since(self, recorded)
+    }
+
+    fn version_in_spool(&self) -> bool {
+        true
     }
 }
 
@@ -340,7 +354,15 @@ impl<S: Named> Source for Fetched<S> {
     }
 
     fn version(&self) -> Result<Option<String>> {
-        self.inner.stream().version()
+        match (self.inner.stream().version_in_spool(), self.inner.root()) {
+            (true, Some(root)) => super::bundle_revision(root, self.label()),
+            (true, None) => Ok(None),
+            (false, _) => self.inner.stream().version(),
+        }
+    }
+
+    fn version_in_spool(&self) -> bool {
+        self.inner.stream().version_in_spool()
     }
 
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {

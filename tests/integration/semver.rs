@@ -204,6 +204,12 @@ type Answer = (&'static str, Option<String>, Option<String>, Vec<u8>);
 
 fn answer(st: &State, port: u16, path: &str) -> Answer {
     let not_found = ("404 Not Found", None, None, b"{}".to_vec());
+    if path == "/bundle.tar.gz" {
+        return match fs::read(st.layout.join("bundle.tar.gz")) {
+            Ok(b) => ("200 OK", Some("application/gzip".into()), None, b),
+            Err(_) => not_found,
+        };
+    }
     let index: serde_json::Value =
         serde_json::from_slice(&fs::read(st.layout.join("index.json")).unwrap()).unwrap();
     let descs = index["manifests"].as_array().unwrap().clone();
@@ -819,5 +825,97 @@ fn a_real_registry_lists_its_tags_two_at_a_time() {
     assert!(
         listed.iter().skip(1).all(|l| l.contains("last=")),
         "{listed:#?}"
+    );
+}
+
+/// An OPA bundle as a gzip tar at `path`: a policy and a `.manifest` with `revision`.
+fn bundle(path: &Path, revision: &str) {
+    let code = r#"
+import io, json, sys, tarfile
+path, rev = sys.argv[1], sys.argv[2]
+with tarfile.open(path, "w:gz") as t:
+    for name, text in [("policy.rego", "package x\n"), (".manifest", json.dumps({"revision": rev, "roots": ["x"]}))]:
+        data = text.encode()
+        ti = tarfile.TarInfo(name)
+        ti.size, ti.mtime = len(data), 1700000000
+        t.addfile(ti, io.BytesIO(data))
+"#;
+    let ok = Command::new("python3")
+        .args(["-c", code])
+        .arg(path)
+        .arg(revision)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "writing the bundle failed");
+}
+
+#[test]
+fn label_auto_reads_an_archives_and_a_urls_manifest_revision() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    let archive = f.path("bundle.tar.gz");
+    bundle(&archive, "v3.1.0");
+    let src = archive.display().to_string();
+    sync(&f, &["--label", "auto"], &src).ok();
+    assert_eq!(live(&f).0, "v3.1.0");
+    // The same archive again: up to date, nothing written.
+    let again = f.unchanged_by(|| sync(&f, &["--label", "auto", "--json"], &src).ok());
+    let again: serde_json::Value = serde_json::from_str(&again.stdout).unwrap();
+    assert_eq!(again["status"], "up to date");
+    assert_eq!(
+        again["label"], "v3.1.0",
+        "the live label, not fetched again"
+    );
+    bundle(&archive, "v3.0.9");
+    f.unchanged_but_staging(|| {
+        sync(&f, &["--label", "auto"], &src).fails(3, "labelled v3.1.0 with older v3.0.9")
+    });
+    bundle(&archive, "v3.2.0");
+    sync(&f, &["--label", "auto"], &src).ok();
+    assert_eq!(live(&f).0, "v3.2.0");
+
+    // Over http(s)://: the bundle OPA's bundle servers hand out.
+    let g = Fixture::new();
+    let dir = g.path("served");
+    fs::create_dir(&dir).unwrap();
+    bundle(&dir.join("bundle.tar.gz"), "2024.05.01");
+    let server = Fake::start(&dir);
+    let url = format!("http://127.0.0.1:{}/bundle.tar.gz", server.port);
+    sync(&g, &["--label", "auto"], &url).ok();
+    assert_eq!(live(&g).0, "2024.05.01");
+    assert!(tree(&g.dest()).contains(&"policy.rego=package x\n".to_string()));
+}
+
+#[test]
+fn label_auto_with_several_sources_takes_the_first_that_names_a_version() {
+    if !tools() {
+        return;
+    }
+    let f = Fixture::new();
+    f.file("extra.txt", "no manifest here");
+    let archive = f.path("bundle.tar.gz");
+    bundle(&archive, "1.4.0");
+    let other = f.path("other.tar.gz");
+    bundle(&other, "9.0.0");
+    let (a, o) = (archive.display().to_string(), other.display().to_string());
+    f.packsync(&[
+        "sync",
+        "--grace",
+        "0",
+        "--label",
+        "auto",
+        "src",
+        &a,
+        &o,
+        "vol/packs",
+    ])
+    .ok();
+    assert_eq!(
+        live(&f).0,
+        "1.4.0",
+        "src names none; the first archive's wins"
     );
 }
