@@ -556,11 +556,11 @@ impl Image {
 
     /// Whether the reference resolves to the image `recorded` names (the
     /// live generation's identity for this source): then nothing is
-    /// fetched. With `--semver`, another tag on the same image is the same
-    /// image (the identity then stays the recorded one).
+    /// fetched. With `--semver`, the tag chosen is part of it: another tag
+    /// on the live image is a new generation (labelled with it), whose
+    /// layers are all the live one's (`resume`: none is fetched).
     pub fn unchanged_since(&self, recorded: &str) -> Result<bool> {
-        let now = self.identity()?;
-        Ok(now == recorded || untagged(&now, &self.base) == untagged(recorded, &self.base))
+        Ok(self.identity()? == recorded)
     }
 
     /// `--label auto`: the image's `org.opencontainers.image.version`, from
@@ -617,20 +617,6 @@ impl Image {
         }
         seen.push((desc.digest.clone(), found.clone()));
         Ok(found)
-    }
-}
-
-/// `identity` without the `:TAG` `--semver` put after `base`.
-fn untagged<'a>(identity: &'a str, base: &str) -> std::borrow::Cow<'a, str> {
-    match identity
-        .strip_prefix(base)
-        .and_then(|r| r.strip_prefix(':'))
-    {
-        Some(rest) => match rest.find('@') {
-            Some(at) => format!("{base}{}", &rest[at..]).into(),
-            None => identity.into(),
-        },
-        None => identity.into(),
     }
 }
 

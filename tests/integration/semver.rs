@@ -500,9 +500,32 @@ fn a_new_release_is_followed_and_an_older_one_refused() {
     let again = f.unchanged_by(|| sync(&f, &["--semver", "^1"], &src).ok());
     assert!(again.stdout.contains("up to date"), "{}", again.stdout);
 
+    // A new tag on the live image: a new generation labelled with it, and
+    // no layer fetched (the live generation has them all).
+    let index = layout.join("index.json");
+    let mut doc: serde_json::Value = serde_json::from_slice(&fs::read(&index).unwrap()).unwrap();
+    let ms = doc["manifests"].as_array_mut().unwrap();
+    let mut alias = ms
+        .iter()
+        .find(|d| d["annotations"]["org.opencontainers.image.ref.name"] == "1.2.0")
+        .unwrap()
+        .clone();
+    alias["annotations"]["org.opencontainers.image.ref.name"] = "1.2.1".into();
+    ms.push(alias);
+    fs::write(&index, doc.to_string()).unwrap();
+    reg.set(|s| s.requests.clear());
+    sync(&f, &["--semver", "^1"], &src).ok();
+    assert_eq!(tree(&f.dest()), ["v=1.2.0"]);
+    let (label, sources) = live(&f);
+    assert_eq!(label, "1.2.1");
+    assert!(sources[0].contains(":1.2.1@sha256:"), "{sources:?}");
+    let asked = reg.state.lock().unwrap().requests.clone();
+    assert!(!asked.iter().any(|r| r.contains("/blobs/")), "{asked:?}");
+    reg.set(|s| s.hidden.push("1.2.1".into()));
+
     // A registry mirror behind: 1.2.0 is not listed, 1.1.0 is the highest
     // it has. A replica syncing from it must not put 1.1.0 back.
-    reg.set(|s| s.hidden = vec!["1.2.0".into()]);
+    reg.set(|s| s.hidden = vec!["1.2.0".into(), "1.2.1".into()]);
     f.unchanged_by(|| {
         sync(&f, &["--semver", "^1"], &src).fails(3, "refusing to replace live generation")
     });
@@ -511,7 +534,7 @@ fn a_new_release_is_followed_and_an_older_one_refused() {
     sync(&f, &["--semver", "<1.2.0"], &src).ok();
     assert_eq!(tree(&f.dest()), ["v=1.1.0"]);
     // --allow-downgrade lets any range go below.
-    reg.set(|s| s.hidden = vec!["1.1.0".into(), "1.2.0".into()]);
+    reg.set(|s| s.hidden = vec!["1.1.0".into(), "1.2.0".into(), "1.2.1".into()]);
     sync(&f, &["--semver", "^1", "--allow-downgrade"], &src).ok();
     assert_eq!(tree(&f.dest()), ["v=1.0.0"]);
 }
