@@ -181,7 +181,7 @@ pub struct SyncArgs {
     pub semver: Option<crate::semver::Range>,
     /// With --semver: consider only the tags REGEX matches (anywhere in the tag unless anchored)
     #[arg(long, value_name = "REGEX", value_parser = parse_tag_filter, env = "PACKSYNC_TAG_FILTER", help_heading = SOURCES)]
-    pub tag_filter: Option<regex::Regex>,
+    pub tag_filter: Option<regex::bytes::Regex>,
     /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
     #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform, env = "PACKSYNC_PLATFORM", help_heading = SOURCES)]
     pub platform: Option<config::Platform>,
@@ -700,8 +700,11 @@ fn parse_semver(s: &str) -> Result<crate::semver::Range> {
 }
 
 /// `--tag-filter REGEX`: the `regex` crate's syntax, bounded in size.
-fn parse_tag_filter(s: &str) -> Result<regex::Regex> {
-    regex::RegexBuilder::new(s)
+/// Tags are ASCII: classes such as `\d` and `\w` are ASCII ones (the
+/// crate's Unicode tables would add half a megabyte for no tag).
+fn parse_tag_filter(s: &str) -> Result<regex::bytes::Regex> {
+    regex::bytes::RegexBuilder::new(s)
+        .unicode(false)
         .size_limit(1 << 20)
         .build()
         .map_err(|e| {
@@ -904,6 +907,22 @@ mod tests {
         assert_eq!(d.grace, Duration::from_secs(15 * 60), "the default");
         assert!(d.label.is_none() && d.chown.is_none() && d.chmod.is_none());
         assert!(d.filter.is_empty());
+    }
+
+    #[test]
+    fn tag_filters_take_the_usual_forms() {
+        for (re, tag, hit) in [
+            (r"^v\d+\.\d+\.\d+$", "v1.20.3", true),
+            (r"^v\d+\.\d+\.\d+$", "v1.20.3-rc.1", false),
+            (r"^1\..*", "1.4.2", true),
+            (r"rc", "2.0.0-rc.1", true),
+            (r"^[0-9]+(\.[0-9]+){2}$", "1.2", false),
+            (r"\w+-\d", "stable-1", true),
+        ] {
+            let f = parse_tag_filter(re).unwrap_or_else(|e| panic!("{re}: {e}"));
+            assert_eq!(f.is_match(tag.as_bytes()), hit, "{re} {tag}");
+        }
+        assert!(parse_tag_filter("([").is_err());
     }
 
     #[test]

@@ -209,7 +209,7 @@ pub struct Remote {
 #[derive(Clone, Debug)]
 pub struct Choose {
     pub range: crate::semver::Range,
-    pub filter: Option<regex::Regex>,
+    pub filter: Option<regex::bytes::Regex>,
 }
 
 /// An image platform: `linux/amd64`, `linux/arm64/v8`.

@@ -580,13 +580,13 @@ const SHOWN: usize = 5;
 pub fn choose<'a>(
     tags: impl IntoIterator<Item = &'a str>,
     range: &Range,
-    filter: Option<&regex::Regex>,
+    filter: Option<&regex::bytes::Regex>,
 ) -> Result<Chosen, NoMatch> {
     let mut seen = 0;
     let mut versions: Vec<(Version, &str)> = Vec::new();
     for t in tags {
         seen += 1;
-        if filter.is_some_and(|f| !f.is_match(t)) {
+        if filter.is_some_and(|f| !f.is_match(t.as_bytes())) {
             continue;
         }
         if let Some(v) = parse_tag(t) {
@@ -1068,7 +1068,7 @@ mod tests {
     }
 
     fn pick(tags: &[&str], range: &str, filter: Option<&str>) -> Result<String, NoMatch> {
-        let re = filter.map(|f| regex::Regex::new(f).unwrap());
+        let re = filter.map(|f| regex::bytes::Regex::new(f).unwrap());
         choose(
             tags.iter().copied(),
             &parse_range(range).unwrap(),

@@ -998,6 +998,47 @@ mod tests {
     }
 
     #[test]
+    fn tag_list_pages_and_their_links() {
+        assert_eq!(
+            parse_tag_list(br#"{"name":"app","tags":["1.0.0","v2"]}"#).unwrap(),
+            ["1.0.0", "v2"]
+        );
+        assert!(parse_tag_list(br#"{"name":"app","tags":null}"#)
+            .unwrap()
+            .is_empty());
+        assert!(parse_tag_list(br#"{"name":"app"}"#).unwrap().is_empty());
+        for bad in [
+            &br#"{"tags":["ok","bad tag"]}"#[..],
+            b"[]",
+            b"{",
+            br#"{"tags":[1]}"#,
+        ] {
+            assert!(
+                parse_tag_list(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let rel = r#"</v2/app/tags/list?n=2&last=b>; rel="next""#;
+        assert_eq!(next_link(rel), Some("/v2/app/tags/list?n=2&last=b"));
+        let abs = r#"<https://r.example/v2/a/tags/list?last=x>; rel=next"#;
+        assert_eq!(
+            next_link(abs),
+            Some("https://r.example/v2/a/tags/list?last=x")
+        );
+        let several = r#"</first>; rel="first", </n>; title="x"; rel="prev next""#;
+        assert_eq!(next_link(several), Some("/n"));
+        for none in [
+            "",
+            "</p>; rel=\"prev\"",
+            "/no/brackets; rel=next",
+            "<unclosed; rel=next",
+        ] {
+            assert_eq!(next_link(none), None, "{none}");
+        }
+    }
+
+    #[test]
     fn a_blob_is_checked_as_it_streams() {
         let data = b"layer bytes".to_vec();
         let d = desc(&data);
