@@ -61,6 +61,8 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header -d 'Se
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line' -r -F
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l round-timeout -d 'End the downloads of a sync (each round with --every) after DUR (default: no bound)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l semver -d 'For oci:// and oci-layout: SOURCEs without a tag: publish the highest tag that is a semantic version in RANGE (Flux\'s syntax: \'>=1.4.0 <2.0.0\', \'~1.4\', \'^1.2\', \'1.x\', \'||\'); the sidecar follows new releases' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l tag-filter -d 'With --semver: consider only the tags REGEX matches (anywhere in the tag unless anchored)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify-key -d 'Publish only sources signed by this PEM public key (repeatable; ECDSA P-256/P-384, Ed25519, RSA >= 2048): an OPA bundle\'s /.signatures.json; else exit 6' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
@@ -69,7 +71,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from 
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l set-mtime -d 'Give every published entry this mtime, seconds since the epoch (e.g. "$SOURCE_DATE_EPOCH"), and compare files by size and content: writers whose sources differ only in mtimes publish one generation' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chown -d 'Set every owner to UID:GID' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l chmod -d 'Change modes, rsync syntax (e.g. D755,F644 or go-w)' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l label -d 'A version label recorded with the generation (refuses downgrades)' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l label -d 'A version label recorded with the generation (refuses downgrades); \'auto\': the content\'s version (an image\'s org.opencontainers.image.version, a bundle\'s .manifest revision)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-delete -d 'Refuse (exit 3) to delete more than N entries' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l max-entries -d 'Refuse (exit 1) an archive, bundle or image that holds more than N entries' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layout -d 'How DEST is laid out' -r -f -a "symlink\t''

@@ -267,6 +267,55 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // Validate: nothing is written before the guards have passed.
     crate::source::spool::limit_entries(cfg.max_entries);
     let sources = Sources::open(cfg)?;
+    // `--semver` lists tags and `--label auto` reads versions first: the
+    // label (and so the guards) of this round depend on them.
+    let resolved = resolve_label(cfg, &sources)?;
+    let cfg = resolved.as_ref().unwrap_or(cfg);
+    let chosen = chosen_of(&sources)?;
+    let mut round = round_on(cfg, sources, pass, shortcut, note, start)?;
+    round.summary.chosen = chosen;
+    if cfg.label_auto && round.summary.label.is_none() {
+        // Up to date on sources not spooled: the live generation's label.
+        round.summary.label = round
+            .summary
+            .generation
+            .as_deref()
+            .and_then(|gen| recorded_label(cfg, gen));
+    }
+    Ok(round)
+}
+
+/// The label generation `gen` of DEST records.
+fn recorded_label(cfg: &SyncConfig, gen: &str) -> Option<String> {
+    let target = ops::open_one(&cfg.dest, cfg.slot.as_deref()).ok()?;
+    let (mut r, _) = target.state.manifest_reader(gen).ok()?;
+    Manifest::read_header(&mut r).ok()?.label
+}
+
+/// What `--semver` chose, source by source (for the summary and metrics).
+fn chosen_of(sources: &Sources) -> Result<Vec<report::Chosen>> {
+    let mut out = Vec::new();
+    for s in &sources.all {
+        if let Some((tag, digest)) = s.chosen()? {
+            out.push(report::Chosen {
+                source: s.label().to_string(),
+                tag,
+                digest,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `round_with`, on the sources opened (and the label resolved).
+fn round_on(
+    cfg: &SyncConfig,
+    sources: Sources,
+    pass: Pass,
+    shortcut: bool,
+    note: Option<String>,
+    start: Instant,
+) -> Result<Round> {
     // With --verify-key: every source is verified after its scan, so no
     // shortcut that skips the scan runs, but for sources unchanged since a
     // live generation those same keys verified (`unchanged_live`). An image
@@ -296,6 +345,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
     // manifest): a sync that finds nothing to do ends here, having held no
     // whole tree.
     let state = vol.state(false)?;
+    early_label_guard(cfg, &vol, state.as_ref(), &dest)?;
     // Files `verify` found damaged: the live manifest is not to be trusted
     // for them, so no shortcut that trusts it (the quick compare, the
     // streamed update, sources unchanged since the live generation) runs,
@@ -432,6 +482,16 @@ fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>
             .as_ref()
             .map_or_else(Vec::new, |m| m.verified.clone())
     });
+    // `--label auto` with a bundle that told its version only in the spool.
+    // Sources unchanged since the live generation (`noop`) are not
+    // spooled: the live label stands for what they hold.
+    let late;
+    let cfg = if cfg.label_auto && cfg.label.is_none() && !noop {
+        late = resolve_label(cfg, &sources)?;
+        late.as_ref().unwrap_or(cfg)
+    } else {
+        cfg
+    };
     if let Some(d) = &damage {
         forget_damaged(&mut live, d);
     }
@@ -1856,8 +1916,116 @@ fn guards(
     max_delete(cfg, vol, t.deleted)?;
     // The layout's own (fanout: other slots' entries, entries packsync did not make).
     let check = layout::of(vol).check(vol, t.names, t.live_names, cfg.adopt)?;
-    crate::label::guard(&vol.display, cfg.label.as_ref(), gen, live_label)?;
+    let new = cfg
+        .label
+        .as_ref()
+        .filter(|l| !range_moved(cfg, l, live_label));
+    crate::label::guard(&vol.display, new, gen, live_label)?;
     Ok(check)
+}
+
+/// A label the sources gave (`--semver`'s tag, `--label auto`) is known
+/// before anything is fetched: a downgrade is refused then, before a layer
+/// is asked for or a spool made (the guards check again after the scan).
+fn early_label_guard(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: Option<&State>,
+    dest: &Dest,
+) -> Result<()> {
+    let (Some(new), Some(state), Dest::Live(gen)) = (cfg.label.as_ref(), state, dest) else {
+        return Ok(());
+    };
+    if !new.from_tag && !cfg.label_auto {
+        return Ok(());
+    }
+    let live_label = state
+        .manifest_reader(gen)
+        .ok()
+        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+        .and_then(|m| m.label);
+    let new = Some(new).filter(|l| !range_moved(cfg, l, live_label.as_deref()));
+    crate::label::guard(&vol.display, new, Some(gen), live_label.as_deref())
+}
+
+/// Whether the live generation's label is a tag `--semver` no longer
+/// matches (the range was moved on purpose, below it say): then a lower
+/// chosen tag is what the range says, not a registry mirror behind, and
+/// the downgrade guard lets it through.
+fn range_moved(cfg: &SyncConfig, new: &config::Label, live_label: Option<&str>) -> bool {
+    let (true, Some(choose), Some(live)) = (new.from_tag, &cfg.remote.choose, live_label) else {
+        return false;
+    };
+    crate::semver::parse_tag(live).is_some_and(|v| !choose.range.matches(&v))
+}
+
+/// The label of this round where the sources give it: `--label auto`
+/// takes the first SOURCE's version that names one (an image's
+/// `org.opencontainers.image.version`, a bundle's `.manifest` `revision`),
+/// and `--semver` without `--label` the tag it chose (the first image's
+/// with `--semver`), so that the downgrade guard orders what is published.
+/// `None`: the configuration's label stands. A source that names no
+/// version, or one that is not a version, fails the round (exit 1).
+fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfig>> {
+    let by_tag = cfg.remote.choose.is_some() && cfg.label.is_none() && !cfg.label_auto;
+    if !cfg.label_auto && !by_tag {
+        return Ok(None);
+    }
+    let ordered = |text: &str| {
+        if cfg.allow_downgrade {
+            None
+        } else {
+            crate::label::parse(text)
+        }
+    };
+    if by_tag {
+        for s in &sources.all {
+            if let Some((tag, _)) = s.chosen()? {
+                let label = config::Label {
+                    version: ordered(&tag),
+                    text: tag,
+                    from_tag: true,
+                };
+                return Ok(Some(SyncConfig {
+                    label: Some(label),
+                    ..cfg.clone()
+                }));
+            }
+        }
+        return Ok(None);
+    }
+    let mut found = None;
+    for s in &sources.all {
+        if s.version_in_spool() && s.root().is_none() {
+            // Known once the sources are spooled: `round_on` asks again.
+            return Ok(None);
+        }
+        if let Some(v) = s.version()? {
+            found = Some((v, s.label()));
+            break;
+        }
+    }
+    let Some((text, from)) = found else {
+        let names: Vec<&str> = sources.all.iter().map(|s| s.label()).collect();
+        anyhow::bail!(
+            "--label auto: no version in {} (an image's org.opencontainers.image.version annotation or config label, a bundle's .manifest revision)",
+            names.join(", ")
+        );
+    };
+    let version = ordered(&text);
+    if version.is_none() && !cfg.allow_downgrade {
+        anyhow::bail!(
+            "--label auto: {from} names the version {text:?}, which is not a version such as v1.2.3 (pass --allow-downgrade to record it without ordering)"
+        );
+    }
+    Ok(Some(SyncConfig {
+        label: Some(config::Label {
+            text,
+            version,
+            from_tag: false,
+        }),
+        ..cfg.clone()
+    }))
 }
 
 /// `--max-delete`: refuse to delete more than that many entries.

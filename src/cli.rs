@@ -176,6 +176,12 @@ pub struct SyncArgs {
     /// End the downloads of a sync (each round with --every) after DUR (default: no bound)
     #[arg(long, value_name = "DUR", value_parser = parse_duration, env = "PACKSYNC_ROUND_TIMEOUT", help_heading = SOURCES)]
     pub round_timeout: Option<Duration>,
+    /// For oci:// and oci-layout: SOURCEs without a tag: publish the highest tag that is a semantic version in RANGE (Flux's syntax: '>=1.4.0 <2.0.0', '~1.4', '^1.2', '1.x', '||'); the sidecar follows new releases
+    #[arg(long, value_name = "RANGE", value_parser = parse_semver, env = "PACKSYNC_SEMVER", help_heading = SOURCES)]
+    pub semver: Option<crate::semver::Range>,
+    /// With --semver: consider only the tags REGEX matches (anywhere in the tag unless anchored)
+    #[arg(long, value_name = "REGEX", value_parser = parse_tag_filter, env = "PACKSYNC_TAG_FILTER", help_heading = SOURCES)]
+    pub tag_filter: Option<regex::bytes::Regex>,
     /// The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)
     #[arg(long, value_name = "OS/ARCH[/VARIANT]", value_parser = config::parse_platform, env = "PACKSYNC_PLATFORM", help_heading = SOURCES)]
     pub platform: Option<config::Platform>,
@@ -208,7 +214,7 @@ pub struct SyncArgs {
     /// Change modes, rsync syntax (e.g. D755,F644 or go-w)
     #[arg(long, value_name = "RULES", value_parser = chmod::parse, env = "PACKSYNC_CHMOD", help_heading = FILTERS)]
     pub chmod: Option<chmod::Rules>,
-    /// A version label recorded with the generation (refuses downgrades)
+    /// A version label recorded with the generation (refuses downgrades); 'auto': the content's version (an image's org.opencontainers.image.version, a bundle's .manifest revision)
     #[arg(long, value_name = "TEXT", value_parser = parse_label, env = "PACKSYNC_LABEL", help_heading = FILTERS)]
     pub label: Option<Label>,
 
@@ -525,7 +531,21 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     } else if s.dry_run {
         return Err(error::usage("--every cannot be combined with --dry-run"));
     }
+    let label_auto = s.label.as_ref().is_some_and(|l| l.text == "auto");
+    if s.tag_filter.is_some() && s.semver.is_none() {
+        return Err(error::usage("--tag-filter needs --semver"));
+    }
+    let chooses = |p: &PathBuf| {
+        p.to_str()
+            .is_some_and(|t| t.starts_with("oci://") || t.starts_with("oci-layout:"))
+    };
+    if s.semver.is_some() && !s.sources.iter().any(chooses) {
+        return Err(error::usage(
+            "--semver needs an oci:// or oci-layout: SOURCE without a tag",
+        ));
+    }
     let label = match s.label {
+        _ if label_auto => None,
         Some(l) if s.allow_downgrade => Some(Label {
             version: None,
             ..l
@@ -589,6 +609,10 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         round_timeout: s.round_timeout,
         platform: s.platform,
         verify_keys: verify_keys.clone(),
+        choose: s.semver.map(|range| config::Choose {
+            range,
+            filter: s.tag_filter,
+        }),
     };
     Ok(SyncConfig {
         sources: s.sources,
@@ -615,6 +639,8 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         chmod: s.chmod,
         exec_after: s.exec_after,
         label,
+        label_auto,
+        allow_downgrade: s.allow_downgrade,
         layout,
         slot: s.slot,
         adopt: s.adopt,
@@ -682,7 +708,32 @@ fn parse_label(s: &str) -> Result<Label> {
     Ok(Label {
         text: s.to_string(),
         version: crate::label::parse(s),
+        from_tag: false,
     })
+}
+
+/// `--semver RANGE`: Masterminds' constraint syntax (`semver::parse_range`).
+fn parse_semver(s: &str) -> Result<crate::semver::Range> {
+    crate::semver::parse_range(s).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// `--tag-filter REGEX`: the `regex` crate's syntax, bounded in size.
+/// Tags are ASCII: classes such as `\d` and `\w` are ASCII ones (the
+/// crate's Unicode tables would add half a megabyte for no tag).
+fn parse_tag_filter(s: &str) -> Result<regex::bytes::Regex> {
+    regex::bytes::RegexBuilder::new(s)
+        .unicode(false)
+        .size_limit(1 << 20)
+        .build()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{}",
+                e.to_string()
+                    .lines()
+                    .last()
+                    .unwrap_or("not a regular expression")
+            )
+        })
 }
 
 /// `sync --slot`: a name that is one component inside the state directory.
@@ -874,6 +925,22 @@ mod tests {
         assert_eq!(d.grace, Duration::from_secs(15 * 60), "the default");
         assert!(d.label.is_none() && d.chown.is_none() && d.chmod.is_none());
         assert!(d.filter.is_empty());
+    }
+
+    #[test]
+    fn tag_filters_take_the_usual_forms() {
+        for (re, tag, hit) in [
+            (r"^v\d+\.\d+\.\d+$", "v1.20.3", true),
+            (r"^v\d+\.\d+\.\d+$", "v1.20.3-rc.1", false),
+            (r"^1\..*", "1.4.2", true),
+            (r"rc", "2.0.0-rc.1", true),
+            (r"^[0-9]+(\.[0-9]+){2}$", "1.2", false),
+            (r"\w+-\d", "stable-1", true),
+        ] {
+            let f = parse_tag_filter(re).unwrap_or_else(|e| panic!("{re}: {e}"));
+            assert_eq!(f.is_match(tag.as_bytes()), hit, "{re} {tag}");
+        }
+        assert!(parse_tag_filter("([").is_err());
     }
 
     #[test]

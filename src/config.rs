@@ -92,6 +92,7 @@ pub enum Layout {
     Dir,
 }
 
+#[derive(Clone)]
 pub struct SyncConfig {
     /// SOURCE...: mirrored in order, later ones win.
     pub sources: Vec<PathBuf>,
@@ -129,8 +130,13 @@ pub struct SyncConfig {
     pub chmod: Option<chmod::Rules>,
     /// `--exec-after CMD`
     pub exec_after: Option<String>,
-    /// `--label`, with `--allow-downgrade` folded in.
+    /// `--label`, with `--allow-downgrade` folded in; for `--label auto`
+    /// and `--semver`, what the round found (`app::resolve_label`).
     pub label: Option<Label>,
+    /// `--label auto`: each round takes the label from the content.
+    pub label_auto: bool,
+    /// `--allow-downgrade`
+    pub allow_downgrade: bool,
     /// `--layout`
     pub layout: Layout,
     /// `--slot` (a valid slot name; only with `--layout fanout`)
@@ -200,6 +206,16 @@ pub struct Remote {
     /// `--verify-key`: images check their cosign signature with these as
     /// soon as their digest is resolved.
     pub verify_keys: Vec<crate::trust::Key>,
+    /// `--semver RANGE` with `--tag-filter REGEX`: the tag an `oci://` or
+    /// `oci-layout:` SOURCE without a tag publishes.
+    pub choose: Option<Choose>,
+}
+
+/// `--semver RANGE` and `--tag-filter REGEX`, parsed.
+#[derive(Clone, Debug)]
+pub struct Choose {
+    pub range: crate::semver::Range,
+    pub filter: Option<regex::bytes::Regex>,
 }
 
 /// An image platform: `linux/amd64`, `linux/arm64/v8`.
@@ -290,6 +306,8 @@ pub struct Owner {
 pub struct Label {
     pub text: String,
     pub version: Option<Version>,
+    /// The tag `--semver` chose, standing in for a `--label` not given.
+    pub from_tag: bool,
 }
 
 /// `wait --timeout DUR`: how long, and the text it was given as (the

@@ -532,6 +532,56 @@ pub fn cosign_signature(data: &[u8]) {
     }
 }
 
+/// `--semver`: a RANGE and two tags. A range that parses matches without
+/// panicking; a tag that is a version prints back to the same version
+/// (`v` and build metadata aside); versions are totally ordered; the tag
+/// chosen from the two matches the range and is not below the other
+/// matching one.
+pub fn semver(range: &str, a: &str, b: &str) {
+    use crate::semver::{choose, parse_range, parse_tag};
+    let parsed = parse_range(range);
+    let (va, vb) = (parse_tag(a), parse_tag(b));
+    for v in [&va, &vb].into_iter().flatten() {
+        assert_eq!(parse_tag(&v.to_string()).as_ref(), Some(v), "{v}");
+    }
+    if let (Some(x), Some(y)) = (&va, &vb) {
+        assert_eq!(x.cmp(y), y.cmp(x).reverse(), "{x} {y}");
+    }
+    if let Ok(r) = parsed {
+        match choose([a, b], &r, None) {
+            Ok(c) => {
+                assert!(r.matches(&c.version), "{range:?} chose {}", c.tag);
+                for v in [&va, &vb].into_iter().flatten() {
+                    assert!(
+                        !r.matches(v) || *v <= c.version,
+                        "{range:?}: {v} above {}",
+                        c.tag
+                    );
+                }
+            }
+            Err(none) => {
+                for v in [&va, &vb].into_iter().flatten() {
+                    assert!(!r.matches(v), "{range:?} matches {v} yet chose nothing");
+                }
+                assert_eq!(none.tags, 2);
+            }
+        }
+    }
+}
+
+/// A registry's tag list page and its `Link` header (the first line):
+/// every tag taken is a valid tag; a `next` link is what the header holds
+/// between `<` and `>`.
+pub fn tag_list(link: &str, page: &[u8]) {
+    use crate::source::oci_fetch::{next_link, parse_tag_list};
+    if let Ok(tags) = parse_tag_list(page) {
+        assert!(tags.iter().all(|t| crate::source::oci_ref::valid_tag(t)));
+    }
+    if let Some(next) = next_link(link) {
+        assert!(link.contains(&format!("<{next}>")), "{link:?}: {next:?}");
+    }
+}
+
 /// The fuzz targets, by name: how each turns the fuzzer's bytes into a
 /// call of the facade above. `fuzz/fuzz_targets/*.rs` call this, and
 /// `cargo test` replays `fuzz/seeds/TARGET/*` through it, so every seed
@@ -582,6 +632,22 @@ pub fn target(name: &str, data: &[u8]) -> bool {
         "opa_signatures" => opa_signatures(data),
         "oci_reference" => text.into_iter().for_each(oci_reference),
         "tar" => tar(data),
+        "semver" => {
+            if let Some(text) = text {
+                let mut parts = text.splitn(3, '\n');
+                let r = parts.next().unwrap_or("");
+                let a = parts.next().unwrap_or("");
+                let b = parts.next().unwrap_or("");
+                semver(r, a, b);
+            }
+        }
+        "tag_list" => {
+            let (link, page) = match data.iter().position(|&b| b == b'\n') {
+                Some(i) => (&data[..i], &data[i + 1..]),
+                None => (data, &[][..]),
+            };
+            tag_list(&String::from_utf8_lossy(link), page);
+        }
         _ => return false,
     }
     true

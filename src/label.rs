@@ -273,6 +273,7 @@ mod tests {
         Label {
             text: text.to_string(),
             version: parse(text),
+            from_tag: false,
         }
     }
 

@@ -38,6 +38,7 @@ pub(crate) mod plan;
 pub(crate) mod report;
 pub(crate) mod retire;
 pub(crate) mod scan;
+pub(crate) mod semver;
 pub(crate) mod sidecar;
 pub(crate) mod source;
 pub(crate) mod stage;

@@ -654,8 +654,21 @@ pub struct Summary {
     /// given, dry run, or up to date with a success on the live generation
     /// already recorded).
     pub exec_after: Option<crate::ops::exec::After>,
+    /// `--semver`: the tag chosen for each image source that chose one,
+    /// and the manifest digest it named; the key is absent without.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub chosen: Vec<Chosen>,
     pub seconds: f64,
     pub dry_run: bool,
+}
+
+/// What `--semver` chose for one SOURCE.
+#[derive(serde::Serialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct Chosen {
+    /// `oci://HOST/REPO` or `oci-layout:DIR`, as given.
+    pub source: String,
+    pub tag: String,
+    pub digest: String,
 }
 
 /// One `--itemize` line as JSON: `{"change": "+", "path": "a/b.txt"}`.
@@ -726,17 +739,30 @@ fn summary_line(s: &Summary) -> String {
         s.deleted
     );
     let gen = s.generation.as_deref().unwrap_or("-");
+    // `--semver`: which tag, on every line (the loop's line says what it followed).
+    let chose: String = s
+        .chosen
+        .iter()
+        .map(|c| {
+            format!(
+                "; {}:{} ({})",
+                c.source,
+                c.tag,
+                crate::source::oci_fetch::short(&c.digest)
+            )
+        })
+        .collect();
     match (s.status, s.dry_run) {
         ("up to date", _) => format!(
-            "packsync: {} up to date: {what}; generation {gen}; {:.2}s",
+            "packsync: {} up to date: {what}; generation {gen}{chose}; {:.2}s",
             s.dest, s.seconds
         ),
         (_, true) => format!(
-            "packsync: dry run, {} not changed: would sync {what}; {:.2}s",
+            "packsync: dry run, {} not changed: would sync {what}{chose}; {:.2}s",
             s.dest, s.seconds
         ),
         _ => format!(
-            "packsync: {} synced: {what}; generation {gen} is live; {:.2}s",
+            "packsync: {} synced: {what}; generation {gen} is live{chose}; {:.2}s",
             s.dest, s.seconds
         ),
     }

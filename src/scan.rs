@@ -26,7 +26,7 @@ use crate::tree::{Entry, Kind, Meta, Node, Tree};
 
 /// Which paths a scan leaves out (gitignore rules, in command-line order),
 /// and what it reads of each entry besides its stat.
-#[derive(Default)]
+#[derive(Clone, Default)]
 pub struct Filter {
     rules: Option<ignore::gitignore::Gitignore>,
     /// `--xattrs`: a directory source's files and directories carry their

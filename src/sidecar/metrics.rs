@@ -51,6 +51,9 @@ struct Stats {
     ready: bool,
     /// Resident bytes and open descriptors between rounds, as last read.
     resources: Option<(u64, u64)>,
+    /// `--semver`: (source, tag, digest) of the last round that chose,
+    /// one per image source (as many as SOURCE arguments at most).
+    chosen: Vec<(String, String, String)>,
 }
 
 impl Health {
@@ -101,6 +104,14 @@ impl Health {
     /// what `/metrics` shows of them never catches a round midway.
     pub fn record_resources(&self, resident_bytes: u64, open_fds: u64) {
         self.stats.lock().unwrap().resources = Some((resident_bytes, open_fds));
+    }
+
+    /// `--semver`: what the round chose, source by source (a round that
+    /// failed before choosing leaves the last choice shown).
+    pub fn record_chosen(&self, chosen: Vec<(String, String, String)>) {
+        if !chosen.is_empty() {
+            self.stats.lock().unwrap().chosen = chosen;
+        }
     }
 
     /// The live generation (name, label) found on the volume, outside a round.
@@ -182,6 +193,21 @@ impl Health {
                 label_value(gen),
                 label_value(label)
             );
+        }
+        if !s.chosen.is_empty() {
+            out.push_str(
+                "# HELP packsync_source_info The tag --semver chose for each image source, and its manifest digest.\n",
+            );
+            out.push_str("# TYPE packsync_source_info gauge\n");
+            for (source, tag, digest) in &s.chosen {
+                let _ = writeln!(
+                    out,
+                    "packsync_source_info{{source=\"{}\",tag=\"{}\",digest=\"{}\"}} 1",
+                    label_value(source),
+                    label_value(tag),
+                    label_value(digest)
+                );
+            }
         }
         out.push_str("# HELP packsync_copied_bytes_total Bytes copied into new generations.\n");
         out.push_str("# TYPE packsync_copied_bytes_total counter\n");

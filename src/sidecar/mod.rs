@@ -131,6 +131,12 @@ fn finish(round: Round, first: bool, seconds: f64, output: Output, health: &Heal
         .map(|g| (g, s.label.clone().unwrap_or_default()));
     let copied = if published { s.copied_bytes } else { 0 };
     health.record(outcome, seconds, copied, live, clock::now_f64());
+    health.record_chosen(
+        s.chosen
+            .iter()
+            .map(|c| (c.source.clone(), c.tag.clone(), c.digest.clone()))
+            .collect(),
+    );
     if published || first || round.hook_failure.is_some() {
         round.report_deferred(output)?;
     }

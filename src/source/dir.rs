@@ -146,6 +146,10 @@ impl Source for Dir {
         }
     }
 
+    fn version(&self) -> Result<Option<String>> {
+        super::bundle_revision(&self.root, &self.label)
+    }
+
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         let st = self
             .root

@@ -113,6 +113,27 @@ pub trait Source: Send + Sync {
         false
     }
 
+    /// `--semver`: the tag chosen and the image manifest digest it names,
+    /// for a source that chooses one (resolving it: the tag listing and one
+    /// manifest request, once per sync). `None` for any other.
+    fn chosen(&self) -> Result<Option<(String, String)>> {
+        Ok(None)
+    }
+
+    /// `--label auto`: the version the content names (an image's
+    /// `org.opencontainers.image.version`, a bundle's `.manifest`
+    /// `revision`), found before anything is fetched but documents.
+    /// `None` where it names none, or where only the spool could tell.
+    fn version(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// Whether `version` can tell only once the source is spooled (an
+    /// archive's or a URL's bundle `.manifest`): before that it says `None`.
+    fn version_in_spool(&self) -> bool {
+        false
+    }
+
     /// Whether the source still holds what `recorded` (the live
     /// generation's identity for it) names, found out without fetching it:
     /// a tag that resolves to the same image digest, a URL answering 304.
@@ -365,4 +386,44 @@ pub fn open_in(
 /// Borrow each handle of `dirs` (as `open_dirs` made them).
 pub fn borrow(dirs: &[Option<DirFd>]) -> Vec<Option<&DirFd>> {
     dirs.iter().map(Option::as_ref).collect()
+}
+
+/// The longest `.manifest` read for its revision: OPA bundles' are a few
+/// hundred bytes.
+const MAX_BUNDLE_MANIFEST: u64 = 1 << 20;
+
+/// An OPA bundle's `/.manifest` `revision` (`--label auto`), below `root`:
+/// `None` without a `.manifest` or without a non-empty string `revision`;
+/// an error for a `.manifest` that is not JSON or too large.
+pub fn bundle_revision(root: &DirFd, label: &str) -> Result<Option<String>> {
+    use std::io::Read;
+    let fd = match root.open_read(b".manifest") {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(anyhow::anyhow!("{label}/.manifest: cannot open: {e}")),
+    };
+    let mut text = Vec::new();
+    sys::reader(fd)
+        .take(MAX_BUNDLE_MANIFEST + 1)
+        .read_to_end(&mut text)
+        .with_context(|| format!("{label}/.manifest: cannot read"))?;
+    if text.len() as u64 > MAX_BUNDLE_MANIFEST {
+        anyhow::bail!("{label}/.manifest: larger than {MAX_BUNDLE_MANIFEST} bytes");
+    }
+    revision_of(&text).map_err(|e| anyhow::anyhow!("{label}/.manifest: {e}"))
+}
+
+/// The `revision` of a bundle's `.manifest` text, if it names one.
+pub fn revision_of(text: &[u8]) -> Result<Option<String>, String> {
+    let v: serde_json::Value =
+        serde_json::from_slice(text).map_err(|e| format!("not JSON: {e}"))?;
+    let Some(obj) = v.as_object() else {
+        return Err("not a JSON object".into());
+    };
+    Ok(obj
+        .get("revision")
+        .and_then(|r| r.as_str())
+        .map(str::trim)
+        .filter(|r| !r.is_empty() && r.len() <= 256 && !r.chars().any(char::is_control))
+        .map(str::to_string))
 }

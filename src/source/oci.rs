@@ -27,7 +27,7 @@ use super::oci_image;
 use super::oci_ref;
 use super::spool::Base;
 use super::{Source, Spool, Stream, Streamed};
-use crate::config::{Platform, Remote};
+use crate::config::{Choose, Platform, Remote};
 use crate::error;
 use crate::manifest::{escape, unescape};
 use crate::report::Reporter;
@@ -40,6 +40,22 @@ use crate::tree::{Time, Tree};
 /// file, whether it still holds what a recorded identity names.
 pub trait Named: Stream {
     fn unchanged_since(&self, recorded: &str) -> Result<bool>;
+
+    /// `Source::chosen`.
+    fn chosen(&self) -> Result<Option<(String, String)>> {
+        Ok(None)
+    }
+
+    /// `Source::version`.
+    fn version(&self) -> Result<Option<String>> {
+        Ok(None)
+    }
+
+    /// `Source::version_in_spool`: a bundle (an archive, a URL) whose
+    /// `.manifest` is read from the spool.
+    fn version_in_spool(&self) -> bool {
+        false
+    }
 
     /// `Source::record`, given the filled spool.
     fn record(&self, spooled: &super::Spooled, shape: &str) -> Option<String> {
@@ -71,6 +87,25 @@ impl Named for Image {
 
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         Image::unchanged_since(self, recorded)
+    }
+
+    fn chosen(&self) -> Result<Option<(String, String)>> {
+        if self.choose.is_none() {
+            return Ok(None);
+        }
+        self.identity()?;
+        let tag = self.chosen.lock().unwrap().clone();
+        let digest = self
+            .resolved
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|r| r.digest.clone());
+        Ok(tag.zip(digest))
+    }
+
+    fn version(&self) -> Result<Option<String>> {
+        Image::version(self)
     }
 
     fn record(&self, spooled: &super::Spooled, shape: &str) -> Option<String> {
@@ -249,11 +284,19 @@ impl Named for super::http::Bundle {
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         super::http::Bundle::unchanged_since(self, recorded)
     }
+
+    fn version_in_spool(&self) -> bool {
+        true
+    }
 }
 
 impl Named for super::Archive {
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         super::Archive::unchanged_since(self, recorded)
+    }
+
+    fn version_in_spool(&self) -> bool {
+        true
     }
 }
 
@@ -315,6 +358,22 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.owns_root()
     }
 
+    fn chosen(&self) -> Result<Option<(String, String)>> {
+        self.inner.stream().chosen()
+    }
+
+    fn version(&self) -> Result<Option<String>> {
+        match (self.inner.stream().version_in_spool(), self.inner.root()) {
+            (true, Some(root)) => super::bundle_revision(root, self.label()),
+            (true, None) => Ok(None),
+            (false, _) => self.inner.stream().version(),
+        }
+    }
+
+    fn version_in_spool(&self) -> bool {
+        self.inner.stream().version_in_spool()
+    }
+
     fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         let same = self.inner.stream().unchanged_since(recorded)?;
         if same {
@@ -371,16 +430,26 @@ pub struct Image {
     applied: Mutex<Option<Vec<String>>>,
     /// `--verify-key`: checked as soon as the digest is resolved.
     trust: crate::trust::cosign::Trust,
+    /// `--semver`: the tag is chosen from the store's tags.
+    choose: Option<Choose>,
+    /// The tag `choose` chose, once resolved.
+    chosen: Mutex<Option<String>>,
 }
 
 /// `oci://…`: parsed now (a malformed reference is exit 2); nothing is
 /// asked of the registry before the sync scans.
 pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
     let r = oci_ref::parse(arg).map_err(|e| error::usage(format!("{arg}: {e:#}")))?;
+    if remote.choose.is_some() && (r.tag.is_some() || r.digest.is_some()) {
+        return Err(error::usage(format!(
+            "{arg}: --semver chooses the tag: name the repository without a tag or digest"
+        )));
+    }
     let base = format!("oci://{}/{}", r.host, r.repo);
     let subpath = r.subpath.clone();
     let registry = Registry::new(r, arg.to_string(), remote)?;
     Ok(Image {
+        choose: remote.choose.clone(),
         store: Box::new(registry),
         label: arg.to_string(),
         base,
@@ -391,6 +460,7 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         resume: Mutex::new(None),
         applied: Mutex::new(None),
         trust: crate::trust::cosign::Trust::of(remote),
+        chosen: Mutex::new(None),
     })
 }
 
@@ -413,17 +483,25 @@ pub fn open_archive(arg: &str, remote: &Remote) -> Result<Image> {
         resume: Mutex::new(None),
         applied: Mutex::new(None),
         trust: crate::trust::cosign::Trust::of(remote),
+        choose: None,
+        chosen: Mutex::new(None),
     })
 }
 
 /// `oci-layout:DIR[:TAG]`: DIR must be a layout (exit 2 otherwise).
 pub fn open_layout(arg: &str, remote: &Remote) -> Result<Image> {
     let r = oci_ref::parse_layout(arg).map_err(|e| error::usage(format!("{arg}: {e:#}")))?;
+    if remote.choose.is_some() && r.tag.is_some() {
+        return Err(error::usage(format!(
+            "{arg}: --semver chooses the tag: name the layout without a tag"
+        )));
+    }
     let subpath = r.subpath.clone();
     let layout = Layout::open(r, arg.to_string())?;
     let base = format!("oci-layout:{}", layout.path.display());
     let path = Some(layout.path.clone());
     Ok(Image {
+        choose: remote.choose.clone(),
         store: Box::new(layout),
         label: arg.to_string(),
         base,
@@ -434,6 +512,7 @@ pub fn open_layout(arg: &str, remote: &Remote) -> Result<Image> {
         resume: Mutex::new(None),
         applied: Mutex::new(None),
         trust: crate::trust::cosign::Trust::of(remote),
+        chosen: Mutex::new(None),
     })
 }
 
@@ -445,19 +524,50 @@ fn platform_of(remote: &Remote) -> Platform {
 }
 
 impl Image {
-    /// The identity of the image manifest `digest`.
+    /// The identity of the image manifest `digest`: with `--semver`, the
+    /// tag chosen too (`oci://HOST/REPO:TAG@sha256:…`).
     fn identity_of(&self, digest: &str) -> String {
+        let tag = match self.chosen.lock().unwrap().as_deref() {
+            Some(t) => format!(":{t}"),
+            None => String::new(),
+        };
         match &self.subpath {
-            Some(p) => format!("{}@{digest}//{}", self.base, escape(p)),
-            None => format!("{}@{digest}", self.base),
+            Some(p) => format!("{}{tag}@{digest}//{}", self.base, escape(p)),
+            None => format!("{}{tag}@{digest}", self.base),
         }
     }
 
-    /// Resolve the reference once (one request to a registry).
+    /// Resolve the reference once (one request to a registry; with
+    /// `--semver`, the tag listing first).
     fn identity(&self) -> Result<String> {
         let mut r = self.resolved.lock().unwrap();
         if r.is_none() {
-            let resolved = oci_fetch::resolve(&*self.store, &self.platform)?;
+            let root = match &self.choose {
+                None => self.store.root()?,
+                Some(choose) => {
+                    let tags = self.store.tags()?;
+                    let chosen = crate::semver::choose(
+                        tags.iter().map(String::as_str),
+                        &choose.range,
+                        choose.filter.as_ref(),
+                    )
+                    .map_err(|none| {
+                        let filter = match &choose.filter {
+                            Some(f) => format!(" and --tag-filter {:?}", f.as_str()),
+                            None => String::new(),
+                        };
+                        anyhow::anyhow!(
+                            "{}: no tag matches --semver {:?}{filter} ({none})",
+                            self.label,
+                            choose.range.to_string()
+                        )
+                    })?;
+                    let root = self.store.root_tagged(&chosen.tag)?;
+                    *self.chosen.lock().unwrap() = Some(chosen.tag);
+                    root
+                }
+            };
+            let resolved = oci_fetch::resolve_from(&*self.store, root, &self.platform)?;
             self.trust
                 .check(&*self.store, &resolved.root, &resolved.digest)?;
             *r = Some(resolved);
@@ -466,9 +576,68 @@ impl Image {
     }
 
     /// Whether the reference resolves to the image `recorded` names (the
-    /// live generation's identity for this source): then nothing is fetched.
+    /// live generation's identity for this source): then nothing is
+    /// fetched. With `--semver`, the tag chosen is part of it: another tag
+    /// on the live image is a new generation (labelled with it), whose
+    /// layers are all the live one's (`resume`: none is fetched).
     pub fn unchanged_since(&self, recorded: &str) -> Result<bool> {
         Ok(self.identity()? == recorded)
+    }
+
+    /// `--label auto`: the image's `org.opencontainers.image.version`, from
+    /// its manifest's annotations, else its config's labels (one request
+    /// each, once per image digest in this process).
+    pub fn version(&self) -> Result<Option<String>> {
+        self.identity()?;
+        let desc = self
+            .resolved
+            .lock()
+            .unwrap()
+            .as_ref()
+            .expect("resolved")
+            .desc()
+            .clone();
+        static SEEN: Mutex<Vec<(String, Option<String>)>> = Mutex::new(Vec::new());
+        if let Some((_, v)) = SEEN.lock().unwrap().iter().find(|(d, _)| *d == desc.digest) {
+            return Ok(v.clone());
+        }
+        let (bytes, _) = self.store.document(&desc)?;
+        let found = match oci_image::version_annotation(&bytes) {
+            Some(v) => Some(v),
+            None => match oci_image::config_of(&bytes) {
+                Some(config) => {
+                    let (raw, _) = self.store.blob(&config)?;
+                    let quiet = |_: u64| {};
+                    let mut checked = oci_fetch::Checked::new(raw, &config, &quiet);
+                    let mut text = Vec::new();
+                    (&mut checked)
+                        .take(crate::net::MAX_DOCUMENT + 1)
+                        .read_to_end(&mut text)
+                        .map_err(|e| {
+                            anyhow::anyhow!(
+                                "{}: config {}: {e}",
+                                self.label,
+                                oci_fetch::short(&config.digest)
+                            )
+                        })?;
+                    if text.len() as u64 > crate::net::MAX_DOCUMENT {
+                        anyhow::bail!(
+                            "{}: the image config is larger than {} bytes",
+                            self.label,
+                            crate::net::MAX_DOCUMENT
+                        );
+                    }
+                    oci_image::version_label(&text)
+                }
+                None => None,
+            },
+        };
+        let mut seen = SEEN.lock().unwrap();
+        if seen.len() >= 64 {
+            seen.remove(0);
+        }
+        seen.push((desc.digest.clone(), found.clone()));
+        Ok(found)
     }
 }
 

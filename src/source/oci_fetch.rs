@@ -36,6 +36,13 @@ pub struct Resolved {
     layers: Option<Vec<Descriptor>>,
 }
 
+impl Resolved {
+    /// The image manifest's descriptor.
+    pub fn desc(&self) -> &Descriptor {
+        &self.desc
+    }
+}
+
 /// Where an image's blobs are read from.
 pub trait Store: Send + Sync {
     /// The document the reference itself names, with its digest.
@@ -59,13 +66,34 @@ pub trait Store: Send + Sync {
     fn tags_where(&self) -> String {
         String::new()
     }
+    /// Every tag the store holds (`--semver`), bounded (`MAX_TAGS`).
+    fn tags(&self) -> Result<Vec<String>> {
+        bail!(
+            "{}: --semver cannot list the tags of this kind of source",
+            self.label()
+        )
+    }
+    /// `root`, for `tag` instead of what the reference names.
+    fn root_tagged(&self, tag: &str) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        let _ = tag;
+        self.root()
+    }
 }
 
+/// The most tags a listing may hold, and the most pages it may take.
+pub const MAX_TAGS: usize = 100_000;
+const MAX_TAG_PAGES: usize = 1000;
+
 /// The image manifest the reference names for `platform` (an index is
-/// followed, at most a few levels deep): its digest without reading it
-/// where an index gave the digest.
-pub fn resolve(store: &dyn Store, platform: &Platform) -> Result<Resolved> {
-    let (mut bytes, mut ctype, mut desc) = store.root()?;
+/// followed, at most a few levels deep), from the document `root` (what
+/// `Store::root` or `Store::root_tagged` gave): its digest without reading
+/// it where an index gave the digest.
+pub fn resolve_from(
+    store: &dyn Store,
+    root: (Vec<u8>, Option<String>, Descriptor),
+    platform: &Platform,
+) -> Result<Resolved> {
+    let (mut bytes, mut ctype, mut desc) = root;
     let root = desc.digest.clone();
     for _ in 0..4 {
         let doc = oci_image::parse(&bytes, ctype.as_deref())
@@ -463,16 +491,33 @@ impl Registry {
         accept: Option<&str>,
         what: &dyn Fn() -> String,
     ) -> Result<net::Reply> {
-        self.try_get(path, accept)?
-            .map_err(|e| self.failed(e, what))
+        self.get_url(self.url_of(path)?, accept, what)
     }
 
     /// `get`, the server's refusal (a 404) given back as it came.
     fn try_get(&self, path: &str, accept: Option<&str>) -> Result<Result<net::Reply, Failed>> {
-        let url = self
-            .base
+        self.try_get_url(self.url_of(path)?, accept)
+    }
+
+    fn url_of(&self, path: &str) -> Result<Url> {
+        self.base
             .join(path)
-            .with_context(|| format!("{}: bad request path {path:?}", self.label))?;
+            .with_context(|| format!("{}: bad request path {path:?}", self.label))
+    }
+
+    /// `get`, of a whole URL on the registry's host.
+    fn get_url(
+        &self,
+        url: Url,
+        accept: Option<&str>,
+        what: &dyn Fn() -> String,
+    ) -> Result<net::Reply> {
+        self.try_get_url(url, accept)?
+            .map_err(|e| self.failed(e, what))
+    }
+
+    /// `try_get`, of a whole URL on the registry's host.
+    fn try_get_url(&self, url: Url, accept: Option<&str>) -> Result<Result<net::Reply, Failed>> {
         let headers: Vec<(String, String)> = accept
             .map(|a| vec![("Accept".to_string(), a.to_string())])
             .unwrap_or_default();
@@ -596,13 +641,9 @@ impl Registry {
     }
 }
 
-impl Store for Registry {
-    fn label(&self) -> &str {
-        &self.label
-    }
-
-    fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
-        let r = self.reference.manifest_ref().to_string();
+impl Registry {
+    fn root_ref(&self, r: &str) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        let r = r.to_string();
         let path = self.repo_path("manifests", &r);
         let what = || {
             if self.reference.digest.is_some() {
@@ -634,6 +675,80 @@ impl Store for Registry {
             annotations: None,
         };
         Ok((bytes, ctype, desc))
+    }
+}
+
+impl Store for Registry {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        self.root_ref(self.reference.manifest_ref())
+    }
+
+    fn root_tagged(&self, tag: &str) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        self.root_ref(tag)
+    }
+
+    /// `GET /v2/NAME/tags/list`, page after page as each `Link: <…>;
+    /// rel="next"` header says (relative, or absolute on the registry's own
+    /// scheme, host and port: a link elsewhere is refused), at most
+    /// `MAX_TAGS` tags over at most `MAX_TAG_PAGES` pages.
+    fn tags(&self) -> Result<Vec<String>> {
+        let first = format!("v2/{}/tags/list?n={}", self.reference.repo, tags_page());
+        let mut url = self
+            .base
+            .join(&first)
+            .with_context(|| format!("{}: bad request path {first:?}", self.label))?;
+        let what = || format!("no repository {}", self.reference.repo);
+        let mut tags: Vec<String> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..MAX_TAG_PAGES {
+            if !seen.insert(url.to_string()) {
+                bail!(
+                    "{}: the tag list's Link headers go round in a loop",
+                    self.label
+                );
+            }
+            let reply = self.get_url(url.clone(), Some("application/json"), &what)?;
+            let link = reply.header("link").map(str::to_string);
+            let bytes = reply
+                .read_document(net::MAX_DOCUMENT)
+                .map_err(|e| anyhow::anyhow!("{}: tag list: {e}", self.label))?;
+            let page = parse_tag_list(&bytes)
+                .map_err(|e| anyhow::anyhow!("{}: tag list: {e:#}", self.label))?;
+            if tags.len() + page.len() > MAX_TAGS {
+                bail!(
+                    "{}: the repository lists more than {MAX_TAGS} tags",
+                    self.label
+                );
+            }
+            tags.extend(page);
+            let Some(next) = link.as_deref().and_then(next_link) else {
+                return Ok(tags);
+            };
+            let joined = url.join(next).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: the tag list's Link {next:?} is not a URL: {e}",
+                    self.label
+                )
+            })?;
+            if net::host_port(&joined) != net::host_port(&self.base)
+                || joined.scheme() != self.base.scheme()
+            {
+                bail!(
+                    "{}: the tag list's Link points at another host ({}): refused",
+                    self.label,
+                    net::host_port(&joined)
+                );
+            }
+            url = joined;
+        }
+        bail!(
+            "{}: the tag list takes more than {MAX_TAG_PAGES} pages",
+            self.label
+        )
     }
 
     fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)> {
@@ -700,6 +815,54 @@ impl<R: Read> Read for Named<R> {
     }
 }
 
+/// How many tags a page of the tag list asks for (`n`): the test suite
+/// asks for small pages to see pagination against a real registry.
+fn tags_page() -> usize {
+    #[cfg(feature = "fault-injection")]
+    if let Some(n) = std::env::var("PACKSYNC_TEST_TAGS_PAGE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    1000
+}
+
+/// One page of `GET /v2/NAME/tags/list`: `{"name": …, "tags": [...]}`
+/// (`tags` may be null). Every tag must be a valid tag.
+pub fn parse_tag_list(bytes: &[u8]) -> Result<Vec<String>> {
+    #[derive(serde::Deserialize)]
+    struct Page {
+        tags: Option<Vec<String>>,
+    }
+    let page: Page = serde_json::from_slice(bytes).context("not a tag list")?;
+    let tags = page.tags.unwrap_or_default();
+    if let Some(bad) = tags.iter().find(|t| !super::oci_ref::valid_tag(t)) {
+        bail!("{bad:?} is not a tag");
+    }
+    Ok(tags)
+}
+
+/// The target of the `rel="next"` link of a `Link` header
+/// (`<URL>; rel="next"`, possibly among other links), if any.
+pub fn next_link(header: &str) -> Option<&str> {
+    header.split(',').find_map(|link| {
+        let link = link.trim();
+        let (target, params) = link.strip_prefix('<')?.split_once('>')?;
+        let next = params.split(';').any(|p| {
+            let p = p.trim();
+            p.split_once('=').is_some_and(|(k, v)| {
+                k.trim().eq_ignore_ascii_case("rel")
+                    && v.trim()
+                        .trim_matches('"')
+                        .split_whitespace()
+                        .any(|r| r.eq_ignore_ascii_case("next"))
+            })
+        });
+        next.then_some(target)
+    })
+}
+
 // ---------------------------------------------------------------- layout
 
 /// An OCI image layout directory: `index.json` and `blobs/sha256/<hex>`,
@@ -734,6 +897,14 @@ impl Layout {
             reference,
             label,
         })
+    }
+
+    fn index(&self) -> Result<Vec<u8>> {
+        let fd = self
+            .dir
+            .open_read(b"index.json")
+            .with_context(|| format!("{}: cannot open index.json", self.label))?;
+        self.read_bounded(sys::reader(fd), "index.json")
     }
 
     fn open_blob(&self, digest: &str) -> Result<std::fs::File> {
@@ -778,6 +949,27 @@ impl Store for Layout {
         let chosen = tagged(&self.label, &bytes, self.reference.tag.as_deref())?;
         let (bytes, ctype) = self.document(&chosen)?;
         Ok((bytes, ctype, chosen))
+    }
+
+    fn root_tagged(&self, tag: &str) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
+        let bytes = self.index()?;
+        let chosen = tagged(&self.label, &bytes, Some(tag))?;
+        let (bytes, ctype) = self.document(&chosen)?;
+        Ok((bytes, ctype, chosen))
+    }
+
+    /// The `org.opencontainers.image.ref.name` of each image of `index.json`.
+    fn tags(&self) -> Result<Vec<String>> {
+        let bytes = self.index()?;
+        let Document::Index(ms) = oci_image::parse(&bytes, Some(oci_image::OCI_INDEX))
+            .with_context(|| format!("{}: index.json", self.label))?
+        else {
+            bail!("{}: index.json is not an image index", self.label);
+        };
+        Ok(ms
+            .iter()
+            .filter_map(|d| d.annotations.as_ref()?.get(REF_NAME).cloned())
+            .collect())
     }
 
     fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)> {
@@ -888,6 +1080,47 @@ mod tests {
         let mut v = Vec::new();
         r.read_to_end(&mut v)?;
         Ok(v)
+    }
+
+    #[test]
+    fn tag_list_pages_and_their_links() {
+        assert_eq!(
+            parse_tag_list(br#"{"name":"app","tags":["1.0.0","v2"]}"#).unwrap(),
+            ["1.0.0", "v2"]
+        );
+        assert!(parse_tag_list(br#"{"name":"app","tags":null}"#)
+            .unwrap()
+            .is_empty());
+        assert!(parse_tag_list(br#"{"name":"app"}"#).unwrap().is_empty());
+        for bad in [
+            &br#"{"tags":["ok","bad tag"]}"#[..],
+            b"[]",
+            b"{",
+            br#"{"tags":[1]}"#,
+        ] {
+            assert!(
+                parse_tag_list(bad).is_err(),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let rel = r#"</v2/app/tags/list?n=2&last=b>; rel="next""#;
+        assert_eq!(next_link(rel), Some("/v2/app/tags/list?n=2&last=b"));
+        let abs = r#"<https://r.example/v2/a/tags/list?last=x>; rel=next"#;
+        assert_eq!(
+            next_link(abs),
+            Some("https://r.example/v2/a/tags/list?last=x")
+        );
+        let several = r#"</first>; rel="first", </n>; title="x"; rel="prev next""#;
+        assert_eq!(next_link(several), Some("/n"));
+        for none in [
+            "",
+            "</p>; rel=\"prev\"",
+            "/no/brackets; rel=next",
+            "<unclosed; rel=next",
+        ] {
+            assert_eq!(next_link(none), None, "{none}");
+        }
     }
 
     #[test]

@@ -83,6 +83,50 @@ struct Raw {
     config: Option<Descriptor>,
 }
 
+/// The annotation (and config label) `--label auto` takes an image's version from.
+pub const VERSION: &str = "org.opencontainers.image.version";
+
+/// The longest version `--label auto` takes from an image.
+const MAX_VERSION: usize = 256;
+
+fn usable(v: &str) -> Option<String> {
+    let v = v.trim();
+    (!v.is_empty() && v.len() <= MAX_VERSION && !v.chars().any(char::is_control))
+        .then(|| v.to_string())
+}
+
+/// An image manifest's `org.opencontainers.image.version` annotation.
+pub fn version_annotation(manifest: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct M {
+        annotations: Option<BTreeMap<String, String>>,
+    }
+    let m: M = serde_json::from_slice(manifest).ok()?;
+    usable(m.annotations?.get(VERSION)?)
+}
+
+/// An image manifest's config descriptor, checked as layers are.
+pub fn config_of(manifest: &[u8]) -> Option<Descriptor> {
+    let raw: Raw = serde_json::from_slice(manifest).ok()?;
+    raw.config
+        .filter(|c| valid_digest(&c.digest) && c.size <= crate::net::MAX_DOCUMENT)
+}
+
+/// An image config's `config.Labels["org.opencontainers.image.version"]`.
+pub fn version_label(config: &[u8]) -> Option<String> {
+    #[derive(Deserialize)]
+    struct C {
+        config: Option<Inner>,
+    }
+    #[derive(Deserialize)]
+    struct Inner {
+        #[serde(rename = "Labels")]
+        labels: Option<BTreeMap<String, String>>,
+    }
+    let c: C = serde_json::from_slice(config).ok()?;
+    usable(c.config?.labels?.get(VERSION)?)
+}
+
 /// Parse a manifest or an index; `content_type` is what the server said
 /// (a layout has none). Every descriptor's digest is `sha256:<hex>`, each
 /// layer of a known layer type.

@@ -14,6 +14,7 @@ mod messages;
 mod ops;
 mod property;
 mod read_only;
+mod semver;
 mod sidecar;
 mod sidecar_truth;
 mod source_archive;
