@@ -22,7 +22,7 @@
 //! * A layer that is none of these is refused, naming it; a manifest with
 //!   nothing to publish lists the media types it has.
 //!
-//! Pure (the spool does the writing); fuzzed (`fuzzing::oci_artifact`).
+//! Pure (the spool does the writing).
 
 use std::io::{self, Read};
 
@@ -246,7 +246,7 @@ impl<R: Read> FileTar<R> {
 }
 
 fn pad(v: &mut Vec<u8>) {
-    while v.len() % 512 != 0 {
+    while !v.len().is_multiple_of(512) {
         v.push(0);
     }
 }
