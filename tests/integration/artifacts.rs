@@ -294,3 +294,147 @@ fn nothing_publishable_lists_the_media_types() {
     ])
     .fails(2, "--layer-media-type");
 }
+
+/// The registry of the container rig (`../shared/container-rig.sh env`),
+/// if it answers; else None and one line.
+fn rig_registry() -> Option<String> {
+    let script = std::env::var_os("CONTAINER_RIG")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/container-rig.sh")
+        });
+    let env = Command::new(&script).arg("env").output().ok()?;
+    let host = String::from_utf8_lossy(&env.stdout).lines().find_map(|l| {
+        l.strip_prefix("CONTAINER_RIG_REGISTRY=")
+            .map(str::to_string)
+    });
+    let answers = |h: &str| {
+        std::net::TcpStream::connect_timeout(
+            &h.parse().ok().unwrap_or_else(|| ([127, 0, 0, 1], 1).into()),
+            std::time::Duration::from_secs(2),
+        )
+        .is_ok()
+    };
+    match host {
+        Some(h) if env.status.success() && answers(&h) && have(&["skopeo"]) => Some(h),
+        _ => {
+            crate::fixture::skip(
+                "artifacts from a registry: the container rig's registry is not up",
+            );
+            None
+        }
+    }
+}
+
+#[test]
+fn an_opa_bundle_pushed_to_a_registry_is_one_oci_source() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let Some(host) = rig_registry() else {
+        return;
+    };
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    let digest = artifact(
+        &layout,
+        &format!(
+            r#"[{{"mediaType":"{TGZ}","title":"bundle.tar.gz","tar":[
+                  {{"name":"/.manifest","data":"{{\"revision\":\"r1\"}}"}},
+                  {{"name":"/authz/policy.rego","data":"package authz"}}]}},
+                {{"mediaType":"text/markdown","title":"README.md","data":"notes"}}]"#
+        ),
+        r#"{"org.opencontainers.image.created":"2024-01-02T03:04:05Z"}"#,
+    );
+    let repo = format!("packsync-tests/artifacts-{}", std::process::id());
+    let pushed = Command::new("skopeo")
+        .args([
+            "copy",
+            "--quiet",
+            "--dest-tls-verify=false",
+            "--preserve-digests",
+        ])
+        .arg(format!("oci:{}:1.0", layout.display()))
+        .arg(format!("docker://{host}/{repo}:1.0"))
+        .output()
+        .unwrap();
+    assert!(
+        pushed.status.success(),
+        "skopeo copy: {}",
+        String::from_utf8_lossy(&pushed.stderr)
+    );
+    let src = format!("oci://{host}/{repo}:1.0");
+    let args = [
+        "sync",
+        "--insecure-registry",
+        &host,
+        "--layer-media-type",
+        TGZ,
+    ];
+    let mut sync = args.to_vec();
+    sync.extend([src.as_str(), "vol/packs"]);
+    f.packsync(&sync).ok();
+    assert_eq!(
+        tree(&f.dest()),
+        [
+            ".manifest={\"revision\":\"r1\"}",
+            "authz/",
+            "authz/policy.rego=package authz"
+        ]
+    );
+    let status = f.packsync(&["status", "--json", "vol/packs"]).ok();
+    assert!(status.stdout.contains(&digest), "{}", status.stdout);
+    let again = f.packsync(&sync).ok();
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+
+    // The same artifact without the selection: its two titled files.
+    let mut whole = vec!["sync", "--insecure-registry", &host, &src];
+    whole.push("vol/files");
+    f.packsync(&whole).ok();
+    let m = fs::metadata(f.path("vol/files/README.md")).unwrap();
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o644, 1_704_164_645));
+    assert_eq!(fs::read(f.path("vol/files/README.md")).unwrap(), b"notes");
+}
+
+#[test]
+fn an_oras_directory_layer_unpacks_below_its_title_only() {
+    if !have(&["python3"]) {
+        return;
+    }
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    let dir = |entries: &str| {
+        format!(
+            r#"[{{"mediaType":"{TGZ}","title":"keys","annotations":{{"io.deis.oras.content.unpack":"true"}},"tar":[{entries}]}},
+                {{"mediaType":"text/plain","title":"top.txt","data":"top"}}]"#
+        )
+    };
+    artifact(
+        &layout,
+        &dir(r#"{"name":"keys/a.pub","data":"A"},{"name":"keys/sub/b.pub","data":"B"}"#),
+        "{}",
+    );
+    let src = format!("oci-layout:{}:1.0", layout.display());
+    f.packsync(&["sync", &src, "vol/packs"]).ok();
+    assert_eq!(
+        tree(&f.dest()),
+        [
+            "keys/",
+            "keys/a.pub=A",
+            "keys/sub/",
+            "keys/sub/b.pub=B",
+            "top.txt=top"
+        ]
+    );
+    // An entry outside the title: refused, the live tree stays.
+    artifact(
+        &layout,
+        &dir(r#"{"name":"keys/a.pub","data":"A2"},{"name":"other/evil","data":"x"}"#),
+        "{}",
+    );
+    f.unchanged_but_staging(|| {
+        f.packsync(&["sync", &src, "vol/packs"])
+            .fails(1, "entry other/evil is not below keys")
+    });
+    assert_eq!(tree(&f.dest())[1], "keys/a.pub=A");
+}
