@@ -65,6 +65,7 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l semver -d 'Fo
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l tag-filter -d 'With --semver: consider only the tags REGEX matches (anywhere in the tag unless anchored)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify-key -d 'Publish only sources signed by this PEM public key (repeatable; ECDSA P-256/P-384, Ed25519, RSA >= 2048): an OPA bundle\'s /.signatures.json; else exit 6' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layer-media-type -d 'For image SOURCEs: publish only the layers of this media type (repeatable; Flux\'s layerSelector), e.g. an OPA bundle\'s application/vnd.oci.image.layer.v1.tar+gzip' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them (repeatable)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude-from -d 'Read exclude patterns from FILE (gitignore syntax; repeatable)' -r -F

@@ -188,6 +188,9 @@ pub struct SyncArgs {
     /// Publish only sources signed by this PEM public key (repeatable; ECDSA P-256/P-384, Ed25519, RSA >= 2048): an OPA bundle's /.signatures.json; else exit 6
     #[arg(long, value_name = "FILE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(parse_key_path), env = "PACKSYNC_VERIFY_KEY", help_heading = SOURCES)]
     pub verify_key: Vec<Option<PathBuf>>,
+    /// For image SOURCEs: publish only the layers of this media type (repeatable; Flux's layerSelector), e.g. an OPA bundle's application/vnd.oci.image.layer.v1.tar+gzip
+    #[arg(long, value_name = "TYPE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(config::parse_media_type), env = "PACKSYNC_LAYER_MEDIA_TYPE", help_heading = SOURCES)]
+    pub layer_media_type: Vec<Option<String>>,
 
     // ---- Filters and metadata ----
     /// Leave out paths matching GLOB (gitignore syntax; repeatable)
@@ -613,6 +616,12 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
             range,
             filter: s.tag_filter,
         }),
+        layer_media_types: {
+            let mut t: Vec<String> = s.layer_media_type.into_iter().flatten().collect();
+            t.sort();
+            t.dedup();
+            t
+        },
     };
     Ok(SyncConfig {
         sources: s.sources,

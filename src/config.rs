@@ -209,6 +209,9 @@ pub struct Remote {
     /// `--semver RANGE` with `--tag-filter REGEX`: the tag an `oci://` or
     /// `oci-layout:` SOURCE without a tag publishes.
     pub choose: Option<Choose>,
+    /// `--layer-media-type TYPE` (repeatable): an image publishes only its
+    /// layers of these media types (empty: every layer it can).
+    pub layer_media_types: Vec<String>,
 }
 
 /// `--semver RANGE` and `--tag-filter REGEX`, parsed.
@@ -284,6 +287,23 @@ pub fn parse_registry_host(s: &str) -> Result<String> {
         bail!("expected HOST or HOST:PORT, such as registry.example:5000");
     }
     Ok(s.to_ascii_lowercase())
+}
+
+/// `--layer-media-type TYPE`: a media type as RFC 6838 restricts its
+/// names (`type/subtype`, each 1 to 127 of letters, digits and
+/// `!#$&-^_.+`), without parameters; compared exactly, lowercased.
+pub fn parse_media_type(s: &str) -> Result<String> {
+    let name = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 127
+            && p.as_bytes()[0].is_ascii_alphanumeric()
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&b))
+    };
+    match s.split_once('/') {
+        Some((t, sub)) if name(t) && name(sub) => Ok(s.to_ascii_lowercase()),
+        _ => bail!("expected a media type TYPE/SUBTYPE, such as application/vnd.oci.image.layer.v1.tar+gzip"),
+    }
 }
 
 impl SyncConfig {

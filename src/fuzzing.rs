@@ -350,6 +350,34 @@ pub fn oci_manifest(data: &[u8], content_type: Option<&str>) {
         assert!(valid_digest(&d.digest), "{:?}", d.digest);
         assert!(d.size <= MAX_BLOB);
     }
+    if let Document::Image(layers) = &doc {
+        // What an artifact publishes: every name one the spool takes, none
+        // leaving the tree; layers only of the selected types.
+        use crate::source::oci_artifact::{plan, Use};
+        let tgz = "application/vnd.oci.image.layer.v1.tar+gzip".to_string();
+        for select in [vec![], vec![tgz.clone()]] {
+            let Ok(planned) = plan(layers, &select) else {
+                continue;
+            };
+            assert!(!planned.is_empty());
+            for p in &planned {
+                assert!(
+                    select.is_empty()
+                        || select.iter().any(|t| p
+                            .desc
+                            .media_type
+                            .to_ascii_lowercase()
+                            .starts_with(t.as_str()))
+                );
+                if let Use::File(name) | Use::Dir(name) = &p.how {
+                    let parts =
+                        crate::source::spool::components(name).expect("a name the spool takes");
+                    assert!(!parts.is_empty() && !name.starts_with(b"/"));
+                    assert!(parts.iter().all(|c| *c != b".."));
+                }
+            }
+        }
+    }
     if let Document::Index(ms) = &doc {
         let mut want = running_platform();
         for variant in [None, Some("v8".to_string())] {
@@ -702,6 +730,13 @@ mod tests {
         let index = br#"{"schemaVersion":2,"manifests":[]}"#;
         assert!(crate::source::oci_image::parse(index, None).is_ok());
         super::oci_manifest(index, None);
+        let d = format!("sha256:{}", "a".repeat(64));
+        for title in ["a/b.txt", "../x", "/abs"] {
+            let artifact = format!(
+                r#"{{"schemaVersion":2,"config":{{"digest":"{d}","size":1}},"layers":[{{"mediaType":"text/plain","digest":"{d}","size":1,"annotations":{{"org.opencontainers.image.title":"{title}"}}}}]}}"#
+            );
+            super::oci_manifest(artifact.as_bytes(), None);
+        }
         let config = br#"{"auths":{"registry.example:5000":{"auth":"YTpi"}}}"#;
         assert!(matches!(
             crate::net::auth::credentials_for(config, "registry.example:5000"),

@@ -18,6 +18,7 @@ mod dir;
 mod http;
 pub(crate) mod oci;
 mod oci_archive;
+pub(crate) mod oci_artifact;
 pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;

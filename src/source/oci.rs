@@ -22,6 +22,7 @@ use std::sync::{Mutex, OnceLock};
 
 use anyhow::Result;
 
+use super::oci_artifact::{self, Planned, Use};
 use super::oci_fetch::{self, Layout, Registry, Resolved, Sink, Store};
 use super::oci_image;
 use super::oci_ref;
@@ -145,6 +146,9 @@ impl Named for Image {
             let mut r = self.resolved.lock().unwrap();
             oci_fetch::layers(&*self.store, r.as_mut().expect("resolved"))?
         };
+        if self.plan(&layers)?.is_some() {
+            return Ok(false);
+        }
         let below = rec.layers.len() <= layers.len()
             && rec.layers.iter().zip(&layers).all(|(a, b)| *a == b.digest);
         if !below {
@@ -434,6 +438,8 @@ pub struct Image {
     choose: Option<Choose>,
     /// The tag `choose` chose, once resolved.
     chosen: Mutex<Option<String>>,
+    /// `--layer-media-type`: the layers published (empty: every one that can be).
+    select: Vec<String>,
 }
 
 /// `oci://…`: parsed now (a malformed reference is exit 2); nothing is
@@ -461,6 +467,7 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         applied: Mutex::new(None),
         trust: crate::trust::cosign::Trust::of(remote),
         chosen: Mutex::new(None),
+        select: remote.layer_media_types.clone(),
     })
 }
 
@@ -485,6 +492,7 @@ pub fn open_archive(arg: &str, remote: &Remote) -> Result<Image> {
         trust: crate::trust::cosign::Trust::of(remote),
         choose: None,
         chosen: Mutex::new(None),
+        select: remote.layer_media_types.clone(),
     })
 }
 
@@ -513,6 +521,7 @@ pub fn open_layout(arg: &str, remote: &Remote) -> Result<Image> {
         applied: Mutex::new(None),
         trust: crate::trust::cosign::Trust::of(remote),
         chosen: Mutex::new(None),
+        select: remote.layer_media_types.clone(),
     })
 }
 
@@ -531,10 +540,81 @@ impl Image {
             Some(t) => format!(":{t}"),
             None => String::new(),
         };
-        match &self.subpath {
+        let id = match &self.subpath {
             Some(p) => format!("{}{tag}@{digest}//{}", self.base, escape(p)),
             None => format!("{}{tag}@{digest}", self.base),
+        };
+        // Another selection of the same image is another tree.
+        match self.select.is_empty() {
+            true => id,
+            false => format!("{id}#layers={}", self.select.join(",")),
         }
+    }
+
+    /// What the layers publish and how, or None for an image whose every
+    /// layer is an image layer and no `--layer-media-type` was given (its
+    /// generations record their layers and resume from them).
+    fn plan(&self, layers: &[super::oci_image::Descriptor]) -> Result<Option<Vec<Planned>>> {
+        let plan = oci_artifact::plan(layers, &self.select)
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", self.label))?;
+        let image =
+            self.select.is_empty() && plan.iter().all(|p| p.how == Use::Layer { whiteouts: true });
+        Ok((!image).then_some(plan))
+    }
+
+    /// Fill the spool from an artifact's layers (`oci_artifact`): no
+    /// record, no resume.
+    fn fill_artifact(
+        &self,
+        image: &mut Resolved,
+        plan: &[Planned],
+        spool: &mut Spool,
+        reporter: &dyn Reporter,
+    ) -> Result<()> {
+        let fetched = |n| reporter.fetched(n);
+        let files = plan.iter().any(|p| matches!(p.how, Use::File(_)));
+        let mtime = match files {
+            true => {
+                let (bytes, _) = self.store.document(image.desc())?;
+                oci_image::created_annotation(&bytes).unwrap_or(0)
+            }
+            false => 0,
+        };
+        for (i, p) in plan.iter().enumerate() {
+            let layer = &p.desc;
+            let what = format!(
+                "{} layer {} ({})",
+                self.store.label(),
+                i + 1,
+                oci_fetch::short(&layer.digest)
+            );
+            let (raw, stop) = self.store.blob(layer)?;
+            let mut checked = oci_fetch::Checked::new(raw, layer, &fetched);
+            match &p.how {
+                Use::File(name) => {
+                    let mut file =
+                        oci_artifact::FileTar::new(name, layer.size, mtime, &mut checked);
+                    spool.apply(&mut file, false, &what, reporter)?;
+                }
+                how => oci_fetch::pipelined_until(
+                    &mut checked,
+                    &what,
+                    &|| stop.stop(),
+                    oci_fetch::Checked::finish,
+                    |plain| {
+                        match how {
+                            Use::Dir(name) => spool.apply_within(plain, name, &what, reporter),
+                            Use::Layer { whiteouts } => {
+                                spool.apply(plain, *whiteouts, &what, reporter)
+                            }
+                            Use::File(_) => unreachable!(),
+                        }
+                        .map(|_| ())
+                    },
+                )?,
+            }
+        }
+        Ok(())
     }
 
     /// Resolve the reference once (one request to a registry; with
@@ -570,6 +650,11 @@ impl Image {
             let resolved = oci_fetch::resolve_from(&*self.store, root, &self.platform)?;
             self.trust
                 .check(&*self.store, &resolved.root, &resolved.digest)?;
+            // What cannot be published is refused before anything is
+            // spooled, where the manifest is at hand (else at `fill`).
+            if let Some(layers) = resolved.known_layers() {
+                self.plan(layers)?;
+            }
             *r = Some(resolved);
         }
         Ok(self.identity_of(&r.as_ref().expect("resolved").digest))
@@ -671,6 +756,11 @@ impl Stream for Image {
         let mut resolved = self.resolved.lock().unwrap();
         let image = resolved.as_mut().expect("resolved");
         let layers = oci_fetch::layers(&*self.store, image)?;
+        if let Some(plan) = self.plan(&layers)? {
+            self.resume.lock().unwrap().take();
+            self.fill_artifact(image, &plan, spool, reporter)?;
+            return Ok(identity);
+        }
         let mut skip = 0;
         if let Some((base, below)) = self.resume.lock().unwrap().take() {
             spool.seed(base, self.subpath.as_deref().unwrap_or_default())?;

@@ -41,6 +41,11 @@ impl Resolved {
     pub fn desc(&self) -> &Descriptor {
         &self.desc
     }
+
+    /// The layers, where the manifest was read already.
+    pub fn known_layers(&self) -> Option<&[Descriptor]> {
+        self.layers.as_deref()
+    }
 }
 
 /// Where an image's blobs are read from.

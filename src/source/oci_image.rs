@@ -128,8 +128,8 @@ pub fn version_label(config: &[u8]) -> Option<String> {
 }
 
 /// Parse a manifest or an index; `content_type` is what the server said
-/// (a layout has none). Every descriptor's digest is `sha256:<hex>`, each
-/// layer of a known layer type.
+/// (a layout has none). Every descriptor's digest is `sha256:<hex>`; which
+/// layers can be published, and how, is `oci_artifact::plan`'s to say.
 pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
     let raw: Raw = serde_json::from_slice(data)
         .map_err(|e| anyhow::anyhow!("not an image manifest or index: {e}"))?;
@@ -182,13 +182,6 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
             }
             for l in &layers {
                 check(l)?;
-                if !is_layer_type(&l.media_type) {
-                    bail!(
-                        "layer {} has the unsupported media type {:?}",
-                        l.digest,
-                        l.media_type
-                    );
-                }
             }
             Ok(Document::Image(layers))
         }
@@ -202,9 +195,79 @@ pub fn parse(data: &[u8], content_type: Option<&str>) -> Result<Document> {
     }
 }
 
+/// An image manifest's `org.opencontainers.image.created` annotation, as
+/// seconds since the epoch (RFC 3339; None where absent or malformed).
+pub fn created_annotation(manifest: &[u8]) -> Option<i64> {
+    #[derive(Deserialize)]
+    struct M {
+        annotations: Option<BTreeMap<String, String>>,
+    }
+    let m: M = serde_json::from_slice(manifest).ok()?;
+    let text = m.annotations?.get(CREATED)?.clone();
+    rfc3339_seconds(text.trim())
+}
+
+/// The annotation `oras push` gives each file's layer: its name.
+pub const TITLE: &str = "org.opencontainers.image.title";
+/// `oras push DIR`: the layer is a tar(+gzip) of DIR, to unpack as DIR.
+pub const UNPACK: &str = "io.deis.oras.content.unpack";
+/// When the manifest says it was made: titled files get this mtime.
+pub const CREATED: &str = "org.opencontainers.image.created";
+
+/// `YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)` as seconds since the epoch.
+fn rfc3339_seconds(t: &str) -> Option<i64> {
+    let b = t.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') {
+        return None;
+    }
+    if b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> {
+        let s = t.get(r)?;
+        (s.bytes().all(|c| c.is_ascii_digit())).then(|| s.parse().ok())?
+    };
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s) = (num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut rest = &t[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return None;
+        }
+        rest = &frac[n..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        o if o.len() == 6 && matches!(&o[..1], "+" | "-") && &o[3..4] == ":" => {
+            let oh: i64 = o[1..3].parse().ok()?;
+            let om: i64 = o[4..6].parse().ok()?;
+            let v = oh * 3600 + om * 60;
+            if &o[..1] == "-" {
+                -v
+            } else {
+                v
+            }
+        }
+        _ => return None,
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y2 = if mo <= 2 { y - 1 } else { y };
+    let era = y2.div_euclid(400);
+    let yoe = y2 - era * 400;
+    let mp = (mo + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + h * 3600 + mi * 60 + s - offset)
+}
+
 /// tar, tar+gzip, tar+zstd layers (OCI, Docker schema 2); the stream itself
 /// says which compression it has.
-fn is_layer_type(t: &str) -> bool {
+pub fn is_layer_type(t: &str) -> bool {
     matches!(
         t,
         "application/vnd.oci.image.layer.v1.tar"
@@ -470,7 +533,6 @@ mod tests {
             layer("sha256:../../etc/passwd", ok),
             layer(&d(2).to_uppercase(), ok),
             layer("sha512:00", ok),
-            layer(&d(2), "application/x-executable"),
             r#"{"schemaVersion":1,"fsLayers":[]}"#.to_string(),
             r#"{"schemaVersion":2}"#.to_string(),
             r#"{"schemaVersion":2,"manifests":[],"layers":[]}"#.to_string(),
@@ -486,6 +548,26 @@ mod tests {
             MAX_BLOB + 1
         );
         assert!(parse(huge.as_bytes(), None).is_err());
+    }
+
+    #[test]
+    fn created_reads_rfc3339() {
+        assert_eq!(rfc3339_seconds("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339_seconds("2023-11-14T22:13:20Z"), Some(1_700_000_000));
+        assert_eq!(
+            rfc3339_seconds("2023-11-14T23:13:20.5+01:00"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(rfc3339_seconds("1969-12-31T23:59:59Z"), Some(-1));
+        for bad in [
+            "",
+            "2023-11-14",
+            "2023-13-01T00:00:00Z",
+            "2023-11-14T22:13:20",
+            "x023-11-14T22:13:20Z",
+        ] {
+            assert_eq!(rfc3339_seconds(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -108,6 +108,8 @@ pub struct Spool {
     /// The first entry of this archive or layer with extended attributes,
     /// and the first attribute's name (for the warning).
     first_xattr: Option<(Vec<u8>, Vec<u8>)>,
+    /// `apply_within`: the directory every entry must lie in.
+    within: Option<Vec<u8>>,
 }
 
 /// The device number the scan gives borrowed files: no filesystem has it,
@@ -257,6 +259,7 @@ impl Spool {
             borrowed: None,
             headers: 0,
             first_xattr: None,
+            within: None,
         })
     }
 
@@ -358,6 +361,22 @@ impl Spool {
         Ok(stats)
     }
 
+    /// `apply` (no whiteouts) of a tar whose entries must all lie below
+    /// `dir` (a path of the spool, checked by the caller): an `oras push
+    /// DIR` layer. An entry elsewhere is refused.
+    pub fn apply_within(
+        &mut self,
+        r: &mut dyn Read,
+        dir: &[u8],
+        what: &str,
+        reporter: &dyn Reporter,
+    ) -> Result<LayerStats> {
+        self.within = Some(dir.to_vec());
+        let res = self.apply(r, false, what, reporter);
+        self.within = None;
+        res
+    }
+
     fn apply_stream(
         &mut self,
         r: &mut dyn Read,
@@ -426,6 +445,18 @@ impl Spool {
         reporter: &dyn Reporter,
     ) -> Result<()> {
         let parts = components(&h.path)?;
+        if let Some(dir) = &self.within {
+            let path = join(&parts);
+            let inside =
+                path.starts_with(dir) && (path.len() == dir.len() || path[dir.len()] == b'/');
+            if !inside {
+                bail!(
+                    "entry {} is not below {} (the layer unpacks as that directory)",
+                    escape(&h.path),
+                    escape(dir)
+                );
+            }
+        }
         let mtime = Time::from(h.mtime);
         if (mtime.s, mtime.ns) > (self.newest.s, self.newest.ns) {
             self.newest = mtime;

@@ -1,5 +1,6 @@
 //! Integration tests: the real binary on temporary trees.
 
+mod artifacts;
 mod containers;
 mod converge;
 mod copy;
