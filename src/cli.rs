@@ -569,26 +569,16 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     lines.extend(rules);
     let mut filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
     filter.xattrs = s.xattrs;
-    let mut headers = Vec::new();
+    // Read again by each sync; a file that cannot be used at the start is
+    // a usage error now.
     if let Some(f) = &s.header_file {
-        let text = sys::read_text(f).map_err(|e| {
+        let text = sys::read_text_bounded(f, config::MAX_HEADER_FILE).map_err(|e| {
             error::usage(format!("{}: cannot read --header-file: {e}", f.display()))
         })?;
-        for (n, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'))
-        {
-            headers.push(config::parse_header(line).map_err(|e| {
-                error::usage(format!(
-                    "{}: bad line {} in --header-file: {e}",
-                    f.display(),
-                    n + 1
-                ))
-            })?);
-        }
+        config::parse_header_lines(&text)
+            .map_err(|e| error::usage(format!("{}: {e:#}", f.display())))?;
     }
-    headers.extend(s.header.into_iter().flatten());
+    let headers: Vec<(String, String)> = s.header.into_iter().flatten().collect();
     if s.timeout.is_zero() {
         return Err(bad_value("--timeout", "0", "must be more than zero"));
     }
@@ -605,6 +595,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         ca_file: s.ca_file,
         insecure_registries: s.insecure_registry.into_iter().flatten().collect(),
         headers,
+        header_file: s.header_file,
         timeout: s.timeout,
         round_timeout: s.round_timeout,
         platform: s.platform,
@@ -1051,12 +1042,11 @@ mod tests {
         assert_eq!(r.timeout, Duration::from_secs(5));
         assert_eq!(r.platform.unwrap().to_string(), "linux/arm64");
         assert_eq!(r.insecure_registries, ["reg.example:5000"]);
+        // The file is read by each sync; only its path is kept.
+        assert_eq!(r.header_file.as_deref(), Some(file.as_path()));
         assert_eq!(
             r.headers,
-            [
-                ("X-From-File".to_string(), "1".to_string()),
-                ("Authorization".into(), "Bearer t".into())
-            ]
+            [("Authorization".to_string(), "Bearer t".to_string())]
         );
         assert_eq!(sync(&[]).remote.timeout, Duration::from_secs(30));
         assert!(refused(&["sync", "--platform", "amd64", "s", "d"]).contains("for --platform"));
