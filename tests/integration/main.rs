@@ -3,6 +3,7 @@
 mod containers;
 mod converge;
 mod copy;
+mod creds;
 mod examples;
 mod faults;
 mod fixture;
