@@ -155,7 +155,7 @@ pub struct SyncArgs {
     pub dest: PathBuf,
 
     // ---- Sources and network ----
-    /// Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)
+    /// Registry credentials: a Docker config.json (its credHelpers and credsStore run docker-credential-NAME) or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json); read again by each sync
     #[arg(long, value_name = "FILE", env = "PACKSYNC_REGISTRY_AUTH", help_heading = SOURCES)]
     pub registry_auth: Option<PathBuf>,
     /// Trust the PEM certificates in FILE too (besides the system's and the compiled-in roots)
@@ -167,7 +167,7 @@ pub struct SyncArgs {
     /// Send this header with https:// and http:// sources (repeatable), e.g. 'Authorization: Bearer TOKEN'
     #[arg(long, value_name = "NAME: VALUE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(config::parse_header), env = "PACKSYNC_HEADER", help_heading = SOURCES)]
     pub header: Vec<Option<(String, String)>>,
-    /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line
+    /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line (read again by each sync)
     #[arg(long, value_name = "FILE", env = "PACKSYNC_HEADER_FILE", help_heading = SOURCES)]
     pub header_file: Option<PathBuf>,
     /// Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR

@@ -30,7 +30,7 @@ use crate::source_oci::have;
 /// `docker-credential-test`: logs each call (and the host it was sent) in
 /// its directory, then answers as the file `mode` says: `ok` (the files
 /// `user` and `secret`), `missing` (docker-credential-helpers' message for
-/// no credentials), `broken` (prints the secret, fails with a line on stderr).
+/// no credentials), `hang` (answers nothing), `broken` (prints the secret, fails with a line on stderr).
 const HELPER_SH: &str = r#"#!/bin/sh
 dir=$(dirname "$0")
 IFS= read -r host || true
@@ -38,6 +38,7 @@ echo "$host" >> "$dir/calls"
 case "$(cat "$dir/mode")" in
 ok) printf '{"ServerURL":"%s","Username":"%s","Secret":"%s"}\n' "$host" "$(cat "$dir/user")" "$(cat "$dir/secret")" ;;
 missing) echo "credentials not found in native keychain"; exit 1 ;;
+hang) sleep 30 ;;
 *) cat "$dir/secret"; echo "gpg: decryption failed: No secret key" >&2; echo "second line" >&2; exit 1 ;;
 esac
 "#;
@@ -442,6 +443,18 @@ fn a_failing_helper_is_exit_1_naming_it_and_never_the_secret() {
     }
     // Nothing asked of the registry after the helper failed.
     assert_eq!(reg.requests("GET /v2/app/manifests/"), 1);
+
+    // A helper that hangs: ended after --timeout.
+    h.answer("hang", "puller", "x");
+    f.unchanged_by(|| {
+        sync(&f, &h, &["--timeout", "300ms"], &src).fails(
+            1,
+            &format!(
+                "credential helper docker-credential-test: no answer for {} within 300ms (--timeout)",
+                reg.host()
+            ),
+        )
+    });
 
     // A helper that is not on PATH.
     docker_config(&f, r#"{"credsStore":"nowhere"}"#);
