@@ -48,7 +48,10 @@ pub fn get(name: &str, key: &str, timeout: Duration) -> Result<Option<HelperRepl
     let out = drain(child.stdout.take());
     let err = drain(child.stderr.take());
     let status = loop {
-        if let Some(s) = child.try_wait()? {
+        let done = child
+            .try_wait()
+            .map_err(|e| anyhow::anyhow!("credential helper {program}: cannot wait for it: {e}"))?;
+        if let Some(s) = done {
             break s;
         }
         let signal = crate::sys::signals::pending();
