@@ -54,11 +54,11 @@ complete -c packsync -n "__fish_packsync_using_subcommand wait" -s h -l help -d 
 complete -c packsync -n "__fish_packsync_using_subcommand exec" -l slot -d 'With --layout fanout: the slot whose generation CMD runs on' -r
 complete -c packsync -n "__fish_packsync_using_subcommand exec" -s h -l help -d 'Print help'
 complete -c packsync -n "__fish_packsync_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l registry-auth -d 'Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l registry-auth -d 'Registry credentials: a Docker config.json (its credHelpers and credsStore run docker-credential-NAME) or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json); read again by each sync' -r -F
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l ca-file -d 'Trust the PEM certificates in FILE too (besides the system\'s and the compiled-in roots)' -r -F
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l insecure-registry -d 'Allow plain HTTP to this registry (repeatable; loopback addresses need no flag)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header -d 'Send this header with https:// and http:// sources (repeatable), e.g. \'Authorization: Bearer TOKEN\'' -r
-complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l header-file -d 'Read headers for https:// and http:// sources from FILE, one \'NAME: VALUE\' a line (read again by each sync)' -r -F
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l timeout -d 'Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l round-timeout -d 'End the downloads of a sync (each round with --every) after DUR (default: no bound)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l semver -d 'For oci:// and oci-layout: SOURCEs without a tag: publish the highest tag that is a semantic version in RANGE (Flux\'s syntax: \'>=1.4.0 <2.0.0\', \'~1.4\', \'^1.2\', \'1.x\', \'||\'); the sidecar follows new releases' -r

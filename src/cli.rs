@@ -155,7 +155,7 @@ pub struct SyncArgs {
     pub dest: PathBuf,
 
     // ---- Sources and network ----
-    /// Registry credentials: a Docker config.json or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json)
+    /// Registry credentials: a Docker config.json (its credHelpers and credsStore run docker-credential-NAME) or a mounted .dockerconfigjson (default: $DOCKER_CONFIG/config.json, then ~/.docker/config.json); read again by each sync
     #[arg(long, value_name = "FILE", env = "PACKSYNC_REGISTRY_AUTH", help_heading = SOURCES)]
     pub registry_auth: Option<PathBuf>,
     /// Trust the PEM certificates in FILE too (besides the system's and the compiled-in roots)
@@ -167,7 +167,7 @@ pub struct SyncArgs {
     /// Send this header with https:// and http:// sources (repeatable), e.g. 'Authorization: Bearer TOKEN'
     #[arg(long, value_name = "NAME: VALUE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(config::parse_header), env = "PACKSYNC_HEADER", help_heading = SOURCES)]
     pub header: Vec<Option<(String, String)>>,
-    /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line
+    /// Read headers for https:// and http:// sources from FILE, one 'NAME: VALUE' a line (read again by each sync)
     #[arg(long, value_name = "FILE", env = "PACKSYNC_HEADER_FILE", help_heading = SOURCES)]
     pub header_file: Option<PathBuf>,
     /// Give up on a connection, on headers or a manifest not whole, or on a download with less than 1 KiB, after DUR
@@ -572,26 +572,16 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     lines.extend(rules);
     let mut filter = Filter::new(&lines).map_err(|e| error::usage(format!("{e:#}")))?;
     filter.xattrs = s.xattrs;
-    let mut headers = Vec::new();
+    // Read again by each sync; a file that cannot be used at the start is
+    // a usage error now.
     if let Some(f) = &s.header_file {
-        let text = sys::read_text(f).map_err(|e| {
+        let text = sys::read_text_bounded(f, config::MAX_HEADER_FILE).map_err(|e| {
             error::usage(format!("{}: cannot read --header-file: {e}", f.display()))
         })?;
-        for (n, line) in text
-            .lines()
-            .enumerate()
-            .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'))
-        {
-            headers.push(config::parse_header(line).map_err(|e| {
-                error::usage(format!(
-                    "{}: bad line {} in --header-file: {e}",
-                    f.display(),
-                    n + 1
-                ))
-            })?);
-        }
+        config::parse_header_lines(&text)
+            .map_err(|e| error::usage(format!("{}: {e:#}", f.display())))?;
     }
-    headers.extend(s.header.into_iter().flatten());
+    let headers: Vec<(String, String)> = s.header.into_iter().flatten().collect();
     if s.timeout.is_zero() {
         return Err(bad_value("--timeout", "0", "must be more than zero"));
     }
@@ -608,6 +598,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         ca_file: s.ca_file,
         insecure_registries: s.insecure_registry.into_iter().flatten().collect(),
         headers,
+        header_file: s.header_file,
         timeout: s.timeout,
         round_timeout: s.round_timeout,
         platform: s.platform,
@@ -1060,12 +1051,11 @@ mod tests {
         assert_eq!(r.timeout, Duration::from_secs(5));
         assert_eq!(r.platform.unwrap().to_string(), "linux/arm64");
         assert_eq!(r.insecure_registries, ["reg.example:5000"]);
+        // The file is read by each sync; only its path is kept.
+        assert_eq!(r.header_file.as_deref(), Some(file.as_path()));
         assert_eq!(
             r.headers,
-            [
-                ("X-From-File".to_string(), "1".to_string()),
-                ("Authorization".into(), "Bearer t".into())
-            ]
+            [("Authorization".to_string(), "Bearer t".to_string())]
         );
         assert_eq!(sync(&[]).remote.timeout, Duration::from_secs(30));
         assert!(refused(&["sync", "--platform", "amd64", "s", "d"]).contains("for --platform"));

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::chmod;
 use crate::label::Version;
@@ -194,8 +194,11 @@ pub struct Remote {
     pub ca_file: Option<PathBuf>,
     /// `--insecure-registry HOST[:PORT]` (repeatable): plain HTTP allowed there.
     pub insecure_registries: Vec<String>,
-    /// `--header 'NAME: VALUE'` and the lines of `--header-file` (URLs only).
+    /// `--header 'NAME: VALUE'` (URLs only).
     pub headers: Vec<(String, String)>,
+    /// `--header-file FILE`: read again by each sync (each round of
+    /// `--every`), its lines sent before the `--header`s.
+    pub header_file: Option<PathBuf>,
     /// `--timeout DUR`: connecting, an answer's headers and a document
     /// whole, and the stall window of a body.
     pub timeout: Duration,
@@ -275,6 +278,25 @@ pub fn parse_header(s: &str) -> Result<(String, String)> {
         bail!("the value of {name} holds a control character");
     }
     Ok((name.to_string(), value.to_string()))
+}
+
+/// The most a `--header-file` may hold.
+pub const MAX_HEADER_FILE: u64 = 1 << 20;
+
+/// The lines of a `--header-file`: `NAME: VALUE` each, blank lines and
+/// `#` comments skipped. The error names the line (1-based).
+pub fn parse_header_lines(text: &str) -> Result<Vec<(String, String)>> {
+    let mut headers = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.starts_with('#'))
+    {
+        headers.push(
+            parse_header(line).with_context(|| format!("bad line {} in --header-file", n + 1))?,
+        );
+    }
+    Ok(headers)
 }
 
 /// `--insecure-registry HOST[:PORT]`: a host name or address, no scheme or path.

@@ -404,8 +404,14 @@ pub fn oci_manifest(data: &[u8], content_type: Option<&str>) {
 /// that decodes back to them; a challenge's scheme and parameter names
 /// are lowercase; a token is a header value (no control characters).
 pub fn docker_config(data: &[u8]) {
-    use crate::net::auth::{credentials_for, parse_challenge, parse_token};
+    use crate::net::auth::{
+        choose, credentials_for, parse_challenge, parse_helper_reply, parse_token,
+    };
     use base64::Engine;
+    let _ = choose(data, "registry.example:5000");
+    if let Ok(r) = parse_helper_reply(data) {
+        assert!(!r.secret.is_empty() && !r.user.contains(':'));
+    }
     if let Ok(Some(c)) = credentials_for(data, "registry.example:5000") {
         let basic = c.basic();
         let b64 = basic.strip_prefix("Basic ").expect("a Basic value");

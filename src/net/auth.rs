@@ -5,15 +5,20 @@
 //! `WWW-Authenticate` challenge (Basic, or Bearer with realm, service and
 //! scope), and the token a realm answers with. Pure parsers, fuzzed
 //! (`fuzzing::docker_config`, `fuzzing::challenge`); the lookup reads one
-//! file the user named or the environment points at.
+//! file the user named or the environment points at, and runs the
+//! credential helper it names (`credHelpers`, `credsStore`: `helper`).
+//! Nothing is kept: each sync (each round of `--every`) looks up again, so
+//! a rotated password, token or config is used from the next round on.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Result};
 use base64::Engine;
 use serde::Deserialize;
 
+use super::helper;
 use crate::error;
 use crate::sys;
 
@@ -44,18 +49,87 @@ impl Credentials {
     }
 }
 
+/// A credential helper's identity token (its `Username` is `<token>`):
+/// an OAuth2 refresh token, traded at a Bearer realm for an access token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct IdentityToken(pub String);
+
+impl std::fmt::Debug for IdentityToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdentityToken(<hidden>)")
+    }
+}
+
 /// Where credentials come from, for messages.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Found {
     pub creds: Option<Credentials>,
+    /// From a helper that answered `Username: <token>`.
+    pub identity_token: Option<IdentityToken>,
     /// The file read, if any.
     pub file: Option<PathBuf>,
+    /// The helper asked (`docker-credential-NAME`), if any.
+    pub helper: Option<String>,
+}
+
+/// The docker CLI's user name for an identity token.
+const TOKEN_USER: &str = "<token>";
+
+/// Whose credentials a Docker config says to use for a host, in the
+/// docker CLI's order (`configfile.GetCredentialsStore`): the
+/// `credHelpers` entry for the host, else `credsStore`, else `auths`
+/// (so an `auths` entry counts only where no helper is configured).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// Run `docker-credential-NAME get` with `key` on its stdin.
+    Helper { name: String, key: String },
+    /// The `auths` entry.
+    Auths(Option<Credentials>),
+}
+
+/// A helper's JSON answer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HelperReply {
+    pub user: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for HelperReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HelperReply({:?}, <hidden>)", self.user)
+    }
+}
+
+#[derive(Deserialize)]
+struct HelperJson {
+    #[serde(rename = "Username")]
+    username: String,
+    #[serde(rename = "Secret")]
+    secret: String,
+}
+
+/// `{"ServerURL": ..., "Username": ..., "Secret": ...}`. The error never
+/// holds the text (it holds the secret).
+pub fn parse_helper_reply(data: &[u8]) -> Result<HelperReply> {
+    let j: HelperJson = serde_json::from_slice(data)
+        .map_err(|_| anyhow::anyhow!("the answer is not JSON with \"Username\" and \"Secret\""))?;
+    if j.secret.is_empty() {
+        bail!("the answer holds an empty \"Secret\"");
+    }
+    if j.username.contains(':') {
+        bail!("the answer's \"Username\" holds a ':'");
+    }
+    Ok(HelperReply {
+        user: j.username,
+        secret: j.secret,
+    })
 }
 
 /// The credentials for `host` (`HOST[:PORT]`): from `flag` (`--registry-auth`,
 /// which must be readable), else `$DOCKER_CONFIG/config.json`, else
-/// `~/.docker/config.json` (either may be absent).
-pub fn lookup(host: &str, flag: Option<&Path>) -> Result<Found> {
+/// `~/.docker/config.json` (either may be absent); through the helper the
+/// config names where it names one (bounded by `timeout`).
+pub fn lookup(host: &str, flag: Option<&Path>, timeout: Duration) -> Result<Found> {
     if let Some(path) = flag {
         let data = sys::read_bounded(path, MAX_CONFIG).map_err(|e| {
             error::usage(format!(
@@ -63,12 +137,9 @@ pub fn lookup(host: &str, flag: Option<&Path>) -> Result<Found> {
                 path.display()
             ))
         })?;
-        let creds = credentials_for(&data, host)
+        let choice = choose(&data, host)
             .map_err(|e| error::usage(format!("{}: bad --registry-auth: {e:#}", path.display())))?;
-        return Ok(Found {
-            creds,
-            file: Some(path.to_path_buf()),
-        });
+        return resolve(choice, path.to_path_buf(), timeout);
     }
     let candidates = [
         std::env::var_os("DOCKER_CONFIG").map(|d| PathBuf::from(d).join("config.json")),
@@ -78,22 +149,104 @@ pub fn lookup(host: &str, flag: Option<&Path>) -> Result<Found> {
         let Ok(data) = sys::read_bounded(&path, MAX_CONFIG) else {
             continue;
         };
-        let creds = credentials_for(&data, host)
+        let choice = choose(&data, host)
             .map_err(|e| anyhow::anyhow!("{}: bad Docker config: {e:#}", path.display()))?;
-        return Ok(Found {
-            creds,
-            file: Some(path),
-        });
+        return resolve(choice, path, timeout);
     }
-    Ok(Found {
-        creds: None,
-        file: None,
-    })
+    Ok(Found::default())
+}
+
+fn resolve(choice: Choice, file: PathBuf, timeout: Duration) -> Result<Found> {
+    match choice {
+        Choice::Auths(creds) => Ok(Found {
+            creds,
+            file: Some(file),
+            ..Found::default()
+        }),
+        Choice::Helper { name, key } => {
+            let reply = helper::get(&name, &key, timeout)?;
+            let mut found = Found {
+                file: Some(file),
+                helper: Some(format!("docker-credential-{name}")),
+                ..Found::default()
+            };
+            match reply {
+                Some(r) if r.user == TOKEN_USER => {
+                    found.identity_token = Some(IdentityToken(r.secret));
+                }
+                Some(r) => {
+                    found.creds = Some(Credentials {
+                        user: r.user,
+                        password: r.secret,
+                    });
+                }
+                None => {}
+            }
+            Ok(found)
+        }
+    }
 }
 
 #[derive(Deserialize)]
 struct ConfigFile {
     auths: Option<BTreeMap<String, AuthEntry>>,
+    #[serde(rename = "credHelpers")]
+    cred_helpers: Option<BTreeMap<String, String>>,
+    #[serde(rename = "credsStore")]
+    creds_store: Option<String>,
+}
+
+/// Docker Hub's credentials live under this key, whatever the host is called.
+const HUB_KEY: &str = "https://index.docker.io/v1/";
+
+/// The key the docker CLI looks credentials up by (`getAuthConfigKey`).
+fn auth_key(host: &str) -> String {
+    match host.to_ascii_lowercase().as_str() {
+        "docker.io" | "index.docker.io" | "registry-1.docker.io" => HUB_KEY.to_string(),
+        h => h.to_string(),
+    }
+}
+
+/// A helper NAME is the tail of a program name looked up on PATH.
+fn helper_name(name: &str, field: &str) -> Result<String> {
+    if name.is_empty()
+        || name.len() > 100
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.+".contains(&b))
+    {
+        bail!("{field} names {name:?}, which is not a credential helper's name");
+    }
+    Ok(name.to_string())
+}
+
+/// What a Docker config says to do for `host`: see `Choice`. A
+/// `credHelpers` key is matched as an `auths` key is (without scheme,
+/// path and case); the helper is sent the key as the config writes it
+/// (`credHelpers`), or the host (`credsStore`), as the docker CLI does.
+pub fn choose(data: &[u8], host: &str) -> Result<Choice> {
+    if let Ok(cfg) = serde_json::from_slice::<ConfigFile>(data) {
+        let want = auth_key(host);
+        let bare = registry_key(&want);
+        if let Some((key, name)) = cfg
+            .cred_helpers
+            .iter()
+            .flatten()
+            .find(|(k, _)| k.as_str() == want || (want != HUB_KEY && registry_key(k) == bare))
+        {
+            return Ok(Choice::Helper {
+                name: helper_name(name, &format!("credHelpers[{key:?}]"))?,
+                key: key.clone(),
+            });
+        }
+        if let Some(store) = cfg.creds_store.filter(|s| !s.is_empty()) {
+            return Ok(Choice::Helper {
+                name: helper_name(&store, "credsStore")?,
+                key: want,
+            });
+        }
+    }
+    credentials_for(data, host).map(Choice::Auths)
 }
 
 #[derive(Deserialize, Default)]
@@ -109,7 +262,7 @@ struct AuthEntry {
 /// without case.
 pub fn credentials_for(data: &[u8], host: &str) -> Result<Option<Credentials>> {
     let auths = match serde_json::from_slice::<ConfigFile>(data) {
-        Ok(ConfigFile { auths: Some(a) }) => a,
+        Ok(ConfigFile { auths: Some(a), .. }) => a,
         // `.dockercfg`: the map itself.
         _ => match serde_json::from_slice::<BTreeMap<String, serde_json::Value>>(data) {
             Ok(top) if !top.contains_key("auths") => top
@@ -304,6 +457,54 @@ mod tests {
             .basic(),
             "Basic YTpi"
         );
+    }
+
+    #[test]
+    fn helpers_are_chosen_in_the_docker_cli_order() {
+        let b64 = base64::engine::general_purpose::STANDARD.encode("ann:pw");
+        let cfg = format!(
+            r#"{{"auths":{{"a.example":{{"auth":"{b64}"}},"b.example":{{"auth":"{b64}"}}}},
+                "credHelpers":{{"https://A.example/":"ecr-login","docker.io":"hub"}},"credsStore":"pass"}}"#
+        );
+        let helper = |name: &str, key: &str| Choice::Helper {
+            name: name.into(),
+            key: key.into(),
+        };
+        // credHelpers for the host, sent the key as written; then credsStore
+        // (before the auths entry, as the docker CLI does).
+        assert_eq!(
+            choose(cfg.as_bytes(), "a.example").unwrap(),
+            helper("ecr-login", "https://A.example/")
+        );
+        assert_eq!(
+            choose(cfg.as_bytes(), "b.example").unwrap(),
+            helper("pass", "b.example")
+        );
+        assert_eq!(
+            choose(cfg.as_bytes(), "docker.io").unwrap(),
+            helper("pass", HUB_KEY)
+        );
+        // No helper: the auths entry.
+        let plain = format!(r#"{{"auths":{{"a.example":{{"auth":"{b64}"}}}},"credsStore":""}}"#);
+        assert!(matches!(
+            choose(plain.as_bytes(), "a.example").unwrap(),
+            Choice::Auths(Some(_))
+        ));
+        // A helper name is a program name's tail, not a path.
+        assert!(choose(br#"{"credsStore":"../../bin/sh"}"#, "x").is_err());
+        assert!(choose(br#"{"credHelpers":{"x":"a b"}}"#, "x").is_err());
+    }
+
+    #[test]
+    fn helper_replies() {
+        let r = parse_helper_reply(br#"{"ServerURL":"x","Username":"u","Secret":"s3"}"#).unwrap();
+        assert_eq!((r.user.as_str(), r.secret.as_str()), ("u", "s3"));
+        assert!(!format!("{r:?}").contains("s3"));
+        let e = parse_helper_reply(br#"{"Username":"u","Secret":5,"x":"s3"}"#).unwrap_err();
+        assert!(!format!("{e:#}").contains("s3"));
+        assert!(parse_helper_reply(br#"{"Username":"u","Secret":""}"#).is_err());
+        assert!(parse_helper_reply(br#"{"Username":"a:b","Secret":"x"}"#).is_err());
+        assert!(parse_helper_reply(b"credentials not found").is_err());
     }
 
     #[test]

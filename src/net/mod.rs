@@ -15,6 +15,7 @@
 //! prefix the source. Nothing here writes anywhere.
 
 pub mod auth;
+mod helper;
 mod tls;
 mod wire;
 
@@ -64,6 +65,9 @@ pub struct Get<'a> {
     /// Plain HTTP to any host (a URL the user wrote as `http://`); else
     /// only to loopback and `--insecure-registry` hosts.
     pub any_http: bool,
+    /// POST this `application/x-www-form-urlencoded` body instead (an
+    /// OAuth2 token request).
+    pub form: Option<&'a str>,
 }
 
 impl<'a> Get<'a> {
@@ -75,6 +79,7 @@ impl<'a> Get<'a> {
             head: false,
             follow: true,
             any_http: false,
+            form: None,
         }
     }
 }
@@ -239,9 +244,12 @@ impl Client {
                 return ControlFlow::Break(Err(Failed::Ended(Abort::Signal(sig))));
             }
             let guard = Guard::new(self.timeout, self.round);
-            let mut r = self
-                .agent(&guard, plain)
-                .request_url(if req.head { "HEAD" } else { "GET" }, &asked);
+            let method = match (req.form, req.head) {
+                (Some(_), _) => "POST",
+                (None, true) => "HEAD",
+                (None, false) => "GET",
+            };
+            let mut r = self.agent(&guard, plain).request_url(method, &asked);
             if plain {
                 r = r.set("Host", &host_port(url));
             }
@@ -253,7 +261,12 @@ impl Client {
                     r = r.set("Authorization", a);
                 }
             }
-            let answer = r.call();
+            let answer = match req.form {
+                Some(body) => r
+                    .set("Content-Type", "application/x-www-form-urlencoded")
+                    .send_string(body),
+                None => r.call(),
+            };
             match guard.aborted() {
                 Some(Abort::Late(t)) => {
                     return ControlFlow::Break(Err(Failed::Transport(format!(

@@ -42,9 +42,24 @@ pub fn open(arg: &str, remote: &Remote) -> Result<Bundle> {
         target,
         label: arg.to_string(),
         client,
-        headers: remote.headers.clone(),
+        headers: headers_of(remote)?,
         pending: Mutex::new(None),
     })
+}
+
+/// `--header-file`'s lines, read now (each sync reads them again, so a
+/// rotated token is sent from the next round on), then the `--header`s.
+/// A file that went bad since the start fails the sync (exit 1).
+fn headers_of(remote: &Remote) -> Result<Vec<(String, String)>> {
+    let mut headers = Vec::new();
+    if let Some(f) = &remote.header_file {
+        let text = crate::sys::read_text_bounded(f, crate::config::MAX_HEADER_FILE)
+            .map_err(|e| anyhow::anyhow!("{}: cannot read --header-file: {e}", f.display()))?;
+        headers = crate::config::parse_header_lines(&text)
+            .map_err(|e| anyhow::anyhow!("{}: {e:#}", f.display()))?;
+    }
+    headers.extend(remote.headers.iter().cloned());
+    Ok(headers)
 }
 
 impl Bundle {

@@ -479,7 +479,12 @@ impl Registry {
         } else {
             https
         };
-        let found = auth::lookup(&reference.host, remote.registry_auth.as_deref())?;
+        // Looked up for each sync: a helper's rotated token is used from the next round.
+        let found = auth::lookup(
+            &reference.host,
+            remote.registry_auth.as_deref(),
+            remote.timeout,
+        )?;
         Ok(Registry {
             client,
             base,
@@ -591,6 +596,7 @@ impl Registry {
                     .param("scope")
                     .map(str::to_string)
                     .unwrap_or_else(|| format!("repository:{}:pull", self.reference.repo));
+                let realm_url = url.clone();
                 {
                     let mut q = url.query_pairs_mut();
                     if let Some(s) = ch.param("service") {
@@ -598,8 +604,26 @@ impl Registry {
                     }
                     q.append_pair("scope", &scope);
                 }
+                // An identity token is a refresh token: traded for an
+                // access token with an OAuth2 POST, as the docker CLI does.
+                let form = self.found.identity_token.as_ref().map(|t| {
+                    let mut f = url::form_urlencoded::Serializer::new(String::new());
+                    f.append_pair("grant_type", "refresh_token")
+                        .append_pair("client_id", "packsync")
+                        .append_pair("refresh_token", &t.0)
+                        .append_pair("scope", &scope);
+                    if let Some(s) = ch.param("service") {
+                        f.append_pair("service", s);
+                    }
+                    f.finish()
+                });
+                if form.is_some() {
+                    url = realm_url;
+                }
                 let req = Get {
                     auth: basic.as_deref(),
+                    form: form.as_deref(),
+                    follow: form.is_none(),
                     ..Get::new(url)
                 };
                 let reply = self
@@ -624,14 +648,25 @@ impl Registry {
     /// One line: the source, the status or cause, and what to do about it.
     fn failed(&self, e: Failed, what: &dyn Fn() -> String) -> anyhow::Error {
         let hint = match e.code() {
-            Some(401) | Some(403) => match (&self.found.creds, &self.found.file) {
-                (Some(_), Some(f)) => format!(
-                    " (the credentials for {} in {} were refused)",
-                    self.reference.host,
-                    f.display()
-                ),
-                _ => " (credentials: --registry-auth FILE)".to_string(),
-            },
+            Some(401) | Some(403) => {
+                let has = self.found.creds.is_some() || self.found.identity_token.is_some();
+                match (has, &self.found.helper, &self.found.file) {
+                    (true, Some(h), _) => format!(
+                        " (the credentials {h} gave for {} were refused)",
+                        self.reference.host
+                    ),
+                    (true, None, Some(f)) => format!(
+                        " (the credentials for {} in {} were refused)",
+                        self.reference.host,
+                        f.display()
+                    ),
+                    (false, Some(h), _) => format!(
+                        " ({h} has no credentials for {}: anonymous)",
+                        self.reference.host
+                    ),
+                    _ => " (credentials: --registry-auth FILE)".to_string(),
+                }
+            }
             Some(404) => match what() {
                 w if w.is_empty() => String::new(),
                 w => format!(" ({w})"),

@@ -4,6 +4,7 @@ mod artifacts;
 mod containers;
 mod converge;
 mod copy;
+mod creds;
 mod examples;
 mod faults;
 mod fixture;

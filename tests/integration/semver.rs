@@ -70,7 +70,7 @@ json.dump(out, sys.stdout)
 /// Add images to the layout `dir`: (tag, one file `v` holding the tag);
 /// `extra` is merged into each image's JSON (annotations, labels). The
 /// manifest digest of each tag.
-fn add_images(dir: &Path, tags: &[&str], extra: &str) -> BTreeMap<String, String> {
+pub(crate) fn add_images(dir: &Path, tags: &[&str], extra: &str) -> BTreeMap<String, String> {
     let images: Vec<String> = tags
         .iter()
         .map(|t| format!(r#"{{"tag":{t:?},"files":{{"v":{t:?}}}{extra}}}"#))

@@ -33,11 +33,22 @@ impl Loop {
         args: &[&str],
         tweak: impl FnOnce(&mut std::process::Command),
     ) -> Loop {
+        Loop::start_on(fx, args, &["src"], tweak)
+    }
+
+    /// `start_with`, of these SOURCEs instead of `src`.
+    pub(crate) fn start_on(
+        fx: &Fixture,
+        args: &[&str],
+        sources: &[&str],
+        tweak: impl FnOnce(&mut std::process::Command),
+    ) -> Loop {
         let port = free_port();
         let bind = format!("127.0.0.1:{port}");
         let mut all = vec!["sync", "--grace", "0", "--http-bind", &bind];
         all.extend_from_slice(args);
-        all.extend_from_slice(&["src", "vol/packs"]);
+        all.extend_from_slice(sources);
+        all.push("vol/packs");
         let (out, err) = (fx.path("loop.out"), fx.path("loop.err"));
         let mut cmd = fx.command(&all);
         cmd.stdout(Stdio::from(fs::File::create(&out).unwrap()))
