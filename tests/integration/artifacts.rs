@@ -8,10 +8,9 @@
 //! Needs python3; without it each test is skipped with one line.
 
 use std::fs;
-use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use crate::fixture::Fixture;
 use crate::source_oci::have;
@@ -68,21 +67,8 @@ fn artifact(dir: &Path, layers: &str, annotations: &str) -> String {
         r#"{{"dir":{:?},"tag":"1.0","layers":{layers},"annotations":{annotations}}}"#,
         dir.display().to_string()
     );
-    let mut child = Command::new("python3")
-        .args(["-c", ARTIFACT_PY])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "writing the layout failed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    let out = crate::fixture::python(ARTIFACT_PY, &spec, "writing the layout");
+    String::from_utf8(out).unwrap().trim().to_string()
 }
 
 /// `path=content` of every file below `root`, `dir/` for directories, sorted.

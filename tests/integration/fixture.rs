@@ -584,3 +584,24 @@ pub fn changes_as_lines(v: &serde_json::Value) -> Vec<String> {
         })
         .collect()
 }
+
+/// Run the Python `script` with `stdin`; its standard output. `what` names
+/// it in the failure.
+pub fn python(script: &str, stdin: &str, what: &str) -> Vec<u8> {
+    use std::io::Write;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{what} failed");
+    out.stdout
+}

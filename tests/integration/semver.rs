@@ -14,7 +14,7 @@ use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -80,21 +80,8 @@ pub(crate) fn add_images(dir: &Path, tags: &[&str], extra: &str) -> BTreeMap<Str
         dir.display().to_string(),
         images.join(",")
     );
-    let mut child = Command::new("python3")
-        .args(["-c", LAYOUT_PY])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "writing the layout failed");
-    serde_json::from_slice(&out.stdout).unwrap()
+    let out = crate::fixture::python(LAYOUT_PY, &spec, "writing the layout");
+    serde_json::from_slice(&out).unwrap()
 }
 
 /// Where the test registry's `Link` headers point.

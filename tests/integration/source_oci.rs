@@ -207,21 +207,8 @@ pub(crate) fn write_layout(dir: &Path, images: &str, tag: &str) -> Vec<String> {
         r#"{{"dir":{:?},"images":{images}}}"#,
         dir.display().to_string()
     );
-    let mut child = Command::new("python3")
-        .args(["-c", LAYOUT_PY])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(spec.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "writing the layout failed");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let out = crate::fixture::python(LAYOUT_PY, &spec, "writing the layout");
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     v[tag]["platforms"]
         .as_array()
         .unwrap()
