@@ -12,6 +12,7 @@ pub mod cosign;
 pub mod jws;
 pub mod key;
 pub mod opa;
+pub mod sigstore;
 
 pub use key::Key;
 
