@@ -544,8 +544,9 @@ pub fn opa_canonical(data: &[u8]) {
 }
 
 /// `trust::cosign`: a `.sig` manifest's signature layers and a simple
-/// signing payload, as a registry or a layout hands them over. The first
-/// byte picks which; refusing never panics, and every layer taken is
+/// signing payload, as a registry or a layout hands them over; and
+/// `trust::sigstore`: a referrers list, a referrer's bundle layer, a
+/// Sigstore bundle and its in-toto statement. The first byte picks which; refusing never panics, and every layer taken is
 /// within the bounds (count, payload size, a sha256 digest).
 pub fn cosign_signature(data: &[u8]) {
     use crate::trust::cosign;
@@ -561,8 +562,20 @@ pub fn cosign_signature(data: &[u8]) {
                 assert_eq!(d.media_type, cosign::SIMPLESIGNING);
             }
         }
-    } else {
+    } else if pick % 4 == 1 {
         let _ = cosign::payload_digest(doc);
+    } else if pick % 8 == 3 {
+        use crate::trust::sigstore;
+        if let Ok(r) = sigstore::parse_referrers(doc) {
+            assert!(r.len() <= sigstore::MAX_REFERRERS);
+        }
+        if let Ok(l) = sigstore::bundle_layer(doc) {
+            assert!(l.size <= sigstore::MAX_BUNDLE);
+        }
+    } else {
+        use crate::trust::sigstore;
+        let _ = sigstore::statement_digests(doc);
+        let _ = sigstore::verify_bundle(doc, "sha256:0", &[]);
     }
 }
 

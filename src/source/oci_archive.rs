@@ -446,6 +446,17 @@ impl Store for OciArchive {
         })())
     }
 
+    fn referrers(
+        &self,
+        digest: &str,
+    ) -> Option<Result<Option<Vec<crate::trust::sigstore::Referrer>>>> {
+        Some(
+            self.members
+                .read(&self.label, "index.json")
+                .and_then(|ix| crate::trust::sigstore::in_layout(self, &ix, digest).map(Some)),
+        )
+    }
+
     fn tags_where(&self) -> String {
         "in the archive's index.json".into()
     }

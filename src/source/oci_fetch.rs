@@ -18,6 +18,7 @@ use crate::config::{Platform, Remote};
 use crate::manifest::hex;
 use crate::net::{self, auth, Client, Failed, Get, Url};
 use crate::sys::{self, DirFd};
+use crate::trust::sigstore::{self, Referrer};
 
 /// Where the layers go, in order (the spool applies each with whiteouts).
 pub trait Sink {
@@ -65,6 +66,15 @@ pub trait Store: Send + Sync {
     /// of that form (a docker-archive).
     fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
         let _ = tag;
+        None
+    }
+    /// The manifests that have `digest` as their OCI 1.1 `subject`, each
+    /// with its artifact type: `Some(Ok(None))` where the store cannot list
+    /// them (a registry answering 404 to the referrers API: the caller
+    /// reads the tag fallback `sha256-HEX` with `by_tag`), `None` where it
+    /// holds none (a docker-archive).
+    fn referrers(&self, digest: &str) -> Option<Result<Option<Vec<Referrer>>>> {
+        let _ = digest;
         None
     }
     /// Where `by_tag` looked, for messages: `in REPO`, `in index.json`.
@@ -822,7 +832,8 @@ impl Store for Registry {
     fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
         let path = self.repo_path("manifests", tag);
         let accept = "application/vnd.oci.image.manifest.v1+json, \
-            application/vnd.docker.distribution.manifest.v2+json";
+            application/vnd.docker.distribution.manifest.v2+json, \
+            application/vnd.oci.image.index.v1+json";
         Some((|| {
             let reply = match self.try_get(&path, Some(accept))? {
                 Ok(r) => r,
@@ -833,6 +844,28 @@ impl Store for Registry {
                 .read_document(net::MAX_DOCUMENT)
                 .map_err(|e| anyhow::anyhow!("{}: manifest {tag}: {e}", self.label))?;
             Ok(Some(bytes))
+        })())
+    }
+
+    /// `GET /v2/NAME/referrers/DIGEST` (OCI 1.1), its answer bounded.
+    fn referrers(&self, digest: &str) -> Option<Result<Option<Vec<Referrer>>>> {
+        let path = self.repo_path("referrers", digest);
+        Some((|| {
+            let reply = match self.try_get(&path, Some(oci_image::OCI_INDEX))? {
+                Ok(r) => r,
+                Err(e) if e.code() == Some(404) => return Ok(None),
+                Err(e) => return Err(self.failed(e, &String::new)),
+            };
+            let bytes = reply.read_document(net::MAX_DOCUMENT).map_err(|e| {
+                anyhow::anyhow!("{}: referrers of {}: {e}", self.label, short(digest))
+            })?;
+            sigstore::parse_referrers(&bytes).map(Some).map_err(|m| {
+                crate::error::untrusted(format!(
+                    "{}: referrers of {}: {m}",
+                    self.label,
+                    short(digest)
+                ))
+            })
         })())
     }
 
@@ -1037,6 +1070,13 @@ impl Store for Layout {
                 None => Ok(None),
             }
         })())
+    }
+
+    fn referrers(&self, digest: &str) -> Option<Result<Option<Vec<Referrer>>>> {
+        Some(
+            self.index()
+                .and_then(|ix| sigstore::in_layout(self, &ix, digest).map(Some)),
+        )
     }
 
     fn tags_where(&self) -> String {

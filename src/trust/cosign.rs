@@ -160,7 +160,7 @@ fn field<'v>(
 /// Whether `key` signed `payload` with `sig`, as cosign signs with a key.
 /// `cosign verify --key` hashes with SHA-256 for every key type; a P-384
 /// signature over SHA-384 (sigstore's default for that curve) is taken too.
-fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
+pub(crate) fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
     let d: [u8; 32] = Sha256::digest(payload).into();
     if key.verify_sha256_digest(&d, sig).is_ok() {
         return true;
@@ -173,15 +173,18 @@ fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
 /// Check the cosign signature of the image `digest` held in `store`
 /// (`root`: what its reference names, an index where it chose a platform;
 /// the same digest otherwise): the fingerprint of the key that verified
-/// it. A signature is looked for at `root`'s tag first (what `cosign sign
+/// it. A signature is looked for at `root` first (what `cosign sign
 /// IMAGE:TAG` signs: an index pins its manifests by digest), then at
-/// `digest`'s; the payload must name the digest whose tag held it. What is
-/// missing or wrong is exit 6 naming the source; a store that cannot be
-/// read (a registry down, a blob gone) is its own error.
+/// `digest`; at each, cosign's legacy tag `sha256-HEX.sig`, then the
+/// Sigstore bundles that refer to it (`sigstore.rs`). One that verifies is
+/// enough, and must name the digest it was found for. What is missing or
+/// wrong is exit 6 naming the source; a store that cannot be read (a
+/// registry down, a blob gone) is its own error.
 pub fn check(store: &dyn Store, root: &str, digest: &str, keys: &[Key]) -> anyhow::Result<String> {
     let label = store.label();
     let untrusted = |m: String| error::untrusted(format!("{label}: {m}"));
-    let mut tried = Vec::new();
+    let mut tried: Vec<(&str, String)> = Vec::new();
+    let mut failed = Vec::new();
     for d in [root, digest] {
         if tried.iter().any(|(t, _)| *t == d) {
             continue;
@@ -194,49 +197,71 @@ pub fn check(store: &dyn Store, root: &str, digest: &str, keys: &[Key]) -> anyho
                  as oci-archive: or oci-layout:)"
             )));
         };
-        match found? {
-            Some(bytes) => return verify(store, d, &tag, &bytes, keys),
-            None => tried.push((d, tag)),
+        if let Some(bytes) = found? {
+            match verify(store, d, &tag, &bytes, keys)? {
+                Ok(fp) => return Ok(fp),
+                Err(m) => failed.push(m),
+            }
         }
+        match super::sigstore::look(store, d, keys)? {
+            Ok(fp) => return Ok(fp),
+            Err(m) => failed.extend(m),
+        }
+        tried.push((d, tag));
     }
-    let tags = match tried.as_slice() {
-        [(_, one)] => format!("tag {one}"),
-        [(_, index), (_, image)] => {
-            format!("tag {index} for the index, nor {image} for the platform's image")
-        }
+    if !failed.is_empty() {
+        return Err(untrusted(failed.join("; ")));
+    }
+    let fallback = |d: &str| super::sigstore::fallback_tag(d);
+    let places = match tried.as_slice() {
+        [(d, one)] => format!(
+            "tag {one}) nor Sigstore bundle (referrers of {}, tag {})",
+            short(d),
+            fallback(d)
+        ),
+        [(i, index), (d, image)] => format!(
+            "tag {index} for the index, nor {image} for the platform's image) nor Sigstore \
+             bundle (referrers of either, tags {}, {})",
+            fallback(i),
+            fallback(d)
+        ),
         _ => unreachable!("one or two digests"),
     };
     Err(untrusted(format!(
-        "no cosign signature ({tags}) {}",
+        "no cosign signature ({places} {}",
         store.tags_where()
     )))
 }
 
-/// Verify the `.sig` manifest `bytes` found at `tag` for `digest`.
+/// Verify the `.sig` manifest `bytes` found at `tag` for `digest`: the
+/// outer error is the store's, the inner what was wrong.
 fn verify(
     store: &dyn Store,
     digest: &str,
     tag: &str,
     bytes: &[u8],
     keys: &[Key],
-) -> anyhow::Result<String> {
-    let label = store.label();
-    let untrusted = |m: String| error::untrusted(format!("{label}: {m}"));
-    let layers = signature_layers(bytes).map_err(|m| untrusted(format!("{tag}: {m}")))?;
+) -> anyhow::Result<Result<String, String>> {
+    let layers = match signature_layers(bytes) {
+        Ok(l) => l,
+        Err(m) => return Ok(Err(format!("{tag}: {m}"))),
+    };
     let mut other_digest = None;
     for (desc, sig) in &layers {
-        let payload = read_payload(store, desc)?
-            .map_err(|m| untrusted(format!("{tag}: payload {}: {m}", short(&desc.digest))))?;
+        let payload = match read_bounded(store, desc, MAX_PAYLOAD)? {
+            Ok(p) => p,
+            Err(m) => return Ok(Err(format!("{tag}: payload {}: {m}", short(&desc.digest)))),
+        };
         let Some(key) = keys.iter().find(|k| signed_by(k, &payload, sig)) else {
             continue;
         };
         match payload_digest(&payload) {
-            Ok(d) if d == digest => return Ok(key.fingerprint.clone()),
+            Ok(d) if d == digest => return Ok(Ok(key.fingerprint.clone())),
             Ok(d) => other_digest = Some((key, d)),
             Err(m) => other_digest = other_digest.or(Some((key, m))),
         }
     }
-    Err(untrusted(match other_digest {
+    Ok(Err(match other_digest {
         Some((key, d)) if valid_digest(&d) => format!(
             "{tag}: the signature by {} names image {d}, not the published {digest}",
             key.fingerprint
@@ -249,14 +274,19 @@ fn verify(
     }))
 }
 
-/// A payload blob, read bounded and checked against its descriptor: the
-/// outer error is the store's, the inner a payload that is not the one named.
-fn read_payload(store: &dyn Store, desc: &Descriptor) -> anyhow::Result<Result<Vec<u8>, String>> {
+/// A blob (a payload, a bundle), read within `max` bytes and checked
+/// against its descriptor: the outer error is the store's, the inner a
+/// blob that is not the one named.
+pub(crate) fn read_bounded(
+    store: &dyn Store,
+    desc: &Descriptor,
+    max: u64,
+) -> anyhow::Result<Result<Vec<u8>, String>> {
     let (r, _stop) = store.blob(desc)?;
     let mut bytes = Vec::new();
-    r.take(MAX_PAYLOAD + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > MAX_PAYLOAD {
-        return Ok(Err(format!("longer than {MAX_PAYLOAD} bytes")));
+    r.take(max + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Ok(Err(format!("longer than {max} bytes")));
     }
     if bytes.len() as u64 != desc.size {
         return Ok(Err(format!(

@@ -3,7 +3,8 @@
 //! (an image: as soon as its digest is resolved, before any layer).
 //! `key.rs` reads keys and checks raw signatures, `jws.rs` compact JWS
 //! tokens, `canon.rs` OPA's canonical JSON, `opa.rs` a bundle's
-//! `/.signatures.json`, `cosign.rs` an image's cosign signature. A source that is not trusted is exit 6
+//! `/.signatures.json`, `cosign.rs` an image's cosign signature (its legacy tag), `sigstore.rs`
+//! a Sigstore bundle attached to it as a referrer. A source that is not trusted is exit 6
 //! (`error::Failure::Untrusted`), one line naming it and what was wrong.
 //! Nothing here writes.
 
@@ -12,6 +13,7 @@ pub mod cosign;
 pub mod jws;
 pub mod key;
 pub mod opa;
+pub mod sigstore;
 
 pub use key::Key;
 

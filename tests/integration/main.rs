@@ -27,6 +27,7 @@ mod streaming;
 mod sync;
 mod takeover;
 mod tar_corpus;
+mod trust_bundle_referrers;
 mod trust_bundles;
 mod trust_images;
 mod xattrs;

@@ -55,7 +55,7 @@ json.dump(index, open(os.path.join(root, "index.json"), "w"))
 print(p["digest"])
 "#;
 
-fn image(marker: &str) -> String {
+pub(crate) fn image(marker: &str) -> String {
     format!(
         r#"[{{"tag":"1.0","platforms":[{{"os":"linux","arch":"amd64","layers":[
         {{"compression":"gzip","entries":[{{"name":"packs","type":"dir"}},
@@ -85,7 +85,7 @@ fn sign(f: &Fixture, layout: &Path, tagged: &str, named: &str, key: &str, kind: 
 
 /// Keys `ec`, `other` (P-256), `p384` and `ed` (Ed25519) in keys/; an image tagged
 /// 1.0 in layout/ (its manifest digest returned).
-fn setup() -> Option<(Fixture, String)> {
+pub(crate) fn setup() -> Option<(Fixture, String)> {
     if !have(&["openssl", "python3"]) {
         return None;
     }
@@ -105,19 +105,19 @@ fn setup() -> Option<(Fixture, String)> {
     Some((f, digest))
 }
 
-fn key(f: &Fixture, name: &str) -> String {
+pub(crate) fn key(f: &Fixture, name: &str) -> String {
     f.path(&format!("keys/{name}.pub"))
         .to_str()
         .unwrap()
         .to_string()
 }
 
-fn layout_src(f: &Fixture) -> String {
+pub(crate) fn layout_src(f: &Fixture) -> String {
     format!("oci-layout:{}:1.0", f.path("layout").display())
 }
 
 /// A generation published without keys (the volume the refusals must keep).
-fn published_unverified(f: &Fixture) {
+pub(crate) fn published_unverified(f: &Fixture) {
     f.packsync(&["sync", "--grace", "0", &layout_src(f), "vol/packs"])
         .ok();
 }
@@ -196,8 +196,11 @@ fn an_unsigned_image_is_exit_6_and_nothing_is_written() {
     let ec = key(&f, "ec");
     let src = layout_src(&f);
     let hex = digest.strip_prefix("sha256:").unwrap();
-    let want =
-        format!("{src}: no cosign signature (tag sha256-{hex}.sig) in the layout's index.json");
+    let want = format!(
+        "{src}: no cosign signature (tag sha256-{hex}.sig) nor Sigstore bundle (referrers of {}, \
+         tag sha256-{hex}) in the layout's index.json",
+        &digest[..19]
+    );
     // With no volume yet: nothing is made.
     f.refused(&keyed(&ec, &src), 6, &want);
     assert!(!f.path("vol/packs").exists());
@@ -315,7 +318,11 @@ fn a_signed_image_in_a_registry_lands_and_an_unsigned_tag_is_refused() {
     f.refused(
         &args,
         6,
-        &format!("{src}: no cosign signature (tag sha256-{hex}.sig) in st2/packs"),
+        &format!(
+            "{src}: no cosign signature (tag sha256-{hex}.sig) nor Sigstore bundle (referrers of {}, \
+             tag sha256-{hex}) in st2/packs",
+            &digest[..19]
+        ),
     );
     assert_eq!(
         reg.requests("/blobs/"),
