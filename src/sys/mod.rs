@@ -949,18 +949,12 @@ pub fn read_text(path: &std::path::Path) -> io::Result<String> {
 
 /// `read_text`, refusing a file longer than `max` bytes.
 pub fn read_text_bounded(path: &std::path::Path, max: u64) -> io::Result<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open(path)?
-        .take(max + 1)
-        .read_to_string(&mut text)?;
-    if text.len() as u64 > max {
-        return Err(io::Error::new(
+    String::from_utf8(read_bounded(path, max)?).map_err(|_| {
+        io::Error::new(
             io::ErrorKind::InvalidData,
-            format!("longer than {max} bytes"),
-        ));
-    }
-    Ok(text)
+            "stream did not contain valid UTF-8",
+        )
+    })
 }
 
 /// Set the file mode creation mask; the previous one.
