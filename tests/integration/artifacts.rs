@@ -281,45 +281,13 @@ fn nothing_publishable_lists_the_media_types() {
     .fails(2, "--layer-media-type");
 }
 
-/// The registry of the container rig (`../shared/container-rig.sh env`),
-/// if it answers; else None and one line.
-fn rig_registry() -> Option<String> {
-    let script = std::env::var_os("CONTAINER_RIG")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/container-rig.sh")
-        });
-    let env = Command::new(&script).arg("env").output().ok()?;
-    let host = String::from_utf8_lossy(&env.stdout).lines().find_map(|l| {
-        l.strip_prefix("CONTAINER_RIG_REGISTRY=")
-            .map(str::to_string)
-    });
-    let answers = |h: &str| {
-        std::net::TcpStream::connect_timeout(
-            &h.parse().ok().unwrap_or_else(|| ([127, 0, 0, 1], 1).into()),
-            std::time::Duration::from_secs(2),
-        )
-        .is_ok()
-    };
-    match host {
-        Some(h) if env.status.success() && answers(&h) && have(&["skopeo"]) => Some(h),
-        _ => {
-            crate::fixture::skip(
-                "artifacts from a registry: the container rig's registry is not up",
-            );
-            None
-        }
-    }
-}
-
 #[test]
 fn an_opa_bundle_pushed_to_a_registry_is_one_oci_source() {
-    if !have(&["python3"]) {
+    if !have(crate::source_oci::TOOLS) {
         return;
     }
-    let Some(host) = rig_registry() else {
-        return;
-    };
+    let reg = crate::source_oci::Registry::start(crate::source_oci::Auth::None);
+    let host = reg.host();
     let f = Fixture::new();
     let layout = f.path("layout");
     let digest = artifact(
@@ -332,7 +300,7 @@ fn an_opa_bundle_pushed_to_a_registry_is_one_oci_source() {
         ),
         r#"{"org.opencontainers.image.created":"2024-01-02T03:04:05Z"}"#,
     );
-    let repo = format!("packsync-tests/artifacts-{}", std::process::id());
+    let repo = "packsync-tests/artifacts";
     let pushed = Command::new("skopeo")
         .args([
             "copy",
