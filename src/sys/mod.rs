@@ -270,9 +270,9 @@ fn rename_dir_at(
 /// caller owns without the owner's read, write and search bits (a tree
 /// copied from a read-only source) gets them first, since it is about to go.
 fn open_dir_to_empty(dir: BorrowedFd<'_>, name: &[u8], st: &Stat) -> io::Result<OwnedFd> {
-    let mine = st.st_uid == rustix::process::geteuid().as_raw();
+    let me = rustix::process::geteuid();
     let mode = st.st_mode & 0o7777;
-    if !mine || mode & 0o700 == 0o700 || rustix::process::geteuid().is_root() {
+    if st.st_uid != me.as_raw() || mode & 0o700 == 0o700 || me.is_root() {
         return open_dir_at(dir, name);
     }
     if mode & 0o400 == 0 {
@@ -300,15 +300,28 @@ fn rename_exchange(
     b: &[u8],
 ) -> io::Result<()> {
     lending_write(&[(a_dir, a), (b_dir, b)], || {
-        match rfs::renameat_with(a_dir, a, b_dir, b, RenameFlags::EXCHANGE) {
-            Ok(()) => Ok(()),
-            Err(e) if exchange_unsupported(e) => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the filesystem does not support renameat2(RENAME_EXCHANGE)",
-            )),
-            Err(e) => Err(e.into()),
-        }
+        renameat2(a_dir, a, b_dir, b, RenameFlags::EXCHANGE, "RENAME_EXCHANGE")
     })
+}
+
+/// renameat2(2) with `flags` (named `flag` in the message where the
+/// filesystem lacks it: `Unsupported`).
+fn renameat2(
+    from_dir: BorrowedFd<'_>,
+    from: &[u8],
+    to_dir: BorrowedFd<'_>,
+    to: &[u8],
+    flags: RenameFlags,
+    flag: &str,
+) -> io::Result<()> {
+    match rfs::renameat_with(from_dir, from, to_dir, to, flags) {
+        Ok(()) => Ok(()),
+        Err(e) if exchange_unsupported(e) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the filesystem does not support renameat2({flag})"),
+        )),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Rename onto a name that must not exist (`AlreadyExists` if it does, even an
@@ -321,14 +334,14 @@ fn rename_noreplace(
     to: &[u8],
 ) -> io::Result<()> {
     lending_write(&[(from_dir, from)], || {
-        match rfs::renameat_with(from_dir, from, to_dir, to, RenameFlags::NOREPLACE) {
-            Ok(()) => Ok(()),
-            Err(e) if exchange_unsupported(e) => Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "the filesystem does not support renameat2(RENAME_NOREPLACE)",
-            )),
-            Err(e) => Err(e.into()),
-        }
+        renameat2(
+            from_dir,
+            from,
+            to_dir,
+            to,
+            RenameFlags::NOREPLACE,
+            "RENAME_NOREPLACE",
+        )
     })
 }
 
