@@ -161,7 +161,7 @@ impl Server {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
-    fn requests(&self) -> Vec<String> {
+    pub(crate) fn requests(&self) -> Vec<String> {
         fs::read_to_string(&self.log)
             .unwrap()
             .lines()

@@ -497,3 +497,64 @@ fn without_a_key_a_signed_bundle_is_ordinary_files() {
     let status = f.packsync(&["status", "vol/packs"]).ok();
     assert!(!status.stdout.contains("SHA256:"), "{}", status.stdout);
 }
+
+#[test]
+fn a_verified_bundle_answering_304_is_up_to_date_only_for_the_keys_that_verified_it() {
+    let Some(f) = setup() else { return };
+    sign_src(&f, "ed", "EdDSA");
+    let server = Server::start(&f);
+    let tgz = server.www.join("bundle.tar.gz");
+    let ok = Command::new("tar")
+        .args([
+            "-czf",
+            tgz.to_str().unwrap(),
+            "-C",
+            f.src().to_str().unwrap(),
+            ".",
+        ])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let url = server.url("/bundle.tar.gz");
+    let (ed, other) = (key_arg(&f, "ed"), key_arg(&f, "other"));
+    let fp = openssl_fingerprint(&f.path("keys"), "ed");
+    f.packsync(&keyed(&ed, &url)).ok();
+    // The same key: one conditional request, a 304, nothing written, and
+    // the record of who verified it kept.
+    let again = f.unchanged_by(|| f.packsync(&keyed(&ed, &url)).ok());
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert!(
+        reqs[1].starts_with("/bundle.tar.gz if-none-match=\""),
+        "{reqs:?}"
+    );
+    let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v["live"]["verified"][0]["key"].as_str(), Some(fp.as_str()));
+    // The key replaced by one that did not sign it: a 304 proves nothing
+    // about the new key, so the bundle is fetched again, checked, refused.
+    f.unchanged_but_staging(|| {
+        f.packsync(&keyed(&other, &url))
+            .fails(6, "signed with EdDSA, and no --verify-key is a key of that type")
+    });
+    let reqs = server.requests();
+    assert_eq!(reqs.len(), 3, "{reqs:?}");
+    assert!(reqs[2].ends_with("if-none-match=None"), "{reqs:?}");
+    // Both keys, the one that verified it among them: up to date on a 304.
+    let both = f
+        .packsync(&[
+            "sync",
+            "--grace",
+            "0",
+            "--verify-key",
+            &other,
+            "--verify-key",
+            &ed,
+            &url,
+            "vol/packs",
+        ])
+        .ok();
+    assert!(both.stdout.contains("up to date"), "{}", both.stdout);
+    assert!(server.requests()[3].contains("if-none-match=\""));
+}
