@@ -169,7 +169,7 @@ pub fn check(
     let text = read(source, SIGNATURES, MAX_SIGNATURES_FILE)?;
     let mut signed = signed(&text, keys)?;
 
-    let mut listed: Vec<(Vec<u8>, u64)> = Vec::new();
+    let mut listed: Vec<(Vec<u8>, u64, Option<[u8; 32]>)> = Vec::new();
     let mut problem: Option<String> = None;
     tree.for_each(&mut |path, e| {
         if problem.is_some() || path == SIGNATURES {
@@ -183,14 +183,20 @@ pub fn check(
                     shown(path)
                 ))
             }
-            Node::File(_) => listed.push((path.to_vec(), e.meta.size)),
+            // The SHA-256 a spool took of the bytes it wrote (not one a
+            // manifest claimed for a file borrowed from the live tree).
+            Node::File(f) => listed.push((
+                path.to_vec(),
+                e.meta.size,
+                f.hash.filter(|_| f.dev != crate::source::spool::BORROWED_DEV),
+            )),
         }
     });
     if let Some(p) = problem {
         return Err(p);
     }
     let mut want = Vec::with_capacity(listed.len());
-    for (path, size) in listed {
+    for (path, size, known) in listed {
         let info = std::str::from_utf8(&path)
             .ok()
             .and_then(|p| signed.files.remove(p))
@@ -200,7 +206,7 @@ pub fn check(
                     shown(&path)
                 )
             })?;
-        want.push((path, size, info));
+        want.push((path, size, known, info));
     }
     let mut absent: Vec<&String> = signed
         .files
@@ -221,20 +227,28 @@ pub fn check(
     // The hashes, in parallel; the first mismatch in path order is told.
     let results: Vec<Result<(), String>> = want
         .par_iter()
-        .map(|(path, size, info)| check_file(source, path, *size, info))
+        .map(|(path, size, known, info)| check_file(source, path, *size, *known, info))
         .collect();
     results.into_iter().collect::<Result<(), String>>()?;
     Ok(signed.key.fingerprint.clone())
 }
 
-fn check_file(source: &dyn Source, path: &[u8], size: u64, info: &FileInfo) -> Result<(), String> {
+/// `known`: the file's SHA-256 if the scan already took it from the bytes
+/// that will be staged; then a SHA-256 listing needs no second read.
+fn check_file(
+    source: &dyn Source,
+    path: &[u8],
+    size: u64,
+    known: Option<[u8; 32]>,
+    info: &FileInfo,
+) -> Result<(), String> {
     if info.algorithm.is_empty() {
         return Err(format!(
             "{}: no hashing algorithm given for it",
             shown(path)
         ));
     }
-    let mut h = hasher(&info.algorithm).ok_or_else(|| {
+    let h = hasher(&info.algorithm).ok_or_else(|| {
         format!(
             "{}: hashing algorithm {:?} is not one OPA has",
             shown(path),
@@ -248,30 +262,11 @@ fn check_file(source: &dyn Source, path: &[u8], size: u64, info: &FileInfo) -> R
             info.hash
         )
     })?;
-    if structured(path) {
-        let bytes = read(source, path, MAX_STRUCTURED)?;
-        let c = canon::canonical(&bytes).map_err(|m| format!("{}: {m}", shown(path)))?;
-        h.update(&c);
-    } else {
-        let fd = open(source, path).map_err(|m| format!("{}: cannot read: {m}", shown(path)))?;
-        let mut f = std::fs::File::from(fd);
-        let mut buf = vec![0; 256 << 10];
-        let mut n_all = 0u64;
-        loop {
-            let n = f
-                .read(&mut buf)
-                .map_err(|m| format!("{}: cannot read: {m}", shown(path)))?;
-            if n == 0 {
-                break;
-            }
-            n_all += n as u64;
-            h.update(&buf[..n]);
-        }
-        if n_all != size {
-            return Err(format!("{}: changed while being read", shown(path)));
-        }
-    }
-    let got = h.finalize();
+    let known = known.filter(|_| info.algorithm == "SHA-256" && !structured(path));
+    let got: Box<[u8]> = match known {
+        Some(hash) => Box::new(hash),
+        None => digest_of(source, path, size, h)?,
+    };
     if *got != *want {
         return Err(format!(
             "{}: hash mismatch ({} signed {}, the file has {})",
@@ -282,6 +277,40 @@ fn check_file(source: &dyn Source, path: &[u8], size: u64, info: &FileInfo) -> R
         ));
     }
     Ok(())
+}
+
+/// The digest `h` takes of the file at `path` (of a JSON or YAML file, of
+/// its canonical form), read through `source`.
+fn digest_of(
+    source: &dyn Source,
+    path: &[u8],
+    size: u64,
+    mut h: Box<dyn sha2::digest::DynDigest + Send>,
+) -> Result<Box<[u8]>, String> {
+    if structured(path) {
+        let bytes = read(source, path, MAX_STRUCTURED)?;
+        let c = canon::canonical(&bytes).map_err(|m| format!("{}: {m}", shown(path)))?;
+        h.update(&c);
+        return Ok(h.finalize());
+    }
+    let fd = open(source, path).map_err(|m| format!("{}: cannot read: {m}", shown(path)))?;
+    let mut f = std::fs::File::from(fd);
+    let mut buf = vec![0; 256 << 10];
+    let mut n_all = 0u64;
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|m| format!("{}: cannot read: {m}", shown(path)))?;
+        if n == 0 {
+            break;
+        }
+        n_all += n as u64;
+        h.update(&buf[..n]);
+    }
+    if n_all != size {
+        return Err(format!("{}: changed while being read", shown(path)));
+    }
+    Ok(h.finalize())
 }
 
 /// Whether `--exclude` leaves `name` (or a directory above it) out.
