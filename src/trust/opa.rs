@@ -188,7 +188,8 @@ pub fn check(
             Node::File(f) => listed.push((
                 path.to_vec(),
                 e.meta.size,
-                f.hash.filter(|_| f.dev != crate::source::spool::BORROWED_DEV),
+                f.hash
+                    .filter(|_| f.dev != crate::source::spool::BORROWED_DEV),
             )),
         }
     });

@@ -20,7 +20,7 @@ use crate::source_oci::have;
 /// BUNDLE/.signatures.json over every file of BUNDLE. ALG: ES256, EdDSA,
 /// RS256, PS256 (signed by openssl with KEY), `none` (no signature),
 /// `HS256` (HMAC with the bytes of KEY as the secret).
-const SIGN_PY: &str = r#"
+pub(crate) const SIGN_PY: &str = r#"
 import base64, hashlib, hmac, json, os, subprocess, sys
 root, key, alg = sys.argv[1], sys.argv[2], sys.argv[3]
 header = json.loads(sys.argv[4]) if len(sys.argv) > 4 and sys.argv[4] else {}
@@ -119,7 +119,7 @@ pub(crate) fn openssl_fingerprint(dir: &Path, name: &str) -> String {
     format!("SHA256:{}", String::from_utf8(out.stdout).unwrap())
 }
 
-fn sign(bundle: &Path, key: &Path, alg: &str, header: &str, extra: &str) {
+pub(crate) fn sign(bundle: &Path, key: &Path, alg: &str, header: &str, extra: &str) {
     let out = Command::new("python3")
         .arg("-c")
         .arg(SIGN_PY)
@@ -535,8 +535,10 @@ fn a_verified_bundle_answering_304_is_up_to_date_only_for_the_keys_that_verified
     // The key replaced by one that did not sign it: a 304 proves nothing
     // about the new key, so the bundle is fetched again, checked, refused.
     f.unchanged_but_staging(|| {
-        f.packsync(&keyed(&other, &url))
-            .fails(6, "signed with EdDSA, and no --verify-key is a key of that type")
+        f.packsync(&keyed(&other, &url)).fails(
+            6,
+            "signed with EdDSA, and no --verify-key is a key of that type",
+        )
     });
     let reqs = server.requests();
     assert_eq!(reqs.len(), 3, "{reqs:?}");

@@ -22,7 +22,7 @@ use crate::trust_bundles::{keyed, keypair, openssl_fingerprint};
 /// signature manifest tagged `sha256-HEX.sig` (HEX of TAGGED_DIGEST) whose
 /// one payload names NAMED_DIGEST, signed with KEY (KIND `ec` or `ed`).
 /// Prints the payload blob's digest.
-const SIG_PY: &str = r#"
+pub(crate) const SIG_PY: &str = r#"
 import hashlib, json, os, subprocess, sys, base64
 root, tagged, named, key, kind = sys.argv[1:6]
 def put(data):
