@@ -200,4 +200,34 @@ mod tests {
             .unwrap_err()
             .contains("none of the keys"));
     }
+
+    /// OPA's own RS256 test token and the public key it was signed with,
+    /// from open-policy-agent/opa `v1/bundle/verify_test.go`
+    /// (`TestVerifyJWTSignature`: `signedTokenRS256`, `publicKeyValid`).
+    const OPA_RS256_TOKEN: &str = "eyJhbGciOiJSUzI1NiIsInR5cCI6IkpXVCIsImtpZCI6ImZvbyJ9.eyJmaWxlcyI6W3sibmFtZSI6ImRiL3VhbTIvZW50aXRsZW1lbnRzL2RhdGEuanNvbiIsImhhc2giOiJjMjEzMTU0NGM3MTZhMjVhNWUzMWY1MDQzMDBmNTI0MGU4MjM1Y2FkYjlhNTdmMGJkMWI2ZjRiZDc0YjI2NjEyIiwiYWxnb3JpdGhtIjoic2hhMjU2In0seyJuYW1lIjoiZGIvdWFtMi9wb2xpY3kvb3BhLXBvbGljeS5yZWdvIiwiaGFzaCI6IjQyY2ZlNjc2OGI1N2JiNWY3NTAzYzE2NWMyOGRkMDdhYzViODEzNTU0ZWJjODUwZjJjYzM1ODQzZTcxMzdiMWQifV0sImlhdCI6MTU5MjI1MTQwNiwiaXNzIjoiSldUU2VydmljZSIsInNjb3BlIjoid3JpdGUifQ.UZcX_Qj29o213nwZ5mysiyNcgAp1AOqCkDLkj1KGZ7Cw3l17TbkF8t3FJd654sf762NGcABA0WQ2zxq-labXl_d5TKQmq23lurO3qLHI1cKQPyoxPbddGo78sJpMwWsiMyEYcyyKC9FpNUpa8cT81GPo4q9Zui8TAD0wtHh2YxBL7E8QYLJxcLMJTJxVBgrQGLXFT7vYRc6hJz9Vu-i0SWuLBGxOCmYoHr4DWFfy0IhAbhiUFyLRpukfBPjCJNYY5LgaZdN6LaYivtIEUms5jUuXubBimLJm7KOT5-bgJMXTcUsbrbl2Ma7PwG5IOKjjgyEvH8KVfGFZSzNrpuxKmA";
+    const OPA_RS256_KEY: &str = "-----BEGIN PUBLIC KEY-----\nMIIBIjANBgkqhkiG9w0BAQEFAAOCAQ8AMIIBCgKCAQEA9KaakMv1XKKDaSch3PFR\n3a27oaHp1GNTTNqvb1ZaHZXp+wuhYDwc/MTE67x9GCifvQBWzEGorgTq7aisiOyl\nvKifwz6/wQ+62WHKG/sqKn2Xikp3P63aBIPlZcHbkyyRmL62yeyuzYoGvLEYel+m\nz5SiKGBwviSY0Th2L4e5sGJuk2HOut6emxDi+E2Fuuj5zokFJvIT6Urlq8f3h6+l\nGeR6HUOXqoYVf7ff126GP7dticTVBgibxkkuJFmpvQSW6xmxruT4k6iwjzbZHY7P\nypZ/TdlnuGC1cOpAVyU7k32IJ9CRbt3nwEf5U54LRXLLQjFixWZHwKdDiMTF4ws0\n+wIDAQAB\n-----END PUBLIC KEY-----\n";
+
+    #[test]
+    fn the_token_opa_signed_verifies_with_its_key_and_not_once_altered() {
+        let key = Key::from_pem(std::path::Path::new("opa.pem"), OPA_RS256_KEY).unwrap();
+        let keys = [key];
+        let v = verify(OPA_RS256_TOKEN, &keys, None).unwrap();
+        let payload: serde_json::Value = serde_json::from_slice(&v.payload).unwrap();
+        assert_eq!(
+            payload["files"][1]["name"], "db/uam2/policy/opa-policy.rego",
+            "{payload}"
+        );
+        // One byte of the signed payload changed: the signature no longer holds.
+        let (head, rest) = OPA_RS256_TOKEN.split_once('.').unwrap();
+        let (body, sig) = rest.split_once('.').unwrap();
+        let mut bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(body)
+            .unwrap();
+        let at = bytes.len() - 3;
+        bytes[at] ^= 1;
+        let altered = format!("{head}.{}.{sig}", enc(&bytes));
+        assert!(verify(&altered, &keys, None)
+            .unwrap_err()
+            .contains("none of the keys"));
+    }
 }
