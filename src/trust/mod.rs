@@ -12,6 +12,7 @@ pub mod canon;
 pub mod cosign;
 pub mod jws;
 pub mod key;
+pub mod keyless;
 pub mod opa;
 pub mod sigstore;
 
