@@ -344,11 +344,6 @@ impl Cert {
         })
     }
 
-    /// The subject, for messages.
-    pub fn subject(&self) -> String {
-        self.cert.tbs_certificate.subject.to_string()
-    }
-
     fn validity(&self) -> Window {
         let v = &self.cert.tbs_certificate.validity;
         let s = |t: x509_cert::time::Time| t.to_unix_duration().as_secs() as i64;
@@ -1006,10 +1001,12 @@ pub fn verify(k: &Keyless, m: &Material, signed: &Signed) -> Result<String, Stri
     }
     match leaf.oidc_issuer() {
         Some(i) if i == *issuer => {}
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "issuer: the certificate's OIDC issuer is {}, not --certificate-oidc-issuer {issuer}",
             other.as_deref().unwrap_or("missing")
-        )),
+        ))
+        }
     }
     let ok = match signed {
         Signed::Dsse { payload, sig } => super::cosign::signed_by(
