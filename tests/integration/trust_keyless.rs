@@ -39,7 +39,8 @@ const ISSUER: &str = "https://token.actions.githubusercontent.com";
 /// `foreign` (the leaf of the other CA), `expired` (integrated two days
 /// after the leaf's one day of validity), `body` (the entry's body names
 /// another payload hash), `proof` (one proof hash changed), `checkpoint`
-/// (signed by the other key), `nolog` (no log entry). PLACE: `subject`
+/// (signed by the other key), `nolog` (no log entry), `keyed` (signed
+/// with `keys/ec.key`, no certificate, the entry naming its public key). PLACE: `subject`
 /// (an `index.json` entry) or `tag` (the referrers tag fallback, for a push).
 const WORLD_PY: &str = r#"
 import base64, hashlib, json, os, subprocess, sys, time
@@ -87,7 +88,12 @@ if sys.argv[2] == "init":
     sys.exit(0)
 layout, subject, mode, place = sys.argv[3:7]
 leaf = "foreign" if mode == "foreign" else "leaf"
-cert_pem = open(os.path.join(d, leaf + ".pem"), "rb").read()
+if mode == "keyed":
+    # Signed with the key keys/ec.key; the entry names its public key.
+    leaf = "../keys/ec"
+    cert_pem = run("openssl", "pkey", "-in", leaf + ".key", "-pubout")
+else:
+    cert_pem = open(os.path.join(d, leaf + ".pem"), "rb").read()
 ptype = "application/vnd.in-toto+json"
 payload = json.dumps({"_type": "https://in-toto.io/Statement/v1",
     "subject": [{"name": "127.0.0.1/st2/packs", "digest": {"sha256": subject[7:]}}],
@@ -146,8 +152,10 @@ if mode == "body":
     entry["canonicalizedBody"] = b64(body.replace(hashed.encode(), b"0" * 64))
 BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 bundle = json.dumps({"mediaType": BUNDLE,
-    "verificationMaterial": {"certificate": {"rawBytes": b64(der_of_pem(leaf + ".pem"))},
-        "tlogEntries": [] if mode == "nolog" else [entry]},
+    "verificationMaterial": dict(
+        [("publicKey", {"hint": "ec"})] if mode == "keyed" else
+        [("certificate", {"rawBytes": b64(der_of_pem(leaf + ".pem"))})],
+        tlogEntries=[] if mode == "nolog" else [entry]),
     "dsseEnvelope": envelope}).encode()
 def put(data):
     h = hashlib.sha256(data).hexdigest()
@@ -437,4 +445,51 @@ fn a_bundle_source_under_keyless_only_is_exit_6() {
         6,
         "src: keyless verification (--trusted-root) covers image SOURCEs only",
     );
+}
+
+#[test]
+fn with_the_trusted_root_a_keyed_bundle_needs_its_log_entry() {
+    let Some((f, digest)) = setup_world() else {
+        return;
+    };
+    published_unverified(&f);
+    let root = root_file(&f);
+    let ec = crate::trust_images::key(&f, "ec");
+    // A keyed bundle without a log entry: verified by the key alone, but
+    // not with the trusted root.
+    let bare = f.path("bare");
+    copy_dir(&f.path("layout"), &bare);
+    crate::trust_bundle_referrers::attach(&f, &bare, &digest, &digest, "ec", "subject");
+    let bare = format!("oci-layout:{}:1.0", bare.display());
+    let fp = crate::trust_bundles::openssl_fingerprint(&f.path("keys"), "ec");
+    f.refused(
+        &keyed_with_root(&ec, &root, &bare),
+        6,
+        &format!("signed by {fp}, but the bundle has no transparency log entry"),
+    );
+    f.packsync(&crate::trust_bundles::keyed(&ec, &bare)).ok();
+    // Its log entry in the trusted root's log: it lands, named by the key.
+    let good = layout_with(&f, &digest, "keyed", "keyed");
+    f.packsync(&keyed_with_root(&ec, &root, &good)).ok();
+    let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(
+        v["live"]["verified"][0]["key"].as_str(),
+        Some(fp.as_str()),
+        "{v}"
+    );
+}
+
+fn keyed_with_root<'a>(key: &'a str, root: &'a str, src: &'a str) -> Vec<&'a str> {
+    vec![
+        "sync",
+        "--grace",
+        "0",
+        "--verify-key",
+        key,
+        "--trusted-root",
+        root,
+        src,
+        "vol/packs",
+    ]
 }
