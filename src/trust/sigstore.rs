@@ -12,7 +12,7 @@
 //! layout's or `oci-archive:`'s `index.json` entries whose manifest has the
 //! image as `subject`, and the same tag fallback.
 //!
-//! What is verified, keyed only: the bundle's `dsseEnvelope` holds an
+//! What is verified, keyed: the bundle's `dsseEnvelope` holds an
 //! in-toto statement (`payloadType` `application/vnd.in-toto+json`,
 //! `predicateType` cosign's `https://sigstore.dev/cosign/sign/v1`), one of
 //! whose `subject[].digest.sha256` must be the published digest, signed
@@ -22,8 +22,11 @@
 //! its `messageDigest` (SHA2_256) is the image manifest digest and an ECDSA
 //! key signed that digest. `verificationMaterial` (a public key hint, a
 //! certificate) does not choose the key: every `--verify-key` is tried.
-//! Transparency log entries and timestamps in the bundle are not checked:
-//! that needs `--trusted-root`. Nothing here writes.
+//! With `--trusted-root` (`keyless.rs`): a bundle holding a certificate is
+//! verified keyless against `--certificate-identity` and
+//! `--certificate-oidc-issuer`, and a keyed bundle's transparency log entry
+//! must be in one of the root's logs. Timestamps are not checked. Nothing
+//! here writes.
 
 use base64::Engine;
 use serde::Deserialize;
