@@ -866,10 +866,15 @@ fn check_entry(
         if got[..] != claimed[..] {
             return Err("inclusion proof: its hashes do not lead to its root hash".into());
         }
-        let cp = p
-            .checkpoint
-            .as_ref()
-            .ok_or("inclusion proof without a checkpoint")?;
+        // An older bundle's proof may have no checkpoint: its signed entry
+        // timestamp (checked below) is then what the log signed.
+        let cp = match (&p.checkpoint, &e.promise) {
+            (Some(cp), _) => cp,
+            (None, Some(_)) => return check_promise(log, e, &log_id, time, index),
+            (None, None) => {
+                return Err("inclusion proof without a checkpoint (and no promise)".into())
+            }
+        };
         let cp = parse_checkpoint(&cp.envelope).map_err(|m| format!("checkpoint: {m}"))?;
         if cp.size != size || cp.root != claimed {
             return Err(
@@ -887,12 +892,24 @@ fn check_entry(
             ));
         }
     }
+    check_promise(log, e, &log_id, time, index)
+}
+
+/// The entry's signed entry timestamp, where it has one, by `log`'s key
+/// over the canonical JSON of its body, time, log id and index.
+fn check_promise(
+    log: &Tlog,
+    e: &TlogEntry,
+    log_id: &[u8],
+    time: i64,
+    index: i64,
+) -> Result<i64, String> {
     if let Some(pr) = &e.promise {
         let set = b64(&pr.set, "the signed entry timestamp")?;
         let canon = format!(
             "{{\"body\":{},\"integratedTime\":{time},\"logID\":\"{}\",\"logIndex\":{index}}}",
             serde_json::to_string(&e.body).expect("a string"),
-            crate::manifest::hex(&log_id)
+            crate::manifest::hex(log_id)
         );
         if !super::cosign::signed_by(&log.key, canon.as_bytes(), &set) {
             return Err(
@@ -1038,6 +1055,11 @@ mod tests {
     const ROOT: &[u8] = include_bytes!("testdata/staging_trusted_root.json");
     const BUNDLE: &[u8] = include_bytes!("testdata/bundle_v3.txt.sigstore");
     const ARTIFACT: &[u8] = include_bytes!("testdata/bundle_v3.txt");
+    // And `test/assets/bundle.txt` with `bundle.txt.sigstore`: a v0.1 bundle
+    // whose certificate is an `x509CertificateChain`, for a@tny.town and the
+    // same issuer (test/unit/verify/test_policy.py).
+    const BUNDLE_V1: &[u8] = include_bytes!("testdata/bundle.txt.sigstore");
+    const ARTIFACT_V1: &[u8] = include_bytes!("testdata/bundle.txt");
     const IDENTITY: &str = "william@yossarian.net";
     const ISSUER: &str = "https://github.com/login/oauth";
 
@@ -1055,9 +1077,13 @@ mod tests {
     }
 
     fn keyless(root: &[u8]) -> Keyless {
+        keyless_for(root, IDENTITY)
+    }
+
+    fn keyless_for(root: &[u8], identity: &str) -> Keyless {
         Keyless {
             root: Arc::new(TrustedRoot::parse(Path::new("trusted_root.json"), root).unwrap()),
-            who: Some((IDENTITY.into(), ISSUER.into())),
+            who: Some((identity.into(), ISSUER.into())),
         }
     }
 
@@ -1075,10 +1101,20 @@ mod tests {
     fn sigstore_pythons_bundle_verifies_and_one_byte_changed_does_not() {
         let k = keyless(ROOT);
         assert!(k.root.tlogs.len() >= 2 && !k.root.cas.is_empty());
-        assert_eq!(
-            check(&k, BUNDLE, ARTIFACT).unwrap(),
-            format!("keyless:{ISSUER}:{IDENTITY}")
-        );
+        let v1 = keyless_for(ROOT, "a@tny.town");
+        for (k, bundle, artifact) in [(&k, BUNDLE, ARTIFACT), (&v1, BUNDLE_V1, ARTIFACT_V1)] {
+            let (id, _) = k.who.as_ref().unwrap();
+            assert_eq!(
+                check(k, bundle, artifact).unwrap(),
+                format!("keyless:{ISSUER}:{id}")
+            );
+            let mut a = artifact.to_vec();
+            a[3] ^= 0x20;
+            assert!(check(k, bundle, &a).unwrap_err().contains("log entry"));
+        }
+        assert!(check(&k, BUNDLE_V1, ARTIFACT_V1)
+            .unwrap_err()
+            .starts_with("identity: the certificate is for a@tny.town"));
         // The artifact with one byte changed: the log entry names another hash.
         let mut a = ARTIFACT.to_vec();
         a[0] ^= 1;
@@ -1159,6 +1195,28 @@ mod tests {
         let set = e("signedEntryTimestamp", 20);
         assert!(set.starts_with("inclusion promise"), "{set}");
         assert!(e("keyId", 5).contains("not a log of the trusted root"));
+    }
+
+    #[test]
+    fn a_proof_without_its_checkpoint_needs_the_promise() {
+        let k = keyless(ROOT);
+        let mut v: serde_json::Value = serde_json::from_slice(BUNDLE).unwrap();
+        let e = &mut v["verificationMaterial"]["tlogEntries"][0];
+        e["inclusionProof"]
+            .as_object_mut()
+            .unwrap()
+            .remove("checkpoint");
+        assert!(check(&k, &serde_json::to_vec(&v).unwrap(), ARTIFACT).is_ok());
+        let e = &mut v["verificationMaterial"]["tlogEntries"][0];
+        e.as_object_mut().unwrap().remove("inclusionPromise");
+        assert!(check(&k, &serde_json::to_vec(&v).unwrap(), ARTIFACT)
+            .unwrap_err()
+            .contains("without a checkpoint"));
+        let e = &mut v["verificationMaterial"]["tlogEntries"][0];
+        e.as_object_mut().unwrap().remove("inclusionProof");
+        assert!(check(&k, &serde_json::to_vec(&v).unwrap(), ARTIFACT)
+            .unwrap_err()
+            .contains("neither an inclusion proof nor a promise"));
     }
 
     #[test]
