@@ -14,7 +14,9 @@
 //! identity, another issuer, a certificate of another CA, one expired at
 //! the entry's integrated time, a log entry altered, an inclusion proof
 //! with a wrong hash, a checkpoint signed by another key, no log entry:
-//! each exit 6 naming the source and the cause, DEST and its state unchanged.
+//! a leaf without codeSigning: each exit 6 naming the source and the
+//! cause, DEST and its state unchanged. A chain in `x509CertificateChain`
+//! and the legacy issuer extension land too.
 
 use std::fs;
 use std::path::Path;
@@ -40,7 +42,10 @@ const ISSUER: &str = "https://token.actions.githubusercontent.com";
 /// after the leaf's one day of validity), `body` (the entry's body names
 /// another payload hash), `proof` (one proof hash changed), `checkpoint`
 /// (signed by the other key), `nolog` (no log entry), `keyed` (signed
-/// with `keys/ec.key`, no certificate, the entry naming its public key). PLACE: `subject`
+/// with `keys/ec.key`, no certificate, the entry naming its public key),
+/// `legacy` (a leaf with only the legacy raw issuer extension
+/// 1.3.6.1.4.1.57264.1.1, in an `x509CertificateChain` with the CA), `noeku`
+/// (a leaf for client auth, not code signing). PLACE: `subject`
 /// (an `index.json` entry) or `tag` (the referrers tag fallback, for a push).
 const WORLD_PY: &str = r#"
 import base64, hashlib, json, os, subprocess, sys, time
@@ -63,15 +68,20 @@ if sys.argv[2] == "init":
         run("openssl", "req", "-x509", "-new", "-key", ca + ".key", "-sha384", "-days", "3650",
             "-subj", "/O=packsync-test/CN=" + ca, "-addext", "basicConstraints=critical,CA:true",
             "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", ca + ".pem")
+    san = "subjectAltName = critical, URI:%s, email:%s\n" % (sys.argv[3], sys.argv[4])
+    issuer = "1.3.6.1.4.1.57264.1.8 = ASN1:UTF8String:%s\n" % sys.argv[5]
+    legacy = "1.3.6.1.4.1.57264.1.1 = DER:%s\n" % sys.argv[5].encode().hex()
+    usage = "keyUsage = critical, digitalSignature\n"
     open(os.path.join(d, "leaf.cnf"), "w").write(
-        "[leaf]\nkeyUsage = critical, digitalSignature\nextendedKeyUsage = codeSigning\n"
-        "subjectAltName = critical, URI:%s, email:%s\n"
-        "1.3.6.1.4.1.57264.1.8 = ASN1:UTF8String:%s\n" % (sys.argv[3], sys.argv[4], sys.argv[5]))
-    for leaf, ca in [("leaf", "ca"), ("foreign", "otherca")]:
+        "[leaf]\n" + usage + "extendedKeyUsage = codeSigning\n" + san + issuer +
+        "[foreign]\n" + usage + "extendedKeyUsage = codeSigning\n" + san + issuer +
+        "[legacy]\n" + usage + "extendedKeyUsage = codeSigning\n" + san + legacy +
+        "[noeku]\n" + usage + "extendedKeyUsage = clientAuth\n" + san + issuer)
+    for leaf, ca in [("leaf", "ca"), ("foreign", "otherca"), ("legacy", "ca"), ("noeku", "ca")]:
         run("openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", leaf + ".key")
         run("openssl", "req", "-new", "-key", leaf + ".key", "-subj", "/O=packsync-test", "-out", leaf + ".csr")
         run("openssl", "x509", "-req", "-in", leaf + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
-            "-set_serial", "7", "-days", "1", "-sha384", "-extfile", "leaf.cnf", "-extensions", "leaf",
+            "-set_serial", "7", "-days", "1", "-sha384", "-extfile", "leaf.cnf", "-extensions", leaf,
             "-out", leaf + ".pem")
     for k in ["log", "otherlog"]:
         run("openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", k + ".key")
@@ -87,7 +97,7 @@ if sys.argv[2] == "init":
     json.dump(root, open(os.path.join(d, "trusted_root.json"), "w"), indent=2)
     sys.exit(0)
 layout, subject, mode, place = sys.argv[3:7]
-leaf = "foreign" if mode == "foreign" else "leaf"
+leaf = mode if mode in ["foreign", "legacy", "noeku"] else "leaf"
 if mode == "keyed":
     # Signed with the key keys/ec.key; the entry names its public key.
     leaf = "../keys/ec"
@@ -154,6 +164,8 @@ BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 bundle = json.dumps({"mediaType": BUNDLE,
     "verificationMaterial": dict(
         [("publicKey", {"hint": "ec"})] if mode == "keyed" else
+        [("x509CertificateChain", {"certificates": [{"rawBytes": b64(der_of_pem(leaf + ".pem"))},
+            {"rawBytes": b64(der_of_pem("ca.pem"))}]})] if mode == "legacy" else
         [("certificate", {"rawBytes": b64(der_of_pem(leaf + ".pem"))})],
         tlogEntries=[] if mode == "nolog" else [entry]),
     "dsseEnvelope": envelope}).encode()
@@ -328,6 +340,22 @@ fn a_keyless_bundle_with_only_its_signed_entry_timestamp_lands() {
 }
 
 #[test]
+fn a_certificate_chain_with_the_legacy_issuer_extension_lands() {
+    let Some((f, digest)) = setup_world() else {
+        return;
+    };
+    let src = layout_with(&f, &digest, "legacy", "legacy");
+    let root = root_file(&f);
+    f.refused(
+        &keyless(&root, IDENTITY, "https://token.actions.example", &src),
+        6,
+        &format!("issuer: the certificate's OIDC issuer is {ISSUER}, not"),
+    );
+    f.packsync(&keyless(&root, IDENTITY, ISSUER, &src)).ok();
+    assert_eq!(tree(&f.dest()), ["packs/", "packs/core.yaml=core v1"]);
+}
+
+#[test]
 fn each_keyless_failure_is_exit_6_and_changes_nothing() {
     let Some((f, digest)) = setup_world() else {
         return;
@@ -357,6 +385,7 @@ fn each_keyless_failure_is_exit_6_and_changes_nothing() {
         ("proof", "inclusion proof: its hashes do not lead to its root hash"),
         ("checkpoint", "checkpoint signature: not by the key of log log.example - 1234"),
         ("nolog", "the bundle has no transparency log entry"),
+        ("noeku", "the certificate has no codeSigning extended key usage"),
     ];
     for (mode, needle) in cases {
         let src = layout_with(&f, &digest, mode, mode);
