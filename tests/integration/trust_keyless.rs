@@ -13,7 +13,7 @@
 //! for the identity lands and `status --json` names the identity; another
 //! identity, another issuer, a certificate of another CA, one expired at
 //! the entry's integrated time, a log entry altered, an inclusion proof
-//! with a wrong hash, a checkpoint signed by another key, no log entry:
+//! with a wrong hash, a checkpoint signed by another key, no log entry,
 //! a leaf without codeSigning: each exit 6 naming the source and the
 //! cause, DEST and its state unchanged. A chain in `x509CertificateChain`
 //! and the legacy issuer extension land too.
