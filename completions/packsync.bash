@@ -325,7 +325,7 @@ _packsync() {
             return 0
             ;;
         packsync__subcmd__sync)
-            opts="-c -X -n -i -q -h --registry-auth --ca-file --insecure-registry --header --header-file --timeout --round-timeout --semver --tag-filter --platform --verify-key --layer-media-type --exclude --include --exclude-from --checksum --xattrs --set-mtime --chown --chmod --label --dry-run --max-delete --allow-empty --allow-downgrade --max-entries --verify --no-fsync --layout --slot --adopt --keep --grace --mkpath --migrate --exec-after --every --max-failures --unhealthy-after --http-bind --itemize --json --quiet --progress --no-progress --help"
+            opts="-c -X -n -i -q -h --registry-auth --ca-file --insecure-registry --header --header-file --timeout --round-timeout --semver --tag-filter --platform --verify-key --trusted-root --certificate-identity --certificate-oidc-issuer --layer-media-type --exclude --include --exclude-from --checksum --xattrs --set-mtime --chown --chmod --label --dry-run --max-delete --allow-empty --allow-downgrade --max-entries --verify --no-fsync --layout --slot --adopt --keep --grace --mkpath --migrate --exec-after --every --max-failures --unhealthy-after --http-bind --itemize --json --quiet --progress --no-progress --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -372,6 +372,18 @@ _packsync() {
                     return 0
                     ;;
                 --verify-key)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --trusted-root)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --certificate-identity)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --certificate-oidc-issuer)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -65,6 +65,9 @@ complete -c packsync -n "__fish_packsync_using_subcommand sync" -l semver -d 'Fo
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l tag-filter -d 'With --semver: consider only the tags REGEX matches (anywhere in the tag unless anchored)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l platform -d 'The image of an index to take: OS/ARCH[/VARIANT] (default: the running platform)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l verify-key -d 'Publish only sources signed by this PEM public key (repeatable; ECDSA P-256/P-384, Ed25519, RSA >= 2048): an OPA bundle\'s /.signatures.json; else exit 6' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l trusted-root -d 'For image SOURCEs: verify Sigstore bundles offline against this trusted_root.json: keyless certificates (with --certificate-identity and --certificate-oidc-issuer) and every bundle\'s transparency log entry; else exit 6' -r -F
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l certificate-identity -d 'With --trusted-root: the identity (SAN email or URI) a keyless certificate must name, exactly' -r
+complete -c packsync -n "__fish_packsync_using_subcommand sync" -l certificate-oidc-issuer -d 'With --trusted-root: the OIDC issuer a keyless certificate must name, exactly (e.g. https://token.actions.githubusercontent.com)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l layer-media-type -d 'For image SOURCEs: publish only the layers of this media type (repeatable; Flux\'s layerSelector), e.g. an OPA bundle\'s application/vnd.oci.image.layer.v1.tar+gzip' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l exclude -d 'Leave out paths matching GLOB (gitignore syntax; repeatable)' -r
 complete -c packsync -n "__fish_packsync_using_subcommand sync" -l include -d 'Keep paths matching GLOB even if an earlier --exclude matched them (repeatable)' -r

@@ -321,7 +321,7 @@ fn round_on(
     // live generation those same keys verified (`unchanged_live`). An image
     // checks its cosign signature as its digest is resolved, which
     // `unchanged_live` does for every one before anything is written.
-    let trusting = !cfg.verify_keys.is_empty();
+    let trusting = cfg.trusting();
     let (vol, dest) = open_dest(cfg, &sources)?;
     size_pool(&vol, &dest, &sources);
     let output = Output::of(cfg.json, cfg.quiet);
@@ -467,6 +467,7 @@ fn round_on(
                 spool_in,
                 &cfg.filter,
                 &cfg.verify_keys,
+                cfg.trusting(),
                 &Scanning {
                     kept: &warnings,
                     console: &console,
@@ -1104,15 +1105,18 @@ fn unchanged_live(
     Ok(header.filter(|_| all).map(|(gen, _)| gen.clone()))
 }
 
-/// Whether a generation's record says that one of `cfg`'s keys verified
-/// each of its `n` sources (always true without --verify-key).
+/// Whether a generation's record says that one of `cfg`'s keys (or its
+/// keyless identity) verified each of its `n` sources (always true
+/// without --verify-key or --certificate-identity).
 fn trusted_by(cfg: &SyncConfig, header: &Manifest, n: usize) -> bool {
-    cfg.verify_keys.is_empty()
+    let keyless = cfg.remote.keyless.as_ref().and_then(|k| k.label());
+    !cfg.trusting()
         || (0..n).all(|i| {
-            header
-                .verified
-                .iter()
-                .any(|(at, fp)| *at == i && cfg.verify_keys.iter().any(|k| &k.fingerprint == fp))
+            header.verified.iter().any(|(at, fp)| {
+                *at == i
+                    && (cfg.verify_keys.iter().any(|k| &k.fingerprint == fp)
+                        || keyless.as_ref() == Some(fp))
+            })
         })
 }
 
@@ -1376,12 +1380,13 @@ impl Sources {
         staging: Option<&DirFd>,
         filter: &Filter,
         keys: &[crate::trust::Key],
+        trusting: bool,
         reporter: &dyn Reporter,
     ) -> Result<(Tree, Option<Vec<(usize, String)>>)> {
         if let Some(staging) = staging {
             source::spool_all(&self.refs(), staging, reporter)?;
         }
-        if keys.is_empty() {
+        if !trusting {
             return Ok((scan::run(&self.refs(), filter, reporter)?, None));
         }
         let verified = std::sync::Mutex::new(Vec::new());

@@ -188,6 +188,15 @@ pub struct SyncArgs {
     /// Publish only sources signed by this PEM public key (repeatable; ECDSA P-256/P-384, Ed25519, RSA >= 2048): an OPA bundle's /.signatures.json; else exit 6
     #[arg(long, value_name = "FILE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(parse_key_path), env = "PACKSYNC_VERIFY_KEY", help_heading = SOURCES)]
     pub verify_key: Vec<Option<PathBuf>>,
+    /// For image SOURCEs: verify Sigstore bundles offline against this trusted_root.json: keyless certificates (with --certificate-identity and --certificate-oidc-issuer) and every bundle's transparency log entry; else exit 6
+    #[arg(long, value_name = "FILE", value_parser = parse_key_path, env = "PACKSYNC_TRUSTED_ROOT", help_heading = SOURCES)]
+    pub trusted_root: Option<PathBuf>,
+    /// With --trusted-root: the identity (SAN email or URI) a keyless certificate must name, exactly
+    #[arg(long, value_name = "ID", value_parser = parse_nonempty, env = "PACKSYNC_CERTIFICATE_IDENTITY", help_heading = SOURCES)]
+    pub certificate_identity: Option<String>,
+    /// With --trusted-root: the OIDC issuer a keyless certificate must name, exactly (e.g. https://token.actions.githubusercontent.com)
+    #[arg(long, value_name = "URL", value_parser = parse_nonempty, env = "PACKSYNC_CERTIFICATE_OIDC_ISSUER", help_heading = SOURCES)]
+    pub certificate_oidc_issuer: Option<String>,
     /// For image SOURCEs: publish only the layers of this media type (repeatable; Flux's layerSelector), e.g. an OPA bundle's application/vnd.oci.image.layer.v1.tar+gzip
     #[arg(long, value_name = "TYPE", action = ArgAction::Append, value_delimiter = '\n', value_parser = EnvLines(config::parse_media_type), env = "PACKSYNC_LAYER_MEDIA_TYPE", help_heading = SOURCES)]
     pub layer_media_type: Vec<Option<String>>,
@@ -593,7 +602,47 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         let key = crate::trust::Key::load(f).map_err(|e| error::usage(format!("{e:#}")))?;
         verify_keys.push(key);
     }
+    let keyless = match (
+        &s.trusted_root,
+        s.certificate_identity,
+        s.certificate_oidc_issuer,
+    ) {
+        (None, None, None) => None,
+        (None, _, _) => {
+            return Err(error::usage(
+                "--certificate-identity and --certificate-oidc-issuer need --trusted-root FILE",
+            ))
+        }
+        (Some(f), id, iss) => {
+            let who = match (id, iss) {
+                (Some(id), Some(iss)) => Some((id, iss)),
+                (None, None) if !verify_keys.is_empty() => None,
+                (None, None) => {
+                    return Err(error::usage(
+                        "--trusted-root needs --certificate-identity and --certificate-oidc-issuer (keyless), or --verify-key",
+                    ))
+                }
+                (Some(_), None) => {
+                    return Err(error::usage(
+                        "--certificate-identity needs --certificate-oidc-issuer",
+                    ))
+                }
+                (None, Some(_)) => {
+                    return Err(error::usage(
+                        "--certificate-oidc-issuer needs --certificate-identity",
+                    ))
+                }
+            };
+            let root = crate::trust::keyless::TrustedRoot::load(f)
+                .map_err(|e| error::usage(format!("{e:#}")))?;
+            Some(crate::trust::keyless::Keyless {
+                root: std::sync::Arc::new(root),
+                who,
+            })
+        }
+    };
     let remote = config::Remote {
+        keyless,
         registry_auth: s.registry_auth,
         ca_file: s.ca_file,
         insecure_registries: s.insecure_registry.into_iter().flatten().collect(),
@@ -664,6 +713,14 @@ fn parse_key_path(s: &str) -> Result<PathBuf> {
         anyhow::bail!("empty path");
     }
     Ok(PathBuf::from(s))
+}
+
+/// `--certificate-identity`, `--certificate-oidc-issuer`: compared exactly.
+fn parse_nonempty(s: &str) -> Result<String> {
+    if s.is_empty() {
+        anyhow::bail!("empty");
+    }
+    Ok(s.to_string())
 }
 
 /// `--grace`: see `config::parse_duration`.

@@ -170,6 +170,19 @@ pub struct SyncConfig {
     pub remote: Remote,
 }
 
+impl SyncConfig {
+    /// Whether every SOURCE must be signed: a `--verify-key`, or a keyless
+    /// identity (`--trusted-root` with `--certificate-identity`).
+    pub fn trusting(&self) -> bool {
+        !self.verify_keys.is_empty()
+            || self
+                .remote
+                .keyless
+                .as_ref()
+                .is_some_and(|k| k.who.is_some())
+    }
+}
+
 /// `--max-entries`: far above any pack image or bundle (a 1.5 GB StackStorm
 /// image holds about 10^5 entries), far below what a small compressed
 /// archive of empty entries could otherwise make the spool hold.
@@ -209,6 +222,10 @@ pub struct Remote {
     /// `--verify-key`: images check their cosign signature with these as
     /// soon as their digest is resolved.
     pub verify_keys: Vec<crate::trust::Key>,
+    /// `--trusted-root FILE` with `--certificate-identity` and
+    /// `--certificate-oidc-issuer`: images' keyless bundles are verified
+    /// against it, and keyed bundles' log entries too.
+    pub keyless: Option<crate::trust::keyless::Keyless>,
     /// `--semver RANGE` with `--tag-filter REGEX`: the tag an `oci://` or
     /// `oci-layout:` SOURCE without a tag publishes.
     pub choose: Option<Choose>,

@@ -576,7 +576,84 @@ pub fn cosign_signature(data: &[u8]) {
     } else {
         use crate::trust::sigstore;
         let _ = sigstore::statement_digests(doc);
-        let _ = sigstore::verify_bundle(doc, "sha256:0", &[]);
+        let by = sigstore::Signers {
+            keys: &[],
+            keyless: None,
+        };
+        let _ = sigstore::verify_bundle(doc, "sha256:0", by);
+    }
+}
+
+/// `--trusted-root`: a Sigstore `trusted_root.json` (first byte even), or
+/// one DER certificate as a bundle or a root holds it (odd). Refusing never
+/// panics; a root taken has a log and stays within its bounds; a
+/// certificate taken gives its identities and issuer without panicking.
+pub fn trusted_root(data: &[u8]) {
+    use crate::trust::keyless::{self, Cert, TrustedRoot};
+    let Some((&pick, doc)) = data.split_first() else {
+        return;
+    };
+    if pick % 2 == 0 {
+        if let Ok(r) = TrustedRoot::parse(std::path::Path::new("trusted_root.json"), doc) {
+            assert!(!r.tlogs.is_empty() && r.tlogs.len() <= keyless::MAX_AUTHORITIES);
+            assert!(r.cas.len() <= keyless::MAX_AUTHORITIES);
+        }
+    } else if let Ok(c) = Cert::parse(doc) {
+        assert!(doc.len() <= keyless::MAX_CERT);
+        let _ = (c.identities(), c.oidc_issuer());
+    }
+}
+
+/// A transparency log entry's proof: a checkpoint (a signed note; first
+/// byte 0 mod 3), an RFC 6962 inclusion proof (1: index and size as 8
+/// bytes each, then 32-byte hashes), or an entry body checked against a
+/// signature (2). Refusing never panics; a checkpoint taken is a prefix of
+/// its input up to a newline, with 1 to `MAX_NOTE_SIGNATURES` signatures; a
+/// proof of a one-leaf tree without hashes leads to the leaf.
+pub fn checkpoint(data: &[u8]) {
+    use crate::trust::keyless::{self, Signed, Signer};
+    let Some((&pick, doc)) = data.split_first() else {
+        return;
+    };
+    match pick % 3 {
+        0 => {
+            let Ok(text) = std::str::from_utf8(doc) else {
+                return;
+            };
+            if let Ok(c) = keyless::parse_checkpoint(text) {
+                assert!(text.starts_with(&c.text) && c.text.ends_with('\n'));
+                assert!(!c.signatures.is_empty());
+                assert!(c.signatures.len() <= keyless::MAX_NOTE_SIGNATURES);
+            }
+        }
+        1 => {
+            if doc.len() < 16 {
+                return;
+            }
+            let index = u64::from_le_bytes(doc[..8].try_into().expect("8 bytes"));
+            let size = u64::from_le_bytes(doc[8..16].try_into().expect("8 bytes"));
+            let hashes: Vec<[u8; 32]> = doc[16..]
+                .chunks_exact(32)
+                .take(keyless::MAX_PROOF_HASHES)
+                .map(|c| c.try_into().expect("32 bytes"))
+                .collect();
+            let leaf = keyless::leaf_hash(doc);
+            let _ = keyless::proof_root(index, size, leaf, &hashes);
+            assert_eq!(keyless::proof_root(0, 1, leaf, &[]), Some(leaf));
+        }
+        _ => {
+            let dsse = Signed::Dsse {
+                payload: b"{}",
+                sig: b"s",
+            };
+            let message = Signed::Message {
+                digest: [0; 32],
+                sig: b"s",
+            };
+            for signed in [dsse, message] {
+                let _ = keyless::body_describes(doc, &signed, &Signer::Cert(b"c"));
+            }
+        }
     }
 }
 
@@ -646,7 +723,9 @@ pub fn target(name: &str, data: &[u8]) -> bool {
                 chmod(rules, u32::from_le_bytes([m[0], m[1], m[2], m[3]]));
             }
         }
+        "checkpoint" => checkpoint(data),
         "cosign_signature" => cosign_signature(data),
+        "trusted_root" => trusted_root(data),
         "docker_config" => docker_config(data),
         "duration" => text.into_iter().for_each(duration),
         "exclude_from" => exclude_from(data),

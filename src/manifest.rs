@@ -14,7 +14,8 @@
 //! hardlinks 1                   (1: the volume shows hardlinks as one inode; 0: groups from here)
 //! xattrs 1                      (only where some entry carries extended attributes)
 //! setmtime 1700000000           (optional: `--set-mtime`, every entry got this mtime)
-//! verified 0 SHA256:…           (optional: `--verify-key`, the key that verified SOURCE 0)
+//! verified 0 SHA256:…           (optional: `--verify-key`, the key that verified SOURCE 0;
+//!                                 `keyless:ISSUER:IDENTITY` for a keyless signature)
 //! digest <sha256 hex of the entry lines and label>
 //! entries 42
 //! bytes 123456

@@ -180,7 +180,12 @@ pub(crate) fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
 /// enough, and must name the digest it was found for. What is missing or
 /// wrong is exit 6 naming the source; a store that cannot be read (a
 /// registry down, a blob gone) is its own error.
-pub fn check(store: &dyn Store, root: &str, digest: &str, keys: &[Key]) -> anyhow::Result<String> {
+pub fn check(
+    store: &dyn Store,
+    root: &str,
+    digest: &str,
+    by: super::sigstore::Signers,
+) -> anyhow::Result<String> {
     let label = store.label();
     let untrusted = |m: String| error::untrusted(format!("{label}: {m}"));
     let mut tried: Vec<(&str, String)> = Vec::new();
@@ -198,12 +203,12 @@ pub fn check(store: &dyn Store, root: &str, digest: &str, keys: &[Key]) -> anyho
             )));
         };
         if let Some(bytes) = found? {
-            match verify(store, d, &tag, &bytes, keys)? {
+            match verify(store, d, &tag, &bytes, by.keys)? {
                 Ok(fp) => return Ok(fp),
                 Err(m) => failed.push(m),
             }
         }
-        match super::sigstore::look(store, d, keys)? {
+        match super::sigstore::look(store, d, by)? {
             Ok(fp) => return Ok(fp),
             Err(m) => failed.extend(m),
         }
@@ -302,10 +307,12 @@ pub(crate) fn read_bounded(
     Ok(Ok(bytes))
 }
 
-/// An image's `--verify-key` check, and the key that passed it.
+/// An image's `--verify-key` (or keyless, `--trusted-root`) check, and
+/// the key (or identity) that passed it.
 #[derive(Default)]
 pub struct Trust {
     keys: Vec<Key>,
+    keyless: Option<super::keyless::Keyless>,
     pub verified: std::sync::Mutex<Option<String>>,
 }
 
@@ -313,16 +320,22 @@ impl Trust {
     pub fn of(remote: &crate::config::Remote) -> Trust {
         Trust {
             keys: remote.verify_keys.clone(),
+            keyless: remote.keyless.clone(),
             verified: Default::default(),
         }
     }
 
-    /// Check the signature of `digest` (nothing without keys).
+    /// Check the signature of `digest` (nothing without keys or an identity).
     pub fn check(&self, store: &dyn Store, root: &str, digest: &str) -> anyhow::Result<()> {
-        if self.keys.is_empty() {
+        let keyless = self.keyless.as_ref();
+        if self.keys.is_empty() && keyless.is_none_or(|k| k.who.is_none()) {
             return Ok(());
         }
-        let fp = check(store, root, digest, &self.keys)?;
+        let by = super::sigstore::Signers {
+            keys: &self.keys,
+            keyless,
+        };
+        let fp = check(store, root, digest, by)?;
         *self.verified.lock().unwrap() = Some(fp);
         Ok(())
     }

@@ -165,6 +165,24 @@ impl Key {
         })
     }
 
+    /// The key a DER SubjectPublicKeyInfo holds (a trusted root's log
+    /// key, a certificate's), named by `path` (where it was read).
+    pub fn from_spki_der(path: &Path, der: &[u8]) -> Result<Key> {
+        let public = from_spki(der)?;
+        if let Public::Rsa(k) = &public {
+            use rsa::traits::PublicKeyParts;
+            let bits = k.n().bits();
+            if bits < MIN_RSA_BITS {
+                bail!("RSA key of {bits} bits: at least {MIN_RSA_BITS} are needed");
+            }
+        }
+        Ok(Key {
+            file: path.to_path_buf(),
+            fingerprint: fingerprint(der),
+            public,
+        })
+    }
+
     /// What kind of key this is, for messages.
     pub fn kind(&self) -> &'static str {
         match self.public {
@@ -242,6 +260,24 @@ impl Key {
             Public::P384(k) => {
                 let sig = p384::ecdsa::Signature::from_der(der).map_err(|_| Refusal::Bad)?;
                 k.verify_prehash(digest, &sig).map_err(|_| Refusal::Bad)
+            }
+            _ => Err(Refusal::WrongType),
+        }
+    }
+
+    /// Check an ECDSA signature (DER) over a digest computed elsewhere
+    /// (an X.509 signature: SHA-256 or SHA-384 of the signed part, either
+    /// curve).
+    pub fn verify_ecdsa_prehash(&self, prehash: &[u8], der: &[u8]) -> Result<(), Refusal> {
+        use p256::ecdsa::signature::hazmat::PrehashVerifier;
+        match &self.public {
+            Public::P256(k) => {
+                let sig = p256::ecdsa::Signature::from_der(der).map_err(|_| Refusal::Bad)?;
+                k.verify_prehash(prehash, &sig).map_err(|_| Refusal::Bad)
+            }
+            Public::P384(k) => {
+                let sig = p384::ecdsa::Signature::from_der(der).map_err(|_| Refusal::Bad)?;
+                k.verify_prehash(prehash, &sig).map_err(|_| Refusal::Bad)
             }
             _ => Err(Refusal::WrongType),
         }

@@ -4,7 +4,8 @@
 //! `key.rs` reads keys and checks raw signatures, `jws.rs` compact JWS
 //! tokens, `canon.rs` OPA's canonical JSON, `opa.rs` a bundle's
 //! `/.signatures.json`, `cosign.rs` an image's cosign signature (its legacy tag), `sigstore.rs`
-//! a Sigstore bundle attached to it as a referrer. A source that is not trusted is exit 6
+//! a Sigstore bundle attached to it as a referrer, `keyless.rs` a bundle's
+//! certificate and transparency log entry against `--trusted-root`. A source that is not trusted is exit 6
 //! (`error::Failure::Untrusted`), one line naming it and what was wrong.
 //! Nothing here writes.
 
@@ -12,6 +13,7 @@ pub mod canon;
 pub mod cosign;
 pub mod jws;
 pub mod key;
+pub mod keyless;
 pub mod opa;
 pub mod sigstore;
 
@@ -46,6 +48,13 @@ pub fn check(
                 source.label()
             ))
         });
+    }
+    if keys.is_empty() {
+        return Err(error::untrusted(format!(
+            "{}: keyless verification (--trusted-root) covers image SOURCEs only; a bundle's \
+             /.signatures.json needs --verify-key",
+            source.label()
+        )));
     }
     opa::check(source, tree, keys, filter)
         .map_err(|m| error::untrusted(format!("{}: {m}", source.label())))

@@ -12,7 +12,7 @@
 //! layout's or `oci-archive:`'s `index.json` entries whose manifest has the
 //! image as `subject`, and the same tag fallback.
 //!
-//! What is verified, keyed only: the bundle's `dsseEnvelope` holds an
+//! What is verified, keyed: the bundle's `dsseEnvelope` holds an
 //! in-toto statement (`payloadType` `application/vnd.in-toto+json`,
 //! `predicateType` cosign's `https://sigstore.dev/cosign/sign/v1`), one of
 //! whose `subject[].digest.sha256` must be the published digest, signed
@@ -22,13 +22,17 @@
 //! its `messageDigest` (SHA2_256) is the image manifest digest and an ECDSA
 //! key signed that digest. `verificationMaterial` (a public key hint, a
 //! certificate) does not choose the key: every `--verify-key` is tried.
-//! Transparency log entries and timestamps in the bundle are not checked:
-//! that needs `--trusted-root`. Nothing here writes.
+//! With `--trusted-root` (`keyless.rs`): a bundle holding a certificate is
+//! verified keyless against `--certificate-identity` and
+//! `--certificate-oidc-issuer`, and a keyed bundle's transparency log entry
+//! must be in one of the root's logs. Timestamps are not checked. Nothing
+//! here writes.
 
 use base64::Engine;
 use serde::Deserialize;
 
 use super::key::Key;
+use super::keyless::{self, Keyless};
 use crate::source::oci_fetch::Store;
 use crate::source::oci_image::{self, Descriptor};
 use crate::source::oci_ref::valid_digest;
@@ -220,6 +224,8 @@ struct Bundle {
     dsse: Option<Envelope>,
     #[serde(rename = "messageSignature")]
     message: Option<MessageSignature>,
+    #[serde(rename = "verificationMaterial")]
+    material: Option<keyless::Material>,
 }
 
 #[derive(Deserialize)]
@@ -306,9 +312,35 @@ pub fn statement_digests(payload: &[u8]) -> Result<Vec<String>, String> {
         .collect())
 }
 
+/// Whom a bundle may be signed by: the `--verify-key` keys, and with
+/// `--trusted-root` the keyless identity (and the log that keyed bundles'
+/// entries must be in).
+#[derive(Clone, Copy)]
+pub struct Signers<'a> {
+    pub keys: &'a [Key],
+    pub keyless: Option<&'a Keyless>,
+}
+
+/// What a verified signature names, checked against the published digest.
+fn names(named: Result<Vec<String>, String>, by: &str, digest: &str) -> Result<String, String> {
+    let named = named.map_err(|m| format!("signed by {by}, but {m}"))?;
+    if named.iter().any(|d| d == digest) {
+        return Ok(by.to_string());
+    }
+    Err(format!(
+        "the statement signed by {by} names image {}, not the published {digest}",
+        if named.is_empty() {
+            "none".to_string()
+        } else {
+            named.join(", ")
+        }
+    ))
+}
+
 /// Verify the bundle `bytes` for the image `digest`: the fingerprint of the
-/// key that signed it, or what was wrong.
-pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String, String> {
+/// key that signed it (or the keyless identity, `keyless:ISSUER:IDENTITY`),
+/// or what was wrong.
+pub fn verify_bundle(bytes: &[u8], digest: &str, by: Signers) -> Result<String, String> {
     let b: Bundle =
         serde_json::from_slice(bytes).map_err(|e| format!("not a Sigstore bundle: {e}"))?;
     match b.media_type.as_deref() {
@@ -319,6 +351,28 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String,
             ))
         }
     }
+    let material = b.material.unwrap_or_default();
+    // A certificate, and an identity to check it against: keyless.
+    let keyless = by
+        .keyless
+        .filter(|k| k.who.is_some() && material.has_certificate());
+    if keyless.is_none() && by.keys.is_empty() {
+        return Err(if material.has_certificate() {
+            "the bundle holds a certificate, and no --certificate-identity was given".into()
+        } else {
+            "the bundle is signed with a key, not a certificate, and no --verify-key was given"
+                .into()
+        });
+    }
+    // With --trusted-root, a keyed signature's log entry is checked too.
+    let logged = |signed: &keyless::Signed, key: &Key| -> Result<(), String> {
+        match by.keyless {
+            Some(k) => keyless::check_tlog(&k.root, &material, signed, &keyless::Signer::Key(key))
+                .map(|_| ())
+                .map_err(|m| format!("signed by {}, but {m}", key.fingerprint)),
+            None => Ok(()),
+        }
+    };
     if let Some(env) = b.dsse {
         if env.payload_type != IN_TOTO {
             return Err(format!(
@@ -333,38 +387,49 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String,
             ));
         }
         let payload = b64(&env.payload, "the DSSE payload")?;
+        if let Some(k) = keyless {
+            let mut first = None;
+            for s in &env.signatures {
+                let sig = b64(&s.sig, "a DSSE signature")?;
+                let signed = keyless::Signed::Dsse {
+                    payload: &payload,
+                    sig: &sig,
+                };
+                match keyless::verify(k, &material, &signed) {
+                    Ok(who) => return names(statement_digests(&payload), &who, digest),
+                    Err(m) => first = first.or(Some(m)),
+                }
+            }
+            return Err(first.expect("one signature at least"));
+        }
         let signed = pae(&env.payload_type, &payload);
         let mut key = None;
         for s in &env.signatures {
             let sig = b64(&s.sig, "a DSSE signature")?;
-            if let Some(k) = keys
+            if let Some(k) = by
+                .keys
                 .iter()
                 .find(|k| super::cosign::signed_by(k, &signed, &sig))
             {
-                key = Some(k);
+                key = Some((k, sig));
                 break;
             }
         }
-        let Some(key) = key else {
+        let Some((key, sig)) = key else {
             return Err(format!(
                 "none of its {} DSSE signature(s) is by a --verify-key (signed by another key, or altered)",
                 env.signatures.len()
             ));
         };
-        let named = statement_digests(&payload)
-            .map_err(|m| format!("signed by {}, but {m}", key.fingerprint))?;
-        if named.iter().any(|d| d == digest) {
-            return Ok(key.fingerprint.clone());
-        }
-        return Err(format!(
-            "the statement signed by {} names image {}, not the published {digest}",
-            key.fingerprint,
-            if named.is_empty() {
-                "none".to_string()
-            } else {
-                named.join(", ")
-            }
-        ));
+        let fp = names(statement_digests(&payload), &key.fingerprint, digest)?;
+        logged(
+            &keyless::Signed::Dsse {
+                payload: &payload,
+                sig: &sig,
+            },
+            key,
+        )?;
+        return Ok(fp);
     }
     if let Some(m) = b.message {
         let h = m
@@ -380,22 +445,33 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String,
             .try_into()
             .map_err(|_| "the message digest is not 32 bytes".to_string())?;
         let sig = b64(&m.signature, "the message signature")?;
-        let Some(key) = keys
-            .iter()
-            .find(|k| k.verify_sha256_digest(&d, &sig).is_ok())
-        else {
-            return Err(
-                "its message signature is not by a --verify-key (signed by another key, or altered)"
-                    .into(),
-            );
-        };
         let named = format!("sha256:{}", crate::manifest::hex(&d));
+        let signed = keyless::Signed::Message {
+            digest: d,
+            sig: &sig,
+        };
+        let who = match keyless {
+            Some(k) => keyless::verify(k, &material, &signed)?,
+            None => {
+                let Some(key) = by
+                    .keys
+                    .iter()
+                    .find(|k| k.verify_sha256_digest(&d, &sig).is_ok())
+                else {
+                    return Err(
+                        "its message signature is not by a --verify-key (signed by another key, or altered)"
+                            .into(),
+                    );
+                };
+                logged(&signed, key)?;
+                key.fingerprint.clone()
+            }
+        };
         if named == digest {
-            return Ok(key.fingerprint.clone());
+            return Ok(who);
         }
         return Err(format!(
-            "the message signature by {} is over {named}, not the published {digest}",
-            key.fingerprint
+            "the message signature by {who} is over {named}, not the published {digest}"
         ));
     }
     Err("the bundle has neither a dsseEnvelope nor a messageSignature".into())
@@ -407,7 +483,7 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String,
 pub fn look(
     store: &dyn Store,
     digest: &str,
-    keys: &[Key],
+    by: Signers,
 ) -> anyhow::Result<Result<String, Vec<String>>> {
     let listed = match store.referrers(digest) {
         None => return Ok(Err(Vec::new())),
@@ -454,7 +530,7 @@ pub fn look(
                 continue;
             }
         };
-        match verify_bundle(&bundle, digest, keys) {
+        match verify_bundle(&bundle, digest, by) {
             Ok(fp) => return Ok(Ok(fp)),
             Err(m) => failed.push(format!("{what}: {m}")),
         }
@@ -535,8 +611,15 @@ mod tests {
                 .unwrap_err()
                 .contains("predicateType")
         );
-        assert!(verify_bundle(b"{\"mediaType\":\"x\"}", "sha256:0", &[])
-            .unwrap_err()
-            .contains("mediaType"));
+        assert!(verify_bundle(
+            b"{\"mediaType\":\"x\"}",
+            "sha256:0",
+            Signers {
+                keys: &[],
+                keyless: None
+            }
+        )
+        .unwrap_err()
+        .contains("mediaType"));
     }
 }

@@ -30,4 +30,5 @@ mod tar_corpus;
 mod trust_bundle_referrers;
 mod trust_bundles;
 mod trust_images;
+mod trust_keyless;
 mod xattrs;

@@ -77,7 +77,14 @@ print(m["digest"])
 
 /// Attach a bundle referring to `subject` whose statement names `named`,
 /// signed with keys/KEY.key; the referrer's digest.
-fn attach(f: &Fixture, layout: &Path, subject: &str, named: &str, key: &str, mode: &str) -> String {
+pub(crate) fn attach(
+    f: &Fixture,
+    layout: &Path,
+    subject: &str,
+    named: &str,
+    key: &str,
+    mode: &str,
+) -> String {
     let out = Command::new("python3")
         .arg("-c")
         .arg(BUNDLE_PY)
