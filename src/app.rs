@@ -1952,7 +1952,7 @@ fn early_label_guard(
 /// matches (the range was moved on purpose, below it say): then a lower
 /// chosen tag is what the range says, not a registry mirror behind, and
 /// the downgrade guard lets it through.
-fn range_moved(cfg: &SyncConfig, new: &config::Label, live_label: Option<&str>) -> bool {
+fn range_moved(cfg: &SyncConfig, new: &crate::label::Label, live_label: Option<&str>) -> bool {
     let (true, Some(choose), Some(live)) = (new.from_tag, &cfg.remote.choose, live_label) else {
         return false;
     };
@@ -1981,7 +1981,7 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
     if by_tag {
         for s in &sources.all {
             if let Some((tag, _)) = s.chosen()? {
-                let label = config::Label {
+                let label = crate::label::Label {
                     version: ordered(&tag),
                     text: tag,
                     from_tag: true,
@@ -2019,7 +2019,7 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
         );
     }
     Ok(Some(SyncConfig {
-        label: Some(config::Label {
+        label: Some(crate::label::Label {
             text,
             version,
             from_tag: false,

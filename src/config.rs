@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::chmod;
-use crate::label::Version;
+use crate::label::Label;
 use crate::scan::Filter;
 
 /// `--keep`: the live generation plus this many earlier ones survive a sync.
@@ -340,16 +340,6 @@ impl SyncConfig {
 pub struct Owner {
     pub uid: u32,
     pub gid: u32,
-}
-
-/// `--label TEXT`: the text a generation records, and the version it
-/// orders by (`None` with `--allow-downgrade`: nothing is compared).
-#[derive(Clone, Debug)]
-pub struct Label {
-    pub text: String,
-    pub version: Option<Version>,
-    /// The tag `--semver` chose, standing in for a `--label` not given.
-    pub from_tag: bool,
 }
 
 /// `wait --timeout DUR`: how long, and the text it was given as (the
