@@ -1221,7 +1221,7 @@ fn shape_of(cfg: &SyncConfig) -> Option<String> {
     if let Some(t) = cfg.set_mtime {
         text.push_str(&format!(" mtime {t}"));
     }
-    let h = crate::manifest::hex(&sha2::Sha256::digest(text.as_bytes()));
+    let h = crate::escape::hex(&sha2::Sha256::digest(text.as_bytes()));
     Some(h[..16].to_string())
 }
 
@@ -1324,7 +1324,7 @@ fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console)
         console.warn(&format!(
             "the volume refused {} extended attributes (first: {}: {}); published without them",
             staged.xattr_failures,
-            report::escape(name),
+            crate::escape::c_style(name),
             err
         ));
     }

@@ -587,7 +587,11 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
         return Err(error::bad_value("--timeout", "0", "must be more than zero"));
     }
     if s.round_timeout.is_some_and(|d| d.is_zero()) {
-        return Err(error::bad_value("--round-timeout", "0", "must be more than zero"));
+        return Err(error::bad_value(
+            "--round-timeout",
+            "0",
+            "must be more than zero",
+        ));
     }
     let mut verify_keys = Vec::new();
     for f in s.verify_key.iter().flatten() {

@@ -42,7 +42,7 @@ pub trait Reporter: Sync {
 
 /// The warning for a skipped entry: `skipping FIFO src/a/fifo`.
 fn skip_line(label: &str, path: &[u8], what: &str) -> String {
-    format!("skipping {what} {}", crate::scan::display(label, path))
+    format!("skipping {what} {}", crate::escape::display(label, path))
 }
 
 /// An entry a scan left out (see `Reporter::skipped`).
@@ -701,7 +701,7 @@ fn itemized(plan: &Plan) -> impl Iterator<Item = Itemized> + '_ {
         };
         Itemized {
             change: c.op.symbol(),
-            path: format!("{}{slash}", escape(&c.path)),
+            path: format!("{}{slash}", crate::escape::c_style(&c.path)),
         }
     })
 }
@@ -783,37 +783,9 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
-/// A path for a line-oriented log: printable UTF-8 as is; control bytes,
-/// backslashes and invalid UTF-8 as C-style escapes (`\n`, `\t`, `\\`, `\xff`).
-pub fn escape(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\t' => out.push_str("\\t"),
-                '\r' => out.push_str("\\r"),
-                c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escape_keeps_one_path_on_one_line() {
-        assert_eq!(escape(b"a b/\xff\n\\c\td"), "a b/\\xff\\n\\\\c\\td");
-        assert_eq!(escape("é".as_bytes()), "é");
-    }
 
     fn at(s: f64) -> Duration {
         Duration::from_secs_f64(s)

@@ -17,6 +17,7 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+use crate::escape::display;
 use crate::plan::{self, Compare};
 use crate::report::Reporter;
 use crate::source::{self, Source};
@@ -102,19 +103,6 @@ pub fn meta_of(st: &sys::Stat, size: u64) -> Meta {
         size,
         mtime: sys::mtime_of(st).into(),
         xattrs: Default::default(),
-    }
-}
-
-/// `label/rel` for messages, with unprintable bytes escaped.
-pub fn display(label: &str, rel: &[u8]) -> String {
-    if rel.is_empty() {
-        label.to_string()
-    } else {
-        format!(
-            "{}/{}",
-            label.trim_end_matches('/'),
-            crate::report::escape(rel)
-        )
     }
 }
 

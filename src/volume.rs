@@ -266,7 +266,7 @@ impl Volume {
                     Some(g) if valid_gen(g) => {
                         Ok(Dest::Live(String::from_utf8_lossy(g).into_owned()))
                     }
-                    _ => Ok(Dest::Foreign(crate::report::escape(&target))),
+                    _ => Ok(Dest::Foreign(crate::escape::c_style(&target))),
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Dest::Absent),

@@ -187,7 +187,12 @@ fn ident(t: Option<&(Tok, usize)>) -> Option<&str> {
 
 /// Parse the path (or `use` tree) at `toks[i..]`, whose segments so far are
 /// `prefix`; push every full path it names onto `out`; return the index after it.
-fn path_tree(toks: &[(Tok, usize)], mut i: usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) -> usize {
+fn path_tree(
+    toks: &[(Tok, usize)],
+    mut i: usize,
+    prefix: Vec<String>,
+    out: &mut Vec<Vec<String>>,
+) -> usize {
     let mut segs = prefix;
     loop {
         match toks.get(i).map(|t| &t.0) {
@@ -227,7 +232,10 @@ fn path_tree(toks: &[(Tok, usize)], mut i: usize, prefix: Vec<String>, out: &mut
 
 /// A module's name from its file below `src/`: `a/mod.rs` is `a`, `a/b.rs` is `a::b`.
 fn module_of(rel: &Path) -> String {
-    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
     let last = parts.pop().unwrap();
     let stem = last.strip_suffix(".rs").unwrap();
     if stem != "mod" && stem != "lib" {
@@ -264,17 +272,24 @@ fn edges(src: &Path) -> (BTreeSet<String>, Vec<Edge>) {
     files.sort();
     // main.rs is the binary, another crate: it reaches the library by name.
     files.retain(|f| f.strip_prefix(src).unwrap() != Path::new("main.rs"));
-    let modules: BTreeSet<String> =
-        files.iter().map(|f| module_of(f.strip_prefix(src).unwrap())).collect();
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(|f| module_of(f.strip_prefix(src).unwrap()))
+        .collect();
     let mut all = Vec::new();
     for file in &files {
         let rel = file.strip_prefix(src).unwrap();
         let me = module_of(rel);
-        let me_segs: Vec<String> =
-            if me == "crate" { vec![] } else { me.split("::").map(str::to_string).collect() };
+        let me_segs: Vec<String> = if me == "crate" {
+            vec![]
+        } else {
+            me.split("::").map(str::to_string).collect()
+        };
         let toks = drop_test_items(lex(&std::fs::read_to_string(file).unwrap()));
         for i in 0..toks.len() {
-            let Some(first) = ident(toks.get(i)) else { continue };
+            let Some(first) = ident(toks.get(i)) else {
+                continue;
+            };
             if !matches!(first, "crate" | "super" | "self") {
                 continue;
             }
@@ -306,7 +321,13 @@ fn edges(src: &Path) -> (BTreeSet<String>, Vec<Edge>) {
             for path in paths {
                 let to = (0..=path.len())
                     .rev()
-                    .map(|n| if n == 0 { "crate".to_string() } else { path[..n].join("::") })
+                    .map(|n| {
+                        if n == 0 {
+                            "crate".to_string()
+                        } else {
+                            path[..n].join("::")
+                        }
+                    })
                     .find(|m| modules.contains(m))
                     .unwrap();
                 if to != me {
@@ -323,7 +344,10 @@ fn edges(src: &Path) -> (BTreeSet<String>, Vec<Edge>) {
 }
 
 /// Tarjan's strongly connected components, each sorted, in a stable order.
-fn components(nodes: &BTreeSet<String>, adj: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
+fn components(
+    nodes: &BTreeSet<String>,
+    adj: &BTreeMap<String, BTreeSet<String>>,
+) -> Vec<Vec<String>> {
     struct State<'a> {
         adj: &'a BTreeMap<String, BTreeSet<String>>,
         index: BTreeMap<String, usize>,
@@ -339,7 +363,11 @@ fn components(nodes: &BTreeSet<String>, adj: &BTreeMap<String, BTreeSet<String>>
         s.next += 1;
         s.stack.push(v.to_string());
         s.on.insert(v.to_string());
-        let succ: Vec<String> = s.adj.get(v).map(|x| x.iter().cloned().collect()).unwrap_or_default();
+        let succ: Vec<String> = s
+            .adj
+            .get(v)
+            .map(|x| x.iter().cloned().collect())
+            .unwrap_or_default();
         for w in succ {
             if !s.index.contains_key(&w) {
                 visit(s, &w);
@@ -391,7 +419,10 @@ fn find_circles(src: &Path) -> (Vec<Vec<String>>, Vec<Edge>) {
     for e in &edges {
         adj.entry(e.from.clone()).or_default().insert(e.to.clone());
     }
-    let circles = components(&modules, &adj).into_iter().filter(|c| c.len() > 1).collect();
+    let circles = components(&modules, &adj)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .collect();
     (circles, edges)
 }
 
@@ -404,15 +435,25 @@ fn module_graph_has_no_circle() {
         report += &format!("circle of {} modules: {}\n", c.len(), c.join(", "));
         let inside: BTreeSet<&String> = c.iter().collect();
         let mut seen = BTreeMap::<(&str, &str), Vec<&str>>::new();
-        for e in edges.iter().filter(|e| inside.contains(&e.from) && inside.contains(&e.to)) {
+        for e in edges
+            .iter()
+            .filter(|e| inside.contains(&e.from) && inside.contains(&e.to))
+        {
             seen.entry((&e.from, &e.to)).or_default().push(&e.at);
         }
         for ((from, to), at) in seen {
-            let more = if at.len() > 1 { format!(" (+{} more)", at.len() - 1) } else { String::new() };
+            let more = if at.len() > 1 {
+                format!(" (+{} more)", at.len() - 1)
+            } else {
+                String::new()
+            };
             report += &format!("  {from} -> {to}  at {}{more}\n", at[0]);
         }
     }
-    assert!(circles.is_empty(), "the module graph of src/ has circles:\n{report}");
+    assert!(
+        circles.is_empty(),
+        "the module graph of src/ has circles:\n{report}"
+    );
 }
 
 /// The measure itself: it finds a circle spelled each way it reads, and no
@@ -427,11 +468,20 @@ fn measure_finds_circles() {
         std::fs::write(p, text).unwrap();
     };
     write("lib.rs", "mod a; mod b; mod c; mod d;\n");
-    write("a.rs", "use crate::{b::{self, X as Y}, c};\n// crate::d::Y in a comment\n");
-    write("b.rs", "pub fn f() { let _ = \"crate::d::x\"; crate::d::e::g::<u8>(); }\n");
+    write(
+        "a.rs",
+        "use crate::{b::{self, X as Y}, c};\n// crate::d::Y in a comment\n",
+    );
+    write(
+        "b.rs",
+        "pub fn f() { let _ = \"crate::d::x\"; crate::d::e::g::<u8>(); }\n",
+    );
     write("c.rs", "#[cfg(test)]\nmod tests { use crate::a; }\n");
     write("d/mod.rs", "pub mod e;\n");
-    write("d/e.rs", "use super::super::a::Thing;\nfn g<'a>(c: char) { let _ = 'x'; }\n");
+    write(
+        "d/e.rs",
+        "use super::super::a::Thing;\nfn g<'a>(c: char) { let _ = 'x'; }\n",
+    );
     let (circles, _) = find_circles(src);
     assert_eq!(circles, vec![vec!["a", "b", "d::e"]]);
 

@@ -294,7 +294,7 @@ impl Archive {
             Some(p) => format!(
                 "{}@sha256:{hex}//{}",
                 self.path.display(),
-                crate::manifest::escape(p)
+                crate::escape::percent(p)
             ),
             None => format!("{}@sha256:{hex}", self.path.display()),
         }
@@ -330,7 +330,7 @@ impl Archive {
             hash.update(&buf[..n]);
             at += n as u64;
         }
-        Ok(self.identity_of(&crate::manifest::hex(&hash.finalize())) == recorded)
+        Ok(self.identity_of(&crate::escape::hex(&hash.finalize())) == recorded)
     }
 }
 
@@ -399,7 +399,7 @@ impl Stream for Archive {
             |h| std::io::copy(h, &mut std::io::sink()).map(|_| ()),
             |plain| spool.apply(plain, false, &self.label, reporter).map(|_| ()),
         )?;
-        Ok(self.identity_of(&crate::manifest::hex(&r.hash.finalize())))
+        Ok(self.identity_of(&crate::escape::hex(&r.hash.finalize())))
     }
 }
 

@@ -10,8 +10,9 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 
 use crate::error;
+use crate::escape::display;
 use crate::report::Reporter;
-use crate::scan::{display, meta_of, Filter};
+use crate::scan::{meta_of, Filter};
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::join;
 use crate::tree::{Dir as DirNode, Entry, File, Meta, Name, Node, Tree};

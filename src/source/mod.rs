@@ -361,7 +361,7 @@ pub fn open_dirs(
             Some(p) if srcs & (1 << i) != 0 => Some(p.open_dir(name).with_context(|| {
                 format!(
                     "cannot open directory {}",
-                    crate::scan::display(sources[i].label(), path)
+                    crate::escape::display(sources[i].label(), path)
                 )
             })?),
             _ => None,

@@ -30,7 +30,7 @@ use super::spool::Base;
 use super::{Source, Spool, Stream, Streamed};
 use crate::config::{Choose, Platform, Remote};
 use crate::error;
-use crate::manifest::{escape, unescape};
+use crate::escape::{percent, unpercent};
 use crate::report::Reporter;
 use crate::scan::Filter;
 use crate::sys::DirFd;
@@ -197,21 +197,21 @@ const MAX_RECORDED_LAYERS: usize = 1024;
 impl std::fmt::Display for Record {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let sub = match &self.subpath {
-            Some(p) => format!("//{}", escape(p)),
+            Some(p) => format!("//{}", percent(p)),
             None => "-".into(),
         };
         write!(
             f,
             "{RECORD_MAGIC} 1 {} {sub} {} {} {}.{:09} {}",
-            escape(self.base.as_bytes()),
-            escape(self.platform.as_bytes()),
-            escape(self.shape.as_bytes()),
+            percent(self.base.as_bytes()),
+            percent(self.platform.as_bytes()),
+            percent(self.shape.as_bytes()),
             { self.newest.s },
             { self.newest.ns },
             self.root_given as u8
         )?;
         for l in &self.layers {
-            write!(f, " {}", escape(l.as_bytes()))?;
+            write!(f, " {}", percent(l.as_bytes()))?;
         }
         Ok(())
     }
@@ -228,11 +228,11 @@ impl Record {
         if t.next()? != RECORD_MAGIC || t.next()? != "1" {
             return None;
         }
-        let field = |s: &str| String::from_utf8(unescape(s).ok()?).ok();
+        let field = |s: &str| String::from_utf8(unpercent(s).ok()?).ok();
         let base = field(t.next()?)?;
         let subpath = match t.next()? {
             "-" => None,
-            s => Some(unescape(s.strip_prefix("//")?).ok()?),
+            s => Some(unpercent(s.strip_prefix("//")?).ok()?),
         };
         let platform = field(t.next()?)?;
         let shape = field(t.next()?)?;
@@ -541,7 +541,7 @@ impl Image {
             None => String::new(),
         };
         let id = match &self.subpath {
-            Some(p) => format!("{}{tag}@{digest}//{}", self.base, escape(p)),
+            Some(p) => format!("{}{tag}@{digest}//{}", self.base, percent(p)),
             None => format!("{}{tag}@{digest}", self.base),
         };
         // Another selection of the same image is another tree.

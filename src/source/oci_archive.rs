@@ -140,7 +140,10 @@ impl Members {
                 Kind::Hardlink(t) => (Member::Hardlink(t), 0),
             };
             if data.checked_add(carried).is_none_or(|e| e > len) {
-                bail!("truncated inside member {}", crate::report::escape(&h.path));
+                bail!(
+                    "truncated inside member {}",
+                    crate::escape::c_style(&h.path)
+                );
             }
             if let Some(name) = clean(&h.path) {
                 if !visit(&name, &member) {

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::oci_image::{self, Descriptor, Document, ACCEPT, REF_NAME};
 use super::oci_ref::{LayoutRef, Reference};
 use crate::config::{Platform, Remote};
-use crate::manifest::hex;
+use crate::escape::hex;
 use crate::net::{self, auth, Client, Failed, Get, Url};
 use crate::sys::{self, DirFd};
 use crate::trust::sigstore::{self, Referrer};

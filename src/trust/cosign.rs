@@ -295,7 +295,7 @@ pub(crate) fn read_bounded(
             desc.size
         )));
     }
-    let got = format!("sha256:{}", crate::manifest::hex(&Sha256::digest(&bytes)));
+    let got = format!("sha256:{}", crate::escape::hex(&Sha256::digest(&bytes)));
     if got != desc.digest {
         return Ok(Err(format!("digest mismatch: the blob is {}", short(&got))));
     }

@@ -321,7 +321,7 @@ fn read(source: &dyn Source, path: &[u8], max: u64) -> Result<Vec<u8>, String> {
 }
 
 fn shown(path: &[u8]) -> String {
-    format!("/{}", crate::report::escape(path))
+    format!("/{}", crate::escape::c_style(path))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -389,7 +389,7 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String,
                     .into(),
             );
         };
-        let named = format!("sha256:{}", crate::manifest::hex(&d));
+        let named = format!("sha256:{}", crate::escape::hex(&d));
         if named == digest {
             return Ok(key.fingerprint.clone());
         }
