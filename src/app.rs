@@ -18,13 +18,14 @@ use crate::clock;
 use crate::commit::{self, Swap};
 use crate::config::{self, Command, Config, Owner, SyncConfig};
 use crate::error;
+use crate::filter::Filter;
 use crate::layout;
 use crate::manifest::Manifest;
 use crate::ops;
 use crate::plan::{self, Compare, Plan};
 use crate::report::{self, Collected, Console, Output, Reporter, Summary};
 use crate::retire::{self, Policy};
-use crate::scan::{self, Filter};
+use crate::scan;
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
@@ -782,7 +783,7 @@ impl StreamedRound<'_> {
             let st = r
                 .fstat()
                 .with_context(|| format!("cannot stat {}", s.label()))?;
-            root = scan::meta_of(&st, 0);
+            root = crate::tree::meta_of(&st, 0);
             let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
             crate::tree::merge_entries(&mut top, listed);
         }

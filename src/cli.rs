@@ -18,9 +18,9 @@ use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand, ValueE
 use crate::chmod;
 use crate::config::{self, Command, Config, Layout, Owner, SyncConfig, Timeout};
 use crate::error;
+use crate::filter::Filter;
 use crate::label::Label;
 use crate::report;
-use crate::scan::Filter;
 use crate::sys;
 
 #[derive(Parser, Debug)]

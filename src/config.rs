@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::chmod;
+use crate::filter::Filter;
 use crate::label::Label;
-use crate::scan::Filter;
 
 /// `--keep`: the live generation plus this many earlier ones survive a sync.
 pub const DEFAULT_KEEP: usize = 2;

@@ -27,6 +27,7 @@ pub(crate) mod damage;
 pub(crate) mod distinct;
 pub(crate) mod error;
 pub(crate) mod escape;
+pub(crate) mod filter;
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod index;

@@ -240,7 +240,7 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
 /// them, never into a whole `Tree`.
 pub struct Stream<'a> {
     pub job: &'a Job<'a>,
-    pub filter: &'a crate::scan::Filter,
+    pub filter: &'a crate::filter::Filter,
     /// Owners and modes as the sync gives them, applied to every entry.
     pub adjust: &'a (dyn Fn(&mut Meta, crate::tree::Kind) + Sync),
     /// The root's metadata, adjusted.
@@ -1225,8 +1225,8 @@ fn open_staged(out: &DirFd, path: &[u8]) -> Result<DirFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filter::Filter;
     use crate::report::Collected;
-    use crate::scan::Filter;
     use crate::source::Dir;
     use std::path::Path;
 

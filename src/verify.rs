@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use anyhow::{Context, Result};
 
 use crate::escape::hex;
+use crate::filter::Filter;
 use crate::report::Collected;
-use crate::scan::{self, Filter};
+use crate::scan;
 use crate::source::{Dir, Source};
 use crate::sys::DirFd;
 use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};

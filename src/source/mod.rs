@@ -33,8 +33,8 @@ use anyhow::{Context, Result};
 
 use crate::config::Remote;
 use crate::error;
+use crate::filter::Filter;
 use crate::report::Reporter;
-use crate::scan::Filter;
 use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Tree};
 

@@ -31,8 +31,8 @@ use super::{Source, Spool, Stream, Streamed};
 use crate::config::{Choose, Platform, Remote};
 use crate::error;
 use crate::escape::{percent, unpercent};
+use crate::filter::Filter;
 use crate::report::Reporter;
-use crate::scan::Filter;
 use crate::sys::DirFd;
 use crate::tree::{Time, Tree};
 

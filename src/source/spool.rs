@@ -48,8 +48,8 @@ use sha2::{Digest, Sha256};
 
 use crate::error::Failure;
 use crate::escape::c_style;
+use crate::filter::Filter;
 use crate::report::Reporter;
-use crate::scan::Filter;
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::{Entry, Meta, Name, Node, Time, Tree};
 use crate::xattr::Set;

@@ -18,7 +18,7 @@ pub mod sigstore;
 pub use key::Key;
 
 use crate::error;
-use crate::scan::Filter;
+use crate::filter::Filter;
 use crate::source::Source;
 use crate::tree::Tree;
 

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use super::canon;
 use super::jws;
 use super::key::Key;
-use crate::scan::Filter;
+use crate::filter::Filter;
 use crate::source::Source;
 use crate::tree::{Node, Tree};
 
