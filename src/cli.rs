@@ -595,7 +595,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     }
     let mut verify_keys = Vec::new();
     for f in s.verify_key.iter().flatten() {
-        let key = crate::trust::Key::load(f).map_err(|e| error::usage(format!("{e:#}")))?;
+        let key = crate::trust::key::Key::load(f).map_err(|e| error::usage(format!("{e:#}")))?;
         verify_keys.push(key);
     }
     let remote = config::Remote {

@@ -165,7 +165,7 @@ pub struct SyncConfig {
     pub max_entries: u64,
     /// `--verify-key FILE` (repeatable): with any, every SOURCE must be
     /// signed by one of these keys (`trust`), else exit 6.
-    pub verify_keys: Vec<crate::trust::Key>,
+    pub verify_keys: Vec<crate::trust::key::Key>,
     /// How `https://`, `oci://` and `oci-layout:` sources are reached.
     pub remote: Remote,
 }
@@ -208,7 +208,7 @@ pub struct Remote {
     pub platform: Option<Platform>,
     /// `--verify-key`: images check their cosign signature with these as
     /// soon as their digest is resolved.
-    pub verify_keys: Vec<crate::trust::Key>,
+    pub verify_keys: Vec<crate::trust::key::Key>,
     /// `--semver RANGE` with `--tag-filter REGEX`: the tag an `oci://` or
     /// `oci-layout:` SOURCE without a tag publishes.
     pub choose: Option<Choose>,
