@@ -748,7 +748,7 @@ fn summary_line(s: &Summary) -> String {
                 "; {}:{} ({})",
                 c.source,
                 c.tag,
-                crate::source::oci_fetch::short(&c.digest)
+                crate::source::store::short(&c.digest)
             )
         })
         .collect();

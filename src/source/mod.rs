@@ -23,6 +23,7 @@ pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;
 pub mod spool;
+pub(crate) mod store;
 pub mod tar;
 
 use std::io;

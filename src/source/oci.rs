@@ -23,10 +23,11 @@ use std::sync::{Mutex, OnceLock};
 use anyhow::Result;
 
 use super::oci_artifact::{self, Planned, Use};
-use super::oci_fetch::{self, Layout, Registry, Resolved, Sink, Store};
+use super::oci_fetch::{self, Layout, Registry, Resolved, Sink};
 use super::oci_image;
 use super::oci_ref;
 use super::spool::Base;
+use super::store::{self, Store};
 use super::{Source, Spool, Stream, Streamed};
 use crate::config::{Choose, Platform, Remote};
 use crate::error;
@@ -554,7 +555,7 @@ impl Image {
     /// What the layers publish and how, or None for an image whose every
     /// layer is an image layer and no `--layer-media-type` was given (its
     /// generations record their layers and resume from them).
-    fn plan(&self, layers: &[super::oci_image::Descriptor]) -> Result<Option<Vec<Planned>>> {
+    fn plan(&self, layers: &[store::Descriptor]) -> Result<Option<Vec<Planned>>> {
         let plan = oci_artifact::plan(layers, &self.select)
             .map_err(|e| anyhow::anyhow!("{}: {e:#}", self.label))?;
         let image =
@@ -586,7 +587,7 @@ impl Image {
                 "{} layer {} ({})",
                 self.store.label(),
                 i + 1,
-                oci_fetch::short(&layer.digest)
+                store::short(&layer.digest)
             );
             let (raw, stop) = self.store.blob(layer)?;
             let mut checked = oci_fetch::Checked::new(raw, layer, &fetched);
@@ -702,7 +703,7 @@ impl Image {
                             anyhow::anyhow!(
                                 "{}: config {}: {e}",
                                 self.label,
-                                oci_fetch::short(&config.digest)
+                                store::short(&config.digest)
                             )
                         })?;
                     if text.len() as u64 > crate::net::MAX_DOCUMENT {

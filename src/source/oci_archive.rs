@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use super::oci_fetch::{self, check_document, sha256_of, short, Store};
-use super::oci_image::{Descriptor, DOCKER_MANIFEST};
+use super::oci_fetch::{self, check_document, sha256_of};
+use super::oci_image::DOCKER_MANIFEST;
 use super::oci_ref::{split_subpath, valid_digest, valid_tag};
+use super::store::{short, Descriptor, Store};
 use super::tar::{self, Kind};
 use crate::error;
 use crate::sys;
@@ -449,10 +450,7 @@ impl Store for OciArchive {
         })())
     }
 
-    fn referrers(
-        &self,
-        digest: &str,
-    ) -> Option<Result<Option<Vec<crate::trust::sigstore::Referrer>>>> {
+    fn referrers(&self, digest: &str) -> Option<Result<Option<Vec<super::store::Referrer>>>> {
         Some(
             self.members
                 .read(&self.label, "index.json")

@@ -28,7 +28,8 @@ use std::io::{self, Read};
 
 use anyhow::{bail, Result};
 
-use super::oci_image::{is_layer_type, Descriptor, TITLE, UNPACK};
+use super::oci_image::{is_layer_type, TITLE, UNPACK};
+use super::store::Descriptor;
 use crate::escape::percent;
 
 /// How one layer is published.
@@ -195,7 +196,7 @@ fn listed(layers: &[Descriptor]) -> String {
 }
 
 fn short(d: &str) -> &str {
-    super::oci_fetch::short(d)
+    super::store::short(d)
 }
 
 /// A blob as a one-file tar stream, for the spool to apply: a PAX header

@@ -29,9 +29,9 @@ use base64::Engine;
 use serde::Deserialize;
 
 use super::key::Key;
-use crate::source::oci_fetch::Store;
-use crate::source::oci_image::{self, Descriptor};
+use crate::source::oci_image;
 use crate::source::oci_ref::valid_digest;
+use crate::source::store::{read_bounded, Descriptor, Referrer, Store};
 
 /// The bundle media types taken (as a referrer's `artifactType` and as the
 /// bundle's own `mediaType`).
@@ -55,13 +55,6 @@ pub const MAX_REFERRERS: usize = 256;
 pub const MAX_BUNDLE: u64 = 1 << 20;
 /// The most signatures one DSSE envelope may hold.
 const MAX_DSSE_SIGNATURES: usize = 64;
-
-/// A manifest that refers to the image, and what kind of artifact it is.
-#[derive(Clone, Debug)]
-pub struct Referrer {
-    pub desc: Descriptor,
-    pub artifact_type: String,
-}
 
 impl Referrer {
     fn is_bundle(&self) -> bool {
@@ -339,7 +332,7 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, keys: &[Key]) -> Result<String,
             let sig = b64(&s.sig, "a DSSE signature")?;
             if let Some(k) = keys
                 .iter()
-                .find(|k| super::cosign::signed_by(k, &signed, &sig))
+                .find(|k| super::key::signed_by(k, &signed, &sig))
             {
                 key = Some(k);
                 break;
@@ -447,7 +440,7 @@ pub fn look(
                 continue;
             }
         };
-        let bundle = match super::cosign::read_bounded(store, &layer, MAX_BUNDLE)? {
+        let bundle = match read_bounded(store, &layer, MAX_BUNDLE)? {
             Ok(b) => b,
             Err(m) => {
                 failed.push(format!("{what}: bundle {}: {m}", short(&layer.digest)));
@@ -463,7 +456,7 @@ pub fn look(
 }
 
 fn short(d: &str) -> &str {
-    crate::source::oci_fetch::short(d)
+    crate::source::store::short(d)
 }
 
 #[cfg(test)]
