@@ -14,6 +14,7 @@
 //! source never writes, but for a stream into its spool.
 
 mod archive;
+mod decode;
 mod dir;
 mod http;
 pub(crate) mod oci;
@@ -39,7 +40,8 @@ use crate::report::Reporter;
 use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Tree};
 
-pub use archive::{decoded, Archive, Format};
+pub use archive::Archive;
+pub use decode::decoded;
 pub use dir::Dir;
 // The layer API the remote kinds (an image's layers, a URL's body) fill a spool with.
 #[allow(unused_imports)]

@@ -101,8 +101,8 @@ impl Read for At {
 /// Whether `head` starts a compressed stream (gzip or zstd).
 fn compressed(head: &[u8]) -> bool {
     !matches!(
-        super::archive::Format::sniff(head),
-        super::archive::Format::Tar
+        super::decode::Format::sniff(head),
+        super::decode::Format::Tar
     )
 }
 

@@ -204,7 +204,7 @@ pub fn pipelined_until<R: Read + Send>(
     std::thread::scope(|s| {
         let producer = s.spawn(move || -> Option<io::Error> {
             let decode = (|| -> io::Result<()> {
-                let (_, mut plain) = super::archive::decoded(&mut *raw)?;
+                let (_, mut plain) = super::decode::decoded(&mut *raw)?;
                 loop {
                     // Whole chunks: a decompressor hands out a few KiB a read.
                     let mut buf = vec![0; CHUNK];

@@ -387,7 +387,7 @@ impl Spool {
     ) -> Result<LayerStats> {
         let mut stats = LayerStats::default();
         {
-            let (format, decoded) = super::archive::decoded(&mut *r)?;
+            let (format, decoded) = super::decode::decoded(&mut *r)?;
             let mut reader = tar::Reader::new(decoded);
             let mut layer: HashSet<Vec<u8>> = HashSet::new();
             let mut first = true;
@@ -399,7 +399,7 @@ impl Spool {
                     Ok(None) => break,
                     // No valid first header: say what the stream is not.
                     Err(e) if first && tar::is_bad_header(&e) => match format {
-                        super::Format::Tar => bail!("not a tar archive ({e})"),
+                        super::decode::Format::Tar => bail!("not a tar archive ({e})"),
                         _ => bail!("corrupt, or no tar archive inside ({e})"),
                     },
                     Err(e) => return Err(e.into()),
