@@ -404,9 +404,8 @@ pub fn oci_manifest(data: &[u8], content_type: Option<&str>) {
 /// that decodes back to them; a challenge's scheme and parameter names
 /// are lowercase; a token is a header value (no control characters).
 pub fn docker_config(data: &[u8]) {
-    use crate::net::auth::{
-        choose, credentials_for, parse_challenge, parse_helper_reply, parse_token,
-    };
+    use crate::net::auth::{choose, credentials_for, parse_challenge, parse_token};
+    use crate::net::helper::parse_helper_reply;
     use base64::Engine;
     let _ = choose(data, "registry.example:5000");
     if let Ok(r) = parse_helper_reply(data) {
