@@ -653,13 +653,27 @@ pub struct Summary {
     /// `--exec-after`: what the hook did; `None` when it did not run (not
     /// given, dry run, or up to date with a success on the live generation
     /// already recorded).
-    pub exec_after: Option<crate::ops::exec::After>,
+    pub exec_after: Option<After>,
     /// `--semver`: the tag chosen for each image source that chose one,
     /// and the manifest digest it named; the key is absent without.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub chosen: Vec<Chosen>,
     pub seconds: f64,
     pub dry_run: bool,
+}
+
+/// What `sync --exec-after` did, for the summary (`exec_after` in `--json`).
+#[derive(serde::Serialize)]
+pub struct After {
+    /// CMD as given.
+    pub command: String,
+    /// CMD ran and exited 0.
+    pub ok: bool,
+    /// CMD's status as a shell reports it (128 + a signal), or `None` when
+    /// it could not be started.
+    pub exit_code: Option<i32>,
+    /// The error packsync reports on stderr when CMD failed, or `None`.
+    pub error: Option<String>,
 }
 
 /// What `--semver` chose for one SOURCE.
