@@ -23,9 +23,10 @@ use crate::layout;
 use crate::manifest::Manifest;
 use crate::ops;
 use crate::plan::{self, Compare, Plan};
-use crate::report::{self, Collected, Console, Output, Reporter, Summary};
+use crate::report::{self, Collected, Console, Output, Reporter, Round, Summary};
 use crate::retire::{self, Policy};
 use crate::scan;
+use crate::sidecar::Pass;
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
@@ -142,7 +143,7 @@ fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
 /// `sync`: one round, shown; with `--every`, the loop (`sidecar::run`).
 fn sync(cfg: &SyncConfig) -> Result<i32> {
     if cfg.every.is_some() {
-        return crate::sidecar::run(cfg);
+        return crate::sidecar::run(cfg, &|pass| round(cfg, pass));
     }
     match round(cfg, Pass::ONCE) {
         Ok(r) => r.report(Output::of(cfg.json, cfg.quiet)),
@@ -152,54 +153,6 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             Err(crate::error::Failure::Interrupted(sys::signals::pending().unwrap_or(0)).into())
         }
         Err(e) => Err(e),
-    }
-}
-
-/// How a round differs when it is one of `--every`'s.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Pass {
-    /// Keep warnings for the round's line instead of showing them as they
-    /// come (an idle round of the loop shows nothing).
-    pub defer_warnings: bool,
-    /// An up-to-date round runs `--exec-after` again where it did not
-    /// succeed on the live generation (a one-shot sync, the loop's first
-    /// round); later rounds of the loop run it only on what they publish.
-    pub retry_hook: bool,
-}
-
-impl Pass {
-    pub const ONCE: Pass = Pass {
-        defer_warnings: false,
-        retry_hook: true,
-    };
-}
-
-/// A round that ran to its end: what it did, ready to be shown.
-pub(crate) struct Round {
-    pub summary: Summary,
-    console: Console,
-    start: Instant,
-    /// `--exec-after` failed: the error to exit with once the summary is out.
-    pub hook_failure: Option<anyhow::Error>,
-}
-
-impl Round {
-    /// Show the summary (line or JSON object, with the warnings kept); the
-    /// exit status, or the hook's failure.
-    pub fn report(self, output: Output) -> Result<i32> {
-        let code = report::finish(self.summary, &self.console, self.start, output)?;
-        match self.hook_failure {
-            Some(e) => Err(e),
-            None => Ok(code),
-        }
-    }
-
-    /// Show the warnings kept by a `Pass` that deferred them, then `report`.
-    pub fn report_deferred(self, output: Output) -> Result<i32> {
-        if output != Output::Json {
-            self.console.show_kept();
-        }
-        self.report(output)
     }
 }
 

@@ -662,6 +662,35 @@ pub struct Summary {
     pub dry_run: bool,
 }
 
+/// A round that ran to its end: what it did, ready to be shown.
+pub struct Round {
+    pub summary: Summary,
+    pub console: Console,
+    pub start: Instant,
+    /// `--exec-after` failed: the error to exit with once the summary is out.
+    pub hook_failure: Option<anyhow::Error>,
+}
+
+impl Round {
+    /// Show the summary (line or JSON object, with the warnings kept); the
+    /// exit status, or the hook's failure.
+    pub fn report(self, output: Output) -> Result<i32> {
+        let code = finish(self.summary, &self.console, self.start, output)?;
+        match self.hook_failure {
+            Some(e) => Err(e),
+            None => Ok(code),
+        }
+    }
+
+    /// Show the warnings kept by a `Pass` that deferred them, then `report`.
+    pub fn report_deferred(self, output: Output) -> Result<i32> {
+        if output != Output::Json {
+            self.console.show_kept();
+        }
+        self.report(output)
+    }
+}
+
 /// What `sync --exec-after` did, for the summary (`exec_after` in `--json`).
 #[derive(serde::Serialize)]
 pub struct After {
