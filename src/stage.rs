@@ -60,10 +60,6 @@ pub struct Job<'a> {
     pub heartbeat: Option<&'a DirFd>,
 }
 
-/// How often a running copy refreshes its staging directory's mtime; far
-/// below `config::STALE_STAGE`, after which other hosts may remove it.
-pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
-
 #[derive(Debug)]
 pub struct Staged {
     /// The staged tree (`tree` in the staging directory), for `--verify`.
@@ -120,7 +116,7 @@ impl<'a> Ctx<'a> {
         };
         let now = self.start.elapsed().as_secs();
         let last = self.last_beat.load(Ordering::Relaxed);
-        if now >= last + HEARTBEAT.as_secs()
+        if now >= last + crate::staging::HEARTBEAT.as_secs()
             && self
                 .last_beat
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)

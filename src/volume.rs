@@ -31,6 +31,9 @@ use crate::error;
 use crate::manifest::Manifest;
 use crate::sys::{self, DirFd};
 
+/// How many hex digits of its manifest's digest name a generation.
+pub const GEN_LEN: usize = 16;
+
 pub const SUBDIRS: [&str; 5] = ["gen", "meta", "stage", "trash", "leases"];
 
 pub struct Volume {

@@ -236,7 +236,7 @@ fn check_signal() -> Result<()> {
 impl Spool {
     /// Make the spool `spool/<name>` (private, 0700) inside `staging`:
     /// this writer's staging directory, on the volume's filesystem, whose
-    /// mtime the spool refreshes every `stage::HEARTBEAT` while it reads
+    /// mtime the spool refreshes every `staging::HEARTBEAT` while it reads
     /// (a long download must not look like a dead writer's staging).
     pub fn new(staging: &DirFd, name: &[u8]) -> Result<Spool> {
         let at = staging
@@ -326,7 +326,7 @@ impl Spool {
 
     /// Touch the staging directory if `HEARTBEAT` has passed.
     fn beat(&mut self) {
-        if self.last_beat.elapsed() >= crate::stage::HEARTBEAT {
+        if self.last_beat.elapsed() >= crate::staging::HEARTBEAT {
             let _ = self.staging.touch_self();
             self.last_beat = std::time::Instant::now();
         }
