@@ -3,17 +3,20 @@
 //!
 //! A module is a file (`a/mod.rs` is `a`, `a/b.rs` is `a::b`). Its edges are
 //! the paths it spells through `crate::` (in `use` trees and in expressions),
-//! and through `super::` and `self::`, which name the same modules
-//! relatively; a path ends at the deepest module it names, so
-//! `crate::source::oci_fetch::Store` is an edge to `source::oci_fetch`, not
-//! to `source`. A `pub use` re-export is an edge like any other `use`. Items
-//! under `#[cfg(test)]` are left out: tests may reach across to build their
-//! fixtures, and are not part of the binary. A `mod.rs` naming its own
-//! submodules by their bare names (`dir::Dir` after `mod dir;`) is not
-//! counted: those are its parts, and the kind it picks.
+//! through `super::` and `self::`, which name the same modules relatively,
+//! and through the bare name of a module of its own (`dir::Dir` in
+//! `source/mod.rs`, after `mod dir;`). A path ends at the deepest module it
+//! names, so `crate::source::oci_fetch::Store` is an edge to
+//! `source::oci_fetch`, not to `source`. A `pub use` re-export is an edge
+//! like any other `use`. Items under `#[cfg(test)]` are left out: tests may
+//! reach across to build their fixtures, and are not part of the binary.
 //!
 //! The strongly connected components of that graph (Tarjan's algorithm) must
-//! all be single modules; the failure names each circle's modules and, for
+//! be single modules, with one allowance: a directory module and its own
+//! files may name each other (the trait in `mod.rs`, a kind in each file, the
+//! one `match` that picks the kind), so a component made only of one
+//! directory's modules counts only the circles its files make without the
+//! parent naming its parts. The failure names each circle's modules and, for
 //! every edge inside it, where it is spelled.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -266,6 +269,13 @@ struct Edge {
     at: String,
 }
 
+impl Edge {
+    /// A module naming one of its own parts (`source` → `source::dir`).
+    fn to_part(&self) -> bool {
+        self.from == "crate" || self.to.starts_with(&format!("{}::", self.from))
+    }
+}
+
 fn edges(src: &Path) -> (BTreeSet<String>, Vec<Edge>) {
     let mut files = Vec::new();
     rust_files(src, &mut files);
@@ -290,7 +300,14 @@ fn edges(src: &Path) -> (BTreeSet<String>, Vec<Edge>) {
             let Some(first) = ident(toks.get(i)) else {
                 continue;
             };
-            if !matches!(first, "crate" | "super" | "self") {
+            // A bare name is a path only where it is a module of this file's
+            // own (`dir::Dir` in `source/mod.rs`, after `mod dir;`).
+            let own = match me.as_str() {
+                "crate" => first.to_string(),
+                _ => format!("{me}::{first}"),
+            };
+            let bare = !matches!(first, "crate" | "super" | "self");
+            if bare && !modules.contains(&own) {
                 continue;
             }
             // Only where a path starts: not `x::self`, not `$crate`, not `pub(crate)`.
@@ -305,6 +322,7 @@ fn edges(src: &Path) -> (BTreeSet<String>, Vec<Edge>) {
             match first {
                 "crate" => base.clear(),
                 "self" => {}
+                _ if bare => j -= 2,
                 _ => {
                     // `super::super::…`
                     while ident(toks.get(j)) == Some("super")
@@ -413,16 +431,45 @@ fn components(
     s.out
 }
 
+/// The circles of the graph. A directory module and its own files may name
+/// each other (the trait in `mod.rs`, a kind in each file, the one `match`
+/// that picks the kind): a component of the whole graph made only of one
+/// directory's modules is a circle only where its files make one without
+/// the parent naming its parts. Any other component is a circle.
 fn find_circles(src: &Path) -> (Vec<Vec<String>>, Vec<Edge>) {
     let (modules, edges) = edges(src);
-    let mut adj: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for e in &edges {
-        adj.entry(e.from.clone()).or_default().insert(e.to.clone());
+    let graph = |keep: &dyn Fn(&Edge) -> bool| {
+        let mut adj: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for e in edges.iter().filter(|e| keep(e)) {
+            adj.entry(e.from.clone()).or_default().insert(e.to.clone());
+        }
+        adj
+    };
+    let whole = graph(&|_| true);
+    let mut circles = Vec::new();
+    for c in components(&modules, &whole) {
+        if c.len() < 2 {
+            continue;
+        }
+        let inside: BTreeSet<String> = c.iter().cloned().collect();
+        let dir = c.iter().find(|d| {
+            c.iter()
+                .all(|m| m == *d || m.starts_with(&format!("{d}::")))
+        });
+        match dir {
+            Some(_) => {
+                let parts =
+                    graph(&|e| !e.to_part() && inside.contains(&e.from) && inside.contains(&e.to));
+                circles.extend(
+                    components(&inside, &parts)
+                        .into_iter()
+                        .filter(|c| c.len() > 1),
+                );
+            }
+            None => circles.push(c),
+        }
     }
-    let circles = components(&modules, &adj)
-        .into_iter()
-        .filter(|c| c.len() > 1)
-        .collect();
+    circles.sort();
     (circles, edges)
 }
 
@@ -488,4 +535,30 @@ fn measure_finds_circles() {
     write("d/e.rs", "fn g() {}\n");
     let (circles, _) = find_circles(src);
     assert!(circles.is_empty(), "{circles:?}");
+
+    // A directory and its parts may name each other...
+    write(
+        "d/mod.rs",
+        "pub mod e;\npub mod f;\npub trait T {}\nfn pick() { e::E; f::F; }\n",
+    );
+    write("d/e.rs", "use super::T;\npub struct E;\n");
+    write("d/f.rs", "use crate::d::T;\npub struct F;\n");
+    let (circles, _) = find_circles(src);
+    assert!(circles.is_empty(), "{circles:?}");
+    // ...but two of its files may not,
+    write("d/f.rs", "use super::e::E;\npub struct F;\n");
+    write("d/e.rs", "use super::{f::F, T};\npub struct E;\n");
+    let (circles, _) = find_circles(src);
+    assert_eq!(circles, vec![vec!["d::e", "d::f"]]);
+    // and a circle that leaves the directory is one, the parent naming its
+    // part (here through a re-export) counted.
+    write("d/e.rs", "use super::T;\npub struct E;\n");
+    write("d/f.rs", "pub struct F(crate::c::C);\n");
+    write("c.rs", "pub struct C;\nfn k() { crate::d::F; }\n");
+    write(
+        "d/mod.rs",
+        "pub mod e;\npub mod f;\npub use f::F;\npub trait T {}\n",
+    );
+    let (circles, _) = find_circles(src);
+    assert_eq!(circles, vec![vec!["c", "d", "d::f"]]);
 }
