@@ -6,8 +6,8 @@
 //! through `super::` and `self::`, which name the same modules relatively,
 //! and through the bare name of a module of its own (`dir::Dir` in
 //! `source/mod.rs`, after `mod dir;`). A path ends at the deepest module it
-//! names, so `crate::source::oci_fetch::Store` is an edge to
-//! `source::oci_fetch`, not to `source`. A `pub use` re-export is an edge
+//! names, so `crate::source::store::Store` is an edge to
+//! `source::store`, not to `source`. A `pub use` re-export is an edge
 //! like any other `use`. Items under `#[cfg(test)]` are left out: tests may
 //! reach across to build their fixtures, and are not part of the binary.
 //!
