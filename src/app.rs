@@ -19,6 +19,7 @@ use crate::commit::{self, Swap};
 use crate::config::{self, Command, Config, Owner, SyncConfig};
 use crate::error;
 use crate::filter::Filter;
+use crate::label::Label;
 use crate::layout;
 use crate::manifest::Manifest;
 use crate::ops;
@@ -1906,7 +1907,7 @@ fn early_label_guard(
 /// matches (the range was moved on purpose, below it say): then a lower
 /// chosen tag is what the range says, not a registry mirror behind, and
 /// the downgrade guard lets it through.
-fn range_moved(cfg: &SyncConfig, new: &crate::label::Label, live_label: Option<&str>) -> bool {
+fn range_moved(cfg: &SyncConfig, new: &Label, live_label: Option<&str>) -> bool {
     let (true, Some(choose), Some(live)) = (new.from_tag, &cfg.remote.choose, live_label) else {
         return false;
     };
@@ -1935,7 +1936,7 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
     if by_tag {
         for s in &sources.all {
             if let Some((tag, _)) = s.chosen()? {
-                let label = crate::label::Label {
+                let label = Label {
                     version: ordered(&tag),
                     text: tag,
                     from_tag: true,
@@ -1973,7 +1974,7 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
         );
     }
     Ok(Some(SyncConfig {
-        label: Some(crate::label::Label {
+        label: Some(Label {
             text,
             version,
             from_tag: false,

@@ -682,7 +682,7 @@ impl Round {
         }
     }
 
-    /// Show the warnings kept by a `Pass` that deferred them, then `report`.
+    /// Show the warnings kept by a `sidecar::Pass` that deferred them, then `report`.
     pub fn report_deferred(self, output: Output) -> Result<i32> {
         if output != Output::Json {
             self.console.show_kept();
