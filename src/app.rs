@@ -18,13 +18,16 @@ use crate::clock;
 use crate::commit::{self, Swap};
 use crate::config::{self, Command, Config, Owner, SyncConfig};
 use crate::error;
+use crate::filter::Filter;
+use crate::label::Label;
 use crate::layout;
 use crate::manifest::Manifest;
 use crate::ops;
 use crate::plan::{self, Compare, Plan};
-use crate::report::{self, Collected, Console, Output, Reporter, Summary};
+use crate::report::{self, Collected, Console, Output, Reporter, Round, Summary};
 use crate::retire::{self, Policy};
-use crate::scan::{self, Filter};
+use crate::scan;
+use crate::sidecar::Pass;
 use crate::source::{self, Source};
 use crate::stage;
 use crate::staging::Stage;
@@ -141,7 +144,7 @@ fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
 /// `sync`: one round, shown; with `--every`, the loop (`sidecar::run`).
 fn sync(cfg: &SyncConfig) -> Result<i32> {
     if cfg.every.is_some() {
-        return crate::sidecar::run(cfg);
+        return crate::sidecar::run(cfg, &|pass| round(cfg, pass));
     }
     match round(cfg, Pass::ONCE) {
         Ok(r) => r.report(Output::of(cfg.json, cfg.quiet)),
@@ -151,54 +154,6 @@ fn sync(cfg: &SyncConfig) -> Result<i32> {
             Err(crate::error::Failure::Interrupted(sys::signals::pending().unwrap_or(0)).into())
         }
         Err(e) => Err(e),
-    }
-}
-
-/// How a round differs when it is one of `--every`'s.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Pass {
-    /// Keep warnings for the round's line instead of showing them as they
-    /// come (an idle round of the loop shows nothing).
-    pub defer_warnings: bool,
-    /// An up-to-date round runs `--exec-after` again where it did not
-    /// succeed on the live generation (a one-shot sync, the loop's first
-    /// round); later rounds of the loop run it only on what they publish.
-    pub retry_hook: bool,
-}
-
-impl Pass {
-    pub const ONCE: Pass = Pass {
-        defer_warnings: false,
-        retry_hook: true,
-    };
-}
-
-/// A round that ran to its end: what it did, ready to be shown.
-pub(crate) struct Round {
-    pub summary: Summary,
-    console: Console,
-    start: Instant,
-    /// `--exec-after` failed: the error to exit with once the summary is out.
-    pub hook_failure: Option<anyhow::Error>,
-}
-
-impl Round {
-    /// Show the summary (line or JSON object, with the warnings kept); the
-    /// exit status, or the hook's failure.
-    pub fn report(self, output: Output) -> Result<i32> {
-        let code = report::finish(self.summary, &self.console, self.start, output)?;
-        match self.hook_failure {
-            Some(e) => Err(e),
-            None => Ok(code),
-        }
-    }
-
-    /// Show the warnings kept by a `Pass` that deferred them, then `report`.
-    pub fn report_deferred(self, output: Output) -> Result<i32> {
-        if output != Output::Json {
-            self.console.show_kept();
-        }
-        self.report(output)
     }
 }
 
@@ -783,7 +738,7 @@ impl StreamedRound<'_> {
             let st = r
                 .fstat()
                 .with_context(|| format!("cannot stat {}", s.label()))?;
-            root = scan::meta_of(&st, 0);
+            root = crate::tree::meta_of(&st, 0);
             let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
             crate::tree::merge_entries(&mut top, listed);
         }
@@ -1225,7 +1180,7 @@ fn shape_of(cfg: &SyncConfig) -> Option<String> {
     if let Some(t) = cfg.set_mtime {
         text.push_str(&format!(" mtime {t}"));
     }
-    let h = crate::manifest::hex(&sha2::Sha256::digest(text.as_bytes()));
+    let h = crate::escape::hex(&sha2::Sha256::digest(text.as_bytes()));
     Some(h[..16].to_string())
 }
 
@@ -1328,7 +1283,7 @@ fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console)
         console.warn(&format!(
             "the volume refused {} extended attributes (first: {}: {}); published without them",
             staged.xattr_failures,
-            report::escape(name),
+            crate::escape::c_style(name),
             err
         ));
     }
@@ -1957,7 +1912,7 @@ fn early_label_guard(
 /// matches (the range was moved on purpose, below it say): then a lower
 /// chosen tag is what the range says, not a registry mirror behind, and
 /// the downgrade guard lets it through.
-fn range_moved(cfg: &SyncConfig, new: &config::Label, live_label: Option<&str>) -> bool {
+fn range_moved(cfg: &SyncConfig, new: &Label, live_label: Option<&str>) -> bool {
     let (true, Some(choose), Some(live)) = (new.from_tag, &cfg.remote.choose, live_label) else {
         return false;
     };
@@ -1986,7 +1941,7 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
     if by_tag {
         for s in &sources.all {
             if let Some((tag, _)) = s.chosen()? {
-                let label = config::Label {
+                let label = Label {
                     version: ordered(&tag),
                     text: tag,
                     from_tag: true,
@@ -2024,7 +1979,7 @@ fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfi
         );
     }
     Ok(Some(SyncConfig {
-        label: Some(config::Label {
+        label: Some(Label {
             text,
             version,
             from_tag: false,

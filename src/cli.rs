@@ -16,10 +16,11 @@ use clap::parser::ValueSource;
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use crate::chmod;
-use crate::config::{self, Command, Config, Label, Layout, Owner, SyncConfig, Timeout};
+use crate::config::{self, Command, Config, Layout, Owner, SyncConfig, Timeout};
 use crate::error;
+use crate::filter::Filter;
+use crate::label::Label;
 use crate::report;
-use crate::scan::Filter;
 use crate::sys;
 
 #[derive(Parser, Debug)]
@@ -423,7 +424,7 @@ fn refused_value(e: &clap::Error, argv: &[std::ffi::OsString]) -> Option<anyhow:
         // A header's value is often a token: it is never shown.
         return Some(error::usage(format!("invalid value for {flag}: {why}")));
     }
-    Some(bad_value(flag, value, why))
+    Some(error::bad_value(flag, value, why))
 }
 
 /// `--json` among the arguments packsync itself reads (not after `--`, where
@@ -563,7 +564,7 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
             ..l
         }),
         Some(l) if l.version.is_none() => {
-            return Err(bad_value(
+            return Err(error::bad_value(
                 "--label",
                 &l.text,
                 "not a version such as v1.2.3 or 1.2.0-rc1 (pass --allow-downgrade to record any text without ordering)",
@@ -592,14 +593,18 @@ fn sync_config(s: SyncArgs, rules: Vec<String>) -> Result<SyncConfig> {
     }
     let headers: Vec<(String, String)> = s.header.into_iter().flatten().collect();
     if s.timeout.is_zero() {
-        return Err(bad_value("--timeout", "0", "must be more than zero"));
+        return Err(error::bad_value("--timeout", "0", "must be more than zero"));
     }
     if s.round_timeout.is_some_and(|d| d.is_zero()) {
-        return Err(bad_value("--round-timeout", "0", "must be more than zero"));
+        return Err(error::bad_value(
+            "--round-timeout",
+            "0",
+            "must be more than zero",
+        ));
     }
     let mut verify_keys = Vec::new();
     for f in s.verify_key.iter().flatten() {
-        let key = crate::trust::Key::load(f).map_err(|e| error::usage(format!("{e:#}")))?;
+        let key = crate::trust::key::Key::load(f).map_err(|e| error::usage(format!("{e:#}")))?;
         verify_keys.push(key);
     }
     let keyless = match (
@@ -818,11 +823,6 @@ pub(crate) fn exclude_lines(text: &str) -> impl Iterator<Item = &str> {
 /// Write the completion script for `shell` to `out`.
 pub fn completions(shell: clap_complete::Shell, out: &mut dyn std::io::Write) {
     clap_complete::generate(shell, &mut command(), "packsync", out);
-}
-
-/// A usage error for a flag value.
-pub fn bad_value(flag: &str, value: &str, why: impl std::fmt::Display) -> anyhow::Error {
-    error::usage(format!("invalid value {value:?} for {flag}: {why}"))
 }
 
 #[cfg(test)]

@@ -31,8 +31,6 @@ pub struct Generation {
     pub taken_over: Option<&'static [u8]>,
 }
 
-pub const GEN_LEN: usize = 16;
-
 /// What `run` commits, and where.
 pub struct Commit<'a> {
     pub vol: &'a Volume,
@@ -136,7 +134,7 @@ fn write_manifest(c: &Commit<'_>, stage: &DirFd, manifest: &mut Manifest) -> Res
     if c.opts.fsync {
         sys::fsync(file.as_fd()).context("cannot flush the manifest")?;
     }
-    Ok(manifest.digest[..GEN_LEN].to_string())
+    Ok(manifest.digest[..crate::volume::GEN_LEN].to_string())
 }
 
 /// Rename the staged tree to `gen/<name>`. If that generation exists it is

@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::chmod;
-use crate::label::Version;
-use crate::scan::Filter;
+use crate::filter::Filter;
+use crate::label::Label;
 
 /// `--keep`: the live generation plus this many earlier ones survive a sync.
 pub const DEFAULT_KEEP: usize = 2;
@@ -165,7 +165,7 @@ pub struct SyncConfig {
     pub max_entries: u64,
     /// `--verify-key FILE` (repeatable): with any, every SOURCE must be
     /// signed by one of these keys (`trust`), else exit 6.
-    pub verify_keys: Vec<crate::trust::Key>,
+    pub verify_keys: Vec<crate::trust::key::Key>,
     /// How `https://`, `oci://` and `oci-layout:` sources are reached.
     pub remote: Remote,
 }
@@ -221,7 +221,7 @@ pub struct Remote {
     pub platform: Option<Platform>,
     /// `--verify-key`: images check their cosign signature with these as
     /// soon as their digest is resolved.
-    pub verify_keys: Vec<crate::trust::Key>,
+    pub verify_keys: Vec<crate::trust::key::Key>,
     /// `--trusted-root FILE` with `--certificate-identity` and
     /// `--certificate-oidc-issuer`: images' keyless bundles are verified
     /// against it, and keyed bundles' log entries too.
@@ -357,16 +357,6 @@ impl SyncConfig {
 pub struct Owner {
     pub uid: u32,
     pub gid: u32,
-}
-
-/// `--label TEXT`: the text a generation records, and the version it
-/// orders by (`None` with `--allow-downgrade`: nothing is compared).
-#[derive(Clone, Debug)]
-pub struct Label {
-    pub text: String,
-    pub version: Option<Version>,
-    /// The tag `--semver` chose, standing in for a `--label` not given.
-    pub from_tag: bool,
 }
 
 /// `wait --timeout DUR`: how long, and the text it was given as (the

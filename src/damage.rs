@@ -24,7 +24,7 @@ use std::os::fd::AsFd;
 
 use anyhow::{bail, Context, Result};
 
-use crate::manifest::{escape, unescape};
+use crate::escape::{percent, unpercent};
 use crate::staging::Stage;
 use crate::sys;
 use crate::volume::State;
@@ -70,7 +70,7 @@ fn format(gen: &str, found: i64, paths: &[&[u8]]) -> String {
         paths.len()
     );
     for p in paths.iter().take(MAX_PATHS) {
-        let line = format!("path {}\n", escape(p));
+        let line = format!("path {}\n", percent(p));
         if out.len() + line.len() > MAX_BYTES {
             break;
         }
@@ -103,7 +103,7 @@ fn parse(gen: &str, text: &str) -> Result<Damage> {
         let p = l
             .strip_prefix("path ")
             .with_context(|| format!("unexpected line {l:?}"))?;
-        let p = unescape(p)?;
+        let p = unpercent(p)?;
         if p.is_empty() || p.starts_with(b"/") || paths.len() >= MAX_PATHS {
             bail!("bad path line {l:?}");
         }

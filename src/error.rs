@@ -81,6 +81,11 @@ pub fn usage(msg: impl Into<String>) -> anyhow::Error {
     Failure::Usage(msg.into()).into()
 }
 
+/// A usage error for a flag value.
+pub fn bad_value(flag: &str, value: &str, why: impl std::fmt::Display) -> anyhow::Error {
+    usage(format!("invalid value {value:?} for {flag}: {why}"))
+}
+
 pub fn refused(msg: impl Into<String>) -> anyhow::Error {
     Failure::Refused(msg.into()).into()
 }

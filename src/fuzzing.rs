@@ -229,7 +229,7 @@ pub fn exclude_from(data: &[u8]) {
     let rules: Vec<String> = crate::cli::exclude_lines(text)
         .map(str::to_string)
         .collect();
-    let Ok(filter) = crate::scan::Filter::new(&rules) else {
+    let Ok(filter) = crate::filter::Filter::new(&rules) else {
         return;
     };
     let mut probes: Vec<Vec<u8>> = Vec::new();
@@ -249,7 +249,7 @@ pub fn exclude_from(data: &[u8]) {
         for (line, excluded) in [(exact.clone(), true), (format!("!{exact}"), false)] {
             let mut more = rules.clone();
             more.push(line.clone());
-            let f = crate::scan::Filter::new(&more)
+            let f = crate::filter::Filter::new(&more)
                 .unwrap_or_else(|e| panic!("{line:?} after the file's rules: {e:#}"));
             for is_dir in [false, true] {
                 assert_eq!(
@@ -404,9 +404,8 @@ pub fn oci_manifest(data: &[u8], content_type: Option<&str>) {
 /// that decodes back to them; a challenge's scheme and parameter names
 /// are lowercase; a token is a header value (no control characters).
 pub fn docker_config(data: &[u8]) {
-    use crate::net::auth::{
-        choose, credentials_for, parse_challenge, parse_helper_reply, parse_token,
-    };
+    use crate::net::auth::{choose, credentials_for, parse_challenge, parse_token};
+    use crate::net::helper::parse_helper_reply;
     use base64::Engine;
     let _ = choose(data, "registry.example:5000");
     if let Ok(r) = parse_helper_reply(data) {

@@ -11,7 +11,15 @@
 
 use std::cmp::Ordering;
 
-use crate::config::Label;
+/// `--label TEXT`: the text a generation records, and the version it
+/// orders by (`None` with `--allow-downgrade`: nothing is compared).
+#[derive(Clone, Debug)]
+pub struct Label {
+    pub text: String,
+    pub version: Option<Version>,
+    /// The tag `--semver` chose, standing in for a `--label` not given.
+    pub from_tag: bool,
+}
 
 /// A parsed version label.
 #[derive(Clone, Debug)]

@@ -26,6 +26,8 @@ pub(crate) mod config;
 pub(crate) mod damage;
 pub(crate) mod distinct;
 pub(crate) mod error;
+pub(crate) mod escape;
+pub(crate) mod filter;
 #[doc(hidden)]
 pub mod fuzzing;
 pub(crate) mod index;

@@ -41,6 +41,7 @@ use std::io::{BufRead, Write};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
+use crate::escape::{hex, percent, unpercent};
 use crate::tree::{Dir, Entry, File, Meta, Node, Tree};
 use crate::xattr::Set;
 
@@ -83,39 +84,6 @@ pub struct Manifest {
     pub tree: Tree,
 }
 
-pub fn escape(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len());
-    for &b in bytes {
-        if (0x21..=0x7e).contains(&b) && b != b'%' {
-            s.push(b as char);
-        } else {
-            s.push_str(&format!("%{b:02X}"));
-        }
-    }
-    s
-}
-
-pub fn unescape(s: &str) -> Result<Vec<u8>> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3).context("truncated %-escape")?;
-            out.push(u8::from_str_radix(hex, 16).context("bad %-escape")?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    Ok(out)
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn unhex(s: &str) -> Result<[u8; 32]> {
     if s.len() != 64 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
         bail!("bad sha256 {s:?}");
@@ -150,11 +118,11 @@ pub(crate) fn entry_line(out: &mut String, path: &[u8], e: &Entry) {
         { m.mtime.ns },
         hash,
         group,
-        escape(path)
+        percent(path)
     );
     if let Node::Symlink(t) = &e.node {
         out.push(' ');
-        out.push_str(&escape(t));
+        out.push_str(&percent(t));
     }
     if let Some(x) = m.xattrs.token() {
         out.push(' ');
@@ -189,7 +157,7 @@ pub fn digest(tree: &Tree, label: Option<&str>, verified: &[(usize, String)]) ->
     h.update(b"label ");
     h.update(label.unwrap_or("").as_bytes());
     for (i, fp) in verified {
-        h.update(format!("\nverified {i} {}", escape(fp.as_bytes())).as_bytes());
+        h.update(format!("\nverified {i} {}", percent(fp.as_bytes())).as_bytes());
     }
     hex(&h.finalize())
 }
@@ -220,15 +188,15 @@ impl Manifest {
     pub fn write_header(&self, w: &mut dyn Write, entries: u64, bytes: u64) -> std::io::Result<()> {
         writeln!(w, "{MAGIC} {VERSION}")?;
         if let Some(l) = &self.label {
-            writeln!(w, "label {}", escape(l.as_bytes()))?;
+            writeln!(w, "label {}", percent(l.as_bytes()))?;
         }
         writeln!(w, "created {}.{:09}", self.created.0, self.created.1)?;
-        writeln!(w, "host {}", escape(self.host.as_bytes()))?;
+        writeln!(w, "host {}", percent(self.host.as_bytes()))?;
         for s in &self.sources {
-            writeln!(w, "source {}", escape(s.as_bytes()))?;
+            writeln!(w, "source {}", percent(s.as_bytes()))?;
         }
         for (i, r) in &self.layers {
-            writeln!(w, "layers {i} {}", escape(r.as_bytes()))?;
+            writeln!(w, "layers {i} {}", percent(r.as_bytes()))?;
         }
         writeln!(w, "owners {}", self.owners as u8)?;
         writeln!(w, "granularity {}", self.granularity_ns)?;
@@ -241,7 +209,7 @@ impl Manifest {
             writeln!(w, "setmtime {t}")?;
         }
         for (i, fp) in &self.verified {
-            writeln!(w, "verified {i} {}", escape(fp.as_bytes()))?;
+            writeln!(w, "verified {i} {}", percent(fp.as_bytes()))?;
         }
         writeln!(w, "digest {}", self.digest)?;
         writeln!(w, "entries {entries}")?;
@@ -303,7 +271,7 @@ impl Manifest {
             }
             let (k, v) = line.split_once(' ').unwrap_or((line, ""));
             let text =
-                || -> Result<String> { Ok(String::from_utf8_lossy(&unescape(v)?).into_owned()) };
+                || -> Result<String> { Ok(String::from_utf8_lossy(&unpercent(v)?).into_owned()) };
             match k {
                 "label" => m.label = Some(text()?),
                 "created" => m.created = parse_time(v)?,
@@ -325,7 +293,7 @@ impl Manifest {
                     let i: u16 = i.parse().context("bad verified")?;
                     m.verified.push((
                         i.into(),
-                        String::from_utf8_lossy(&unescape(fp)?).into_owned(),
+                        String::from_utf8_lossy(&unpercent(fp)?).into_owned(),
                     ));
                 }
                 "digest" => m.digest = v.to_string(),
@@ -358,7 +326,7 @@ fn layers_line(v: &str) -> Option<(usize, String)> {
     }
     let (i, r) = v.split_once(' ')?;
     let i: u16 = i.parse().ok()?;
-    let r = String::from_utf8(unescape(r).ok()?).ok()?;
+    let r = String::from_utf8(unpercent(r).ok()?).ok()?;
     (r.len() <= MAX_LAYERS_RECORD).then_some((i.into(), r))
 }
 
@@ -631,7 +599,7 @@ pub(crate) fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
         Some(x) if f.len() == fixed + 1 => meta.xattrs = Set::parse(x)?,
         Some(_) => bail!("too many fields"),
     }
-    let path = unescape(f[8])?;
+    let path = unpercent(f[8])?;
     let node = match f[0] {
         "f" => Node::File(File {
             hash: if f[6] == "-" {
@@ -650,7 +618,7 @@ pub(crate) fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
             srcs: 1,
             entries: Vec::new(),
         }),
-        "l" => Node::Symlink(unescape(f.get(9).context("symlink without target")?)?.into()),
+        "l" => Node::Symlink(unpercent(f.get(9).context("symlink without target")?)?.into()),
         k => bail!("unknown kind {k:?}"),
     };
     // Every component a name a directory can hold: nothing a handle-relative
@@ -661,7 +629,7 @@ pub(crate) fn parse_entry(line: &str) -> Result<(Vec<u8>, Entry)> {
             .split(|&b| b == b'/')
             .any(|c| c.is_empty() || c == b"." || c == b".." || c.contains(&0))
     {
-        bail!("bad path {:?}", escape(&path));
+        bail!("bad path {:?}", percent(&path));
     }
     let name = name.into();
     Ok((path, Entry { name, meta, node }))
@@ -711,14 +679,6 @@ pub fn cmp_preorder(a: &[u8], b: &[u8]) -> std::cmp::Ordering {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escape_round_trips_every_byte() {
-        let all: Vec<u8> = (1..=255u8).collect();
-        let e = escape(&all);
-        assert!(!e.contains(' ') && !e.contains('\n'));
-        assert_eq!(unescape(&e).unwrap(), all);
-    }
 
     #[test]
     fn manifest_round_trips() {
@@ -924,7 +884,7 @@ mod tests {
                 entry_line(&mut line, &path, &e);
                 spool.extend_from_slice(line.as_bytes());
             }
-            let key = escape(rel).into_bytes();
+            let key = percent(rel).into_bytes();
             frags
                 .index
                 .insert(&key, (off, (spool.len() as u64 - off) as u32));

@@ -42,7 +42,7 @@ pub trait Reporter: Sync {
 
 /// The warning for a skipped entry: `skipping FIFO src/a/fifo`.
 fn skip_line(label: &str, path: &[u8], what: &str) -> String {
-    format!("skipping {what} {}", crate::scan::display(label, path))
+    format!("skipping {what} {}", crate::escape::display(label, path))
 }
 
 /// An entry a scan left out (see `Reporter::skipped`).
@@ -653,13 +653,56 @@ pub struct Summary {
     /// `--exec-after`: what the hook did; `None` when it did not run (not
     /// given, dry run, or up to date with a success on the live generation
     /// already recorded).
-    pub exec_after: Option<crate::ops::exec::After>,
+    pub exec_after: Option<After>,
     /// `--semver`: the tag chosen for each image source that chose one,
     /// and the manifest digest it named; the key is absent without.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub chosen: Vec<Chosen>,
     pub seconds: f64,
     pub dry_run: bool,
+}
+
+/// A round that ran to its end: what it did, ready to be shown.
+pub struct Round {
+    pub summary: Summary,
+    pub console: Console,
+    pub start: Instant,
+    /// `--exec-after` failed: the error to exit with once the summary is out.
+    pub hook_failure: Option<anyhow::Error>,
+}
+
+impl Round {
+    /// Show the summary (line or JSON object, with the warnings kept); the
+    /// exit status, or the hook's failure.
+    pub fn report(self, output: Output) -> Result<i32> {
+        let code = finish(self.summary, &self.console, self.start, output)?;
+        match self.hook_failure {
+            Some(e) => Err(e),
+            None => Ok(code),
+        }
+    }
+
+    /// Show the warnings kept by a `sidecar::Pass` that deferred them, then `report`.
+    pub fn report_deferred(self, output: Output) -> Result<i32> {
+        if output != Output::Json {
+            self.console.show_kept();
+        }
+        self.report(output)
+    }
+}
+
+/// What `sync --exec-after` did, for the summary (`exec_after` in `--json`).
+#[derive(serde::Serialize)]
+pub struct After {
+    /// CMD as given.
+    pub command: String,
+    /// CMD ran and exited 0.
+    pub ok: bool,
+    /// CMD's status as a shell reports it (128 + a signal), or `None` when
+    /// it could not be started.
+    pub exit_code: Option<i32>,
+    /// The error packsync reports on stderr when CMD failed, or `None`.
+    pub error: Option<String>,
 }
 
 /// What `--semver` chose for one SOURCE.
@@ -701,7 +744,7 @@ fn itemized(plan: &Plan) -> impl Iterator<Item = Itemized> + '_ {
         };
         Itemized {
             change: c.op.symbol(),
-            path: format!("{}{slash}", escape(&c.path)),
+            path: format!("{}{slash}", crate::escape::c_style(&c.path)),
         }
     })
 }
@@ -748,7 +791,7 @@ fn summary_line(s: &Summary) -> String {
                 "; {}:{} ({})",
                 c.source,
                 c.tag,
-                crate::source::oci_fetch::short(&c.digest)
+                crate::source::store::short(&c.digest)
             )
         })
         .collect();
@@ -783,37 +826,9 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
-/// A path for a line-oriented log: printable UTF-8 as is; control bytes,
-/// backslashes and invalid UTF-8 as C-style escapes (`\n`, `\t`, `\\`, `\xff`).
-pub fn escape(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            match c {
-                '\\' => out.push_str("\\\\"),
-                '\n' => out.push_str("\\n"),
-                '\t' => out.push_str("\\t"),
-                '\r' => out.push_str("\\r"),
-                c if c.is_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
-                c => out.push(c),
-            }
-        }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn escape_keeps_one_path_on_one_line() {
-        assert_eq!(escape(b"a b/\xff\n\\c\td"), "a b/\\xff\\n\\\\c\\td");
-        assert_eq!(escape("é".as_bytes()), "é");
-    }
 
     fn at(s: f64) -> Duration {
         Duration::from_secs_f64(s)

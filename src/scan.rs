@@ -1,6 +1,6 @@
 //! Scan: read the sources into one `Tree` (each source yields its entries:
-//! `source::Source::scan`), overlaid in order; which paths a scan leaves
-//! out (`Filter`); and file contents hashed on demand (`--checksum`,
+//! `source::Source::scan`), overlaid in order, leaving out what the
+//! `filter::Filter` says; and file contents hashed on demand (`--checksum`,
 //! `verify`), read through each entry's source.
 //!
 //! `compare_live` compares the sources with the live generation a
@@ -17,53 +17,14 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+use crate::escape::display;
+use crate::filter::Filter;
 use crate::plan::{self, Compare};
 use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
 use crate::tree::join;
-use crate::tree::{Entry, Kind, Meta, Node, Tree};
-
-/// Which paths a scan leaves out (gitignore rules, in command-line order),
-/// and what it reads of each entry besides its stat.
-#[derive(Clone, Default)]
-pub struct Filter {
-    rules: Option<ignore::gitignore::Gitignore>,
-    /// `--xattrs`: a directory source's files and directories carry their
-    /// extended attributes (one more call an entry, so only when asked).
-    pub xattrs: bool,
-}
-
-impl Filter {
-    /// `rules`: gitignore lines; `!pattern` re-includes.
-    pub fn new(rules: &[String]) -> Result<Filter> {
-        if rules.is_empty() {
-            return Ok(Filter::default());
-        }
-        let mut b = ignore::gitignore::GitignoreBuilder::new("/");
-        for r in rules {
-            b.add_line(None, r)
-                .with_context(|| format!("bad pattern {r:?}"))?;
-        }
-        Ok(Filter {
-            rules: Some(b.build().context("bad exclude/include patterns")?),
-            xattrs: false,
-        })
-    }
-
-    pub fn excludes(&self, rel: &[u8], is_dir: bool) -> bool {
-        match &self.rules {
-            None => false,
-            Some(g) => g
-                .matched(std::path::Path::new(sys::os(rel)), is_dir)
-                .is_ignore(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.rules.is_none()
-    }
-}
+use crate::tree::{meta_of, Entry, Kind, Meta, Node, Tree};
 
 /// Scan every source and overlay them in order: a later source wins a path
 /// two provide; each entry keeps the index of the source it came from, and
@@ -92,30 +53,6 @@ pub fn run_each(
     }
     tree.assign_groups();
     Ok(tree)
-}
-
-pub fn meta_of(st: &sys::Stat, size: u64) -> Meta {
-    Meta {
-        mode: st.st_mode & 0o7777,
-        uid: st.st_uid,
-        gid: st.st_gid,
-        size,
-        mtime: sys::mtime_of(st).into(),
-        xattrs: Default::default(),
-    }
-}
-
-/// `label/rel` for messages, with unprintable bytes escaped.
-pub fn display(label: &str, rel: &[u8]) -> String {
-    if rel.is_empty() {
-        label.to_string()
-    } else {
-        format!(
-            "{}/{}",
-            label.trim_end_matches('/'),
-            crate::report::escape(rel)
-        )
-    }
 }
 
 /// SHA-256 of everything readable from `fd` from its current offset.

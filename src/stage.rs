@@ -37,8 +37,8 @@ use sha2::{Digest, Sha256};
 
 use crate::caps::{Caps, Flush};
 use crate::error::Failure;
-use crate::report::{escape, Reporter};
-use crate::scan::display;
+use crate::escape::{c_style, display};
+use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
 use crate::tree::join;
@@ -59,10 +59,6 @@ pub struct Job<'a> {
     /// This writer's staging directory, whose mtime is its heartbeat.
     pub heartbeat: Option<&'a DirFd>,
 }
-
-/// How often a running copy refreshes its staging directory's mtime; far
-/// below `config::STALE_STAGE`, after which other hosts may remove it.
-pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
 
 #[derive(Debug)]
 pub struct Staged {
@@ -120,7 +116,7 @@ impl<'a> Ctx<'a> {
         };
         let now = self.start.elapsed().as_secs();
         let last = self.last_beat.load(Ordering::Relaxed);
-        if now >= last + HEARTBEAT.as_secs()
+        if now >= last + crate::staging::HEARTBEAT.as_secs()
             && self
                 .last_beat
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
@@ -240,7 +236,7 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
 /// them, never into a whole `Tree`.
 pub struct Stream<'a> {
     pub job: &'a Job<'a>,
-    pub filter: &'a crate::scan::Filter,
+    pub filter: &'a crate::filter::Filter,
     /// Owners and modes as the sync gives them, applied to every entry.
     pub adjust: &'a (dyn Fn(&mut Meta, crate::tree::Kind) + Sync),
     /// The root's metadata, adjusted.
@@ -509,7 +505,7 @@ impl Walker<'_> {
             .try_for_each(|(name, bits, meta, was_dir)| -> Result<()> {
                 check_signal()?;
                 let path = join(rel, &name);
-                let shown = || escape(&path);
+                let shown = || c_style(&path);
                 out.mkdir(&name, 0o700)
                     .with_context(|| format!("cannot create directory {} in staging", shown()))?;
                 let sub_out = out
@@ -634,7 +630,7 @@ impl Walker<'_> {
         let off = spool.1;
         spool.1 += text.len() as u64;
         drop(spool);
-        let key = crate::manifest::escape(rel).into_bytes();
+        let key = crate::escape::percent(rel).into_bytes();
         let key = if rel.is_empty() { Vec::new() } else { key };
         self.frags
             .lock()
@@ -659,8 +655,8 @@ impl Walker<'_> {
                 .with_context(|| {
                     format!(
                         "cannot hardlink {} to {} in staging",
-                        escape(path),
-                        escape(leader)
+                        c_style(path),
+                        c_style(leader)
                     )
                 })?;
             self.s.job.reporter.advance(0);
@@ -671,10 +667,10 @@ impl Walker<'_> {
         for (dir, meta) in late {
             let dfd = open_staged(out, &dir)?;
             apply_meta(&self.ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", escape(&dir)))?;
+                .with_context(|| format!("cannot set metadata of staged {}", c_style(&dir)))?;
             self.ctx
                 .flush(dfd.as_fd())
-                .with_context(|| format!("cannot flush staged directory {}", escape(&dir)))?;
+                .with_context(|| format!("cannot flush staged directory {}", c_style(&dir)))?;
         }
         Ok(())
     }
@@ -738,7 +734,7 @@ fn stage_dir(
     let Node::Dir(d) = &mut e.node else {
         unreachable!("stage_dir is given directories")
     };
-    let shown = || escape(path);
+    let shown = || c_style(path);
     out.mkdir(&e.name, 0o700)
         .with_context(|| format!("cannot create directory {} in staging", shown()))?;
     let sub_out = out
@@ -771,7 +767,7 @@ fn stage_symlink(ctx: &Ctx<'_>, e: &Entry, out: &DirFd, path: &[u8]) -> Result<(
         unreachable!("stage_symlink is given symlinks")
     };
     out.symlink(target, &e.name)
-        .with_context(|| format!("cannot create symlink {} in staging", escape(path)))?;
+        .with_context(|| format!("cannot create symlink {} in staging", c_style(path)))?;
     if !ctx.job.caps.link_meta {
         return Ok(());
     }
@@ -783,7 +779,10 @@ fn stage_symlink(ctx: &Ctx<'_>, e: &Entry, out: &DirFd, path: &[u8]) -> Result<(
             out.set_symlink_meta(&e.name, None, mtime)?;
         }
         res => res.with_context(|| {
-            format!("cannot set metadata of symlink {} in staging", escape(path))
+            format!(
+                "cannot set metadata of symlink {} in staging",
+                c_style(path)
+            )
         })?,
     }
     Ok(())
@@ -1178,18 +1177,18 @@ fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: &DirFd) -> Result<()> {
                 .with_context(|| {
                     format!(
                         "cannot hardlink {} to {} in staging",
-                        escape(&path),
-                        escape(leader)
+                        c_style(&path),
+                        c_style(leader)
                     )
                 })?;
             ctx.job.reporter.advance(0);
         }
         if !dir.is_empty() {
             apply_meta(ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", escape(dir)))?;
+                .with_context(|| format!("cannot set metadata of staged {}", c_style(dir)))?;
         }
         ctx.flush(dfd.as_fd())
-            .with_context(|| format!("cannot flush staged directory {}", escape(dir)))?;
+            .with_context(|| format!("cannot flush staged directory {}", c_style(dir)))?;
     }
     Ok(())
 }
@@ -1216,14 +1215,14 @@ fn find_dir<'t>(tree: &'t Tree, path: &[u8]) -> Option<(&'t [Entry], Meta)> {
 /// A staged directory by its path, never through a symlink.
 fn open_staged(out: &DirFd, path: &[u8]) -> Result<DirFd> {
     out.open_beneath(path)
-        .with_context(|| format!("cannot open staged {}", escape(path)))
+        .with_context(|| format!("cannot open staged {}", c_style(path)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::filter::Filter;
     use crate::report::Collected;
-    use crate::scan::Filter;
     use crate::source::Dir;
     use std::path::Path;
 

@@ -14,6 +14,10 @@ use anyhow::{Context, Result};
 use crate::sys::DirFd;
 use crate::volume::{unique_name, State};
 
+/// How often a running copy refreshes its staging directory's mtime; far
+/// below `config::STALE_STAGE`, after which other hosts may remove it.
+pub const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// One writer's staging directory; removed when dropped (or by `remove`).
 pub struct Stage {
     /// `<host>-<pid>-<random>`: unique, and says who made it (`volume::stage_owner`).

@@ -92,7 +92,7 @@ pub fn record(
         sys::fsync(file.as_fd()).with_context(in_stage)?;
     }
     Ok(Some(Recorded {
-        name: manifest.digest[..crate::commit::GEN_LEN].to_string(),
+        name: manifest.digest[..crate::volume::GEN_LEN].to_string(),
         top,
     }))
 }

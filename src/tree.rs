@@ -18,6 +18,18 @@ pub struct Meta {
     pub xattrs: crate::xattr::Set,
 }
 
+/// The metadata a stat gives, with `size` (0 for a directory).
+pub fn meta_of(st: &crate::sys::Stat, size: u64) -> Meta {
+    Meta {
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        size,
+        mtime: crate::sys::mtime_of(st).into(),
+        xattrs: Default::default(),
+    }
+}
+
 /// Seconds and nanoseconds since the epoch, packed into 12 bytes (every
 /// entry holds one: a tuple would take 16).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]

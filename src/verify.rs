@@ -11,9 +11,10 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result};
 
-use crate::manifest::hex;
+use crate::escape::hex;
+use crate::filter::Filter;
 use crate::report::Collected;
-use crate::scan::{self, Filter};
+use crate::scan;
 use crate::source::{Dir, Source};
 use crate::sys::DirFd;
 use crate::tree::{Entry, Kind, Meta, Node, Time, Tree};
@@ -35,12 +36,12 @@ pub struct Difference {
 }
 
 fn ser_path<S: serde::Serializer>(p: &[u8], s: S) -> std::result::Result<S::Ok, S::Error> {
-    s.serialize_str(&crate::report::escape(p))
+    s.serialize_str(&crate::escape::c_style(p))
 }
 
 impl std::fmt::Display for Difference {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.what, crate::report::escape(&self.path))?;
+        write!(f, "{} {}", self.what, crate::escape::c_style(&self.path))?;
         match (&self.expected, &self.found) {
             (Some(e), Some(x)) => write!(f, " (expected {e}, found {x})"),
             (None, Some(x)) => write!(f, " ({x})"),
@@ -275,8 +276,8 @@ fn walk(
                         }
                         (Node::Symlink(a), Node::Symlink(b)) if a != b => out.push(diff(
                             "link changed",
-                            Some(crate::report::escape(a)),
-                            Some(crate::report::escape(b)),
+                            Some(crate::escape::c_style(a)),
+                            Some(crate::escape::c_style(b)),
                         )),
                         _ => {}
                     }

@@ -31,6 +31,9 @@ use crate::error;
 use crate::manifest::Manifest;
 use crate::sys::{self, DirFd};
 
+/// How many hex digits of its manifest's digest name a generation.
+pub const GEN_LEN: usize = 16;
+
 pub const SUBDIRS: [&str; 5] = ["gen", "meta", "stage", "trash", "leases"];
 
 pub struct Volume {
@@ -266,7 +269,7 @@ impl Volume {
                     Some(g) if valid_gen(g) => {
                         Ok(Dest::Live(String::from_utf8_lossy(g).into_owned()))
                     }
-                    _ => Ok(Dest::Foreign(crate::report::escape(&target))),
+                    _ => Ok(Dest::Foreign(crate::escape::c_style(&target))),
                 }
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Dest::Absent),

@@ -102,7 +102,7 @@ impl Set {
                 }
             }
             s.push('=');
-            s.push_str(&crate::manifest::hex(value));
+            s.push_str(&crate::escape::hex(value));
         }
         Some(s)
     }
@@ -117,7 +117,7 @@ impl Set {
                 bail!("more than {MAX_PER_ENTRY} xattrs");
             }
             let (name, value) = item.split_once('=').context("bad xattr field")?;
-            let name = crate::manifest::unescape(name)?;
+            let name = crate::escape::unpercent(name)?;
             if name.is_empty() || name.len() > MAX_NAME || name.contains(&0) {
                 bail!("bad xattr name");
             }

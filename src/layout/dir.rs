@@ -324,7 +324,7 @@ fn publish(
 
 /// `<GEN>-<random>`: where a second tree of generation GEN is kept.
 fn twin_name(gen: &str) -> String {
-    let base = &gen[..gen.len().min(crate::commit::GEN_LEN)];
+    let base = &gen[..gen.len().min(crate::volume::GEN_LEN)];
     format!("{base}-{:08x}", sys::random_u64() as u32)
 }
 

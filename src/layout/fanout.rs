@@ -43,7 +43,7 @@ use super::{symlink, Check, Driver, LiveTree, Options, Published};
 use crate::clock;
 use crate::config::{Layout, STALE_STAGE};
 use crate::error;
-use crate::report::escape;
+use crate::escape::c_style;
 use crate::staging::Stage;
 use crate::sys::{self, DirFd};
 use crate::volume::{unique_name, Dest, State, Volume};
@@ -189,7 +189,7 @@ fn is_data_link(name: &[u8]) -> bool {
 /// "slot NAME" or "the sync without --slot", for messages.
 fn describe(link: &[u8]) -> String {
     match link.strip_prefix(b"..data-") {
-        Some(s) => format!("slot {}", escape(s)),
+        Some(s) => format!("slot {}", c_style(s)),
         None => "the sync without --slot".into(),
     }
 }
@@ -271,7 +271,7 @@ fn owner(dest: &DirFd, name: &[u8]) -> Result<Owner> {
                 .unwrap_or(false);
             Ok(Owner::Foreign { dir })
         }
-        Err(e) => Err(e).with_context(|| format!("cannot read {}", escape(name))),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", c_style(name))),
     }
 }
 
@@ -285,7 +285,7 @@ fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool) -> 
         return Err(error::usage(format!(
             "{}: the source has a top-level entry {}, and --layout fanout keeps names starting with .. for itself",
             vol.display,
-            escape(bad)
+            c_style(bad)
         )));
     }
     let Ok(dest) = vol.parent() else {
@@ -350,7 +350,7 @@ fn check(vol: &Volume, names: &[&[u8]], live: Option<&[&[u8]]>, adopt: bool) -> 
 }
 
 fn entry_list(names: &[Vec<u8>]) -> String {
-    let mut shown: Vec<String> = names.iter().take(5).map(|n| escape(n)).collect();
+    let mut shown: Vec<String> = names.iter().take(5).map(|n| c_style(n)).collect();
     if names.len() > 5 {
         shown.push(format!("and {} more", names.len() - 5));
     }
@@ -365,7 +365,7 @@ fn conflict(vol: &Volume, conflicts: &[(Vec<u8>, Vec<u8>)]) -> anyhow::Error {
     let what: Vec<String> = conflicts
         .iter()
         .take(5)
-        .map(|(n, link)| format!("{} belongs to {}", escape(n), describe(link)))
+        .map(|(n, link)| format!("{} belongs to {}", c_style(n), describe(link)))
         .collect();
     error::refused(format!(
         "{}: {}; an entry can belong to one slot only (nothing was changed)",
@@ -443,7 +443,7 @@ fn claim(vol: &Volume, names: &[Vec<u8>]) -> Result<()> {
             Err(e) => {
                 release(&claims, &vol.name, &made);
                 return Err(e)
-                    .with_context(|| format!("cannot claim {} in {}", escape(n), vol.display));
+                    .with_context(|| format!("cannot claim {} in {}", c_style(n), vol.display));
             }
         }
     }
@@ -538,7 +538,7 @@ fn reconcile(vol: &Volume, state: &State, adopt: Option<&DirFd>) -> Result<Vec<S
             warnings.push(format!(
                 "{}: other writers kept moving {}; their last one sets its links",
                 vol.display,
-                escape(&vol.name)
+                c_style(&vol.name)
             ));
             Ok(warnings)
         }
@@ -562,7 +562,7 @@ fn follow(
             None => anyhow::bail!(
                 "{}: {} is not a packsync link",
                 vol.display,
-                escape(&vol.name)
+                c_style(&vol.name)
             ),
         },
         None => BTreeSet::new(),
@@ -592,7 +592,7 @@ fn unlink_gone(
                 match dest.unlink(&n) {
                     Err(e) if e.kind() != io::ErrorKind::NotFound => {
                         return Err(e).with_context(|| {
-                            format!("cannot remove {}/{}", vol.display, escape(&n))
+                            format!("cannot remove {}/{}", vol.display, c_style(&n))
                         })
                     }
                     _ => {}
@@ -634,14 +634,14 @@ fn link_present(
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
                 Err(e) => {
                     return Err(e)
-                        .with_context(|| format!("cannot link {}/{}", vol.display, escape(n)))
+                        .with_context(|| format!("cannot link {}/{}", vol.display, c_style(n)))
                 }
             },
             Owner::Link(link) if link == vol.name => {}
             Owner::Link(link) => warnings.push(format!(
                 "{}/{}: belongs to {}; not linked",
                 vol.display,
-                escape(n),
+                c_style(n),
                 describe(&link)
             )),
             Owner::Foreign { dir } => match adopt {
@@ -649,7 +649,7 @@ fn link_present(
                 None => warnings.push(format!(
                     "{}/{}: not created by packsync; not linked (pass --adopt to replace it)",
                     vol.display,
-                    escape(n)
+                    c_style(n)
                 )),
             },
         }
@@ -662,7 +662,7 @@ fn read_link(vol: &Volume) -> Result<Option<Vec<u8>>> {
         Ok(t) => Ok(Some(t)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => {
-            Err(e).with_context(|| format!("cannot read {}/{}", vol.display, escape(&vol.name)))
+            Err(e).with_context(|| format!("cannot read {}/{}", vol.display, c_style(&vol.name)))
         }
     }
 }
@@ -679,7 +679,7 @@ fn replace_foreign(
     dir: bool,
 ) -> Result<()> {
     let dest = vol.parent()?;
-    let shown = || format!("{}/{}", vol.display, escape(name));
+    let shown = || format!("{}/{}", vol.display, c_style(name));
     let _ = stage.remove_tree(b"adopt");
     stage
         .symlink(target, b"adopt")
@@ -717,7 +717,7 @@ fn remove_foreign(vol: &Volume, state: &State, name: &[u8]) -> Result<()> {
     let aside = unique_name();
     vol.parent()
         .and_then(|p| p.rename(name, &state.trash, aside.as_bytes()))
-        .with_context(|| format!("cannot remove {}/{}", vol.display, escape(name)))?;
+        .with_context(|| format!("cannot remove {}/{}", vol.display, c_style(name)))?;
     // What cannot go yet (files open on NFS) stays in trash/ for a later run.
     let _ = state.trash.remove_tree(aside.as_bytes());
     Ok(())

@@ -363,15 +363,6 @@ pub fn open_for_sync(base: Volume, cfg: &crate::config::SyncConfig) -> Result<Vo
             }
         }
     }
-    if let Some(s) = &cfg.slot {
-        if !fanout::valid_slot(s) {
-            return Err(crate::cli::bad_value(
-                "--slot",
-                s,
-                "use letters, digits, '-', '_' and '.', starting with a letter or digit (at most 64)",
-            ));
-        }
-    }
     if let Some(have) = current(&base)? {
         if have != want {
             return Err(error::refused(format!(

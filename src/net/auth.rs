@@ -87,44 +87,6 @@ pub enum Choice {
     Auths(Option<Credentials>),
 }
 
-/// A helper's JSON answer.
-#[derive(Clone, PartialEq, Eq)]
-pub struct HelperReply {
-    pub user: String,
-    pub secret: String,
-}
-
-impl std::fmt::Debug for HelperReply {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "HelperReply({:?}, <hidden>)", self.user)
-    }
-}
-
-#[derive(Deserialize)]
-struct HelperJson {
-    #[serde(rename = "Username")]
-    username: String,
-    #[serde(rename = "Secret")]
-    secret: String,
-}
-
-/// `{"ServerURL": ..., "Username": ..., "Secret": ...}`. The error never
-/// holds the text (it holds the secret).
-pub fn parse_helper_reply(data: &[u8]) -> Result<HelperReply> {
-    let j: HelperJson = serde_json::from_slice(data)
-        .map_err(|_| anyhow::anyhow!("the answer is not JSON with \"Username\" and \"Secret\""))?;
-    if j.secret.is_empty() {
-        bail!("the answer holds an empty \"Secret\"");
-    }
-    if j.username.contains(':') {
-        bail!("the answer's \"Username\" holds a ':'");
-    }
-    Ok(HelperReply {
-        user: j.username,
-        secret: j.secret,
-    })
-}
-
 /// The credentials for `host` (`HOST[:PORT]`): from `flag` (`--registry-auth`,
 /// which must be readable), else `$DOCKER_CONFIG/config.json`, else
 /// `~/.docker/config.json` (either may be absent); through the helper the
@@ -493,18 +455,6 @@ mod tests {
         // A helper name is a program name's tail, not a path.
         assert!(choose(br#"{"credsStore":"../../bin/sh"}"#, "x").is_err());
         assert!(choose(br#"{"credHelpers":{"x":"a b"}}"#, "x").is_err());
-    }
-
-    #[test]
-    fn helper_replies() {
-        let r = parse_helper_reply(br#"{"ServerURL":"x","Username":"u","Secret":"s3"}"#).unwrap();
-        assert_eq!((r.user.as_str(), r.secret.as_str()), ("u", "s3"));
-        assert!(!format!("{r:?}").contains("s3"));
-        let e = parse_helper_reply(br#"{"Username":"u","Secret":5,"x":"s3"}"#).unwrap_err();
-        assert!(!format!("{e:#}").contains("s3"));
-        assert!(parse_helper_reply(br#"{"Username":"u","Secret":""}"#).is_err());
-        assert!(parse_helper_reply(br#"{"Username":"a:b","Secret":"x"}"#).is_err());
-        assert!(parse_helper_reply(b"credentials not found").is_err());
     }
 
     #[test]

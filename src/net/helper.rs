@@ -4,7 +4,7 @@
 //! `{"ServerURL", "Username", "Secret"}` read from its stdout. Bounded:
 //! `--timeout` for the whole run (the helper is killed after it), at most
 //! 64 KiB of output, and a signal to packsync ends it at once. Its answer
-//! is parsed by `auth::parse_helper_reply`; nothing it prints is ever
+//! is parsed by `parse_helper_reply`; nothing it prints is ever
 //! repeated but the first line of its stderr on a failure.
 
 use std::io::{Read, Write};
@@ -13,8 +13,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+use serde::Deserialize;
 
-use super::auth::{self, HelperReply};
 use crate::error::Failure;
 
 /// A helper's answer is one small JSON object.
@@ -22,6 +22,44 @@ const MAX_OUTPUT: u64 = 64 << 10;
 
 /// How often a running helper is looked at.
 const POLL: Duration = Duration::from_millis(5);
+
+/// A helper's JSON answer.
+#[derive(Clone, PartialEq, Eq)]
+pub struct HelperReply {
+    pub user: String,
+    pub secret: String,
+}
+
+impl std::fmt::Debug for HelperReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HelperReply({:?}, <hidden>)", self.user)
+    }
+}
+
+#[derive(Deserialize)]
+struct HelperJson {
+    #[serde(rename = "Username")]
+    username: String,
+    #[serde(rename = "Secret")]
+    secret: String,
+}
+
+/// `{"ServerURL": ..., "Username": ..., "Secret": ...}`. The error never
+/// holds the text (it holds the secret).
+pub fn parse_helper_reply(data: &[u8]) -> Result<HelperReply> {
+    let j: HelperJson = serde_json::from_slice(data)
+        .map_err(|_| anyhow::anyhow!("the answer is not JSON with \"Username\" and \"Secret\""))?;
+    if j.secret.is_empty() {
+        bail!("the answer holds an empty \"Secret\"");
+    }
+    if j.username.contains(':') {
+        bail!("the answer's \"Username\" holds a ':'");
+    }
+    Ok(HelperReply {
+        user: j.username,
+        secret: j.secret,
+    })
+}
 
 /// What `docker-credential-NAME get` says for `key`: `None` where it has
 /// no credentials ("credentials not found", as docker-credential-helpers
@@ -89,7 +127,7 @@ pub fn get(name: &str, key: &str, timeout: Duration) -> Result<Option<HelperRepl
         });
         bail!("credential helper {program} failed for {key}: {why}");
     }
-    auth::parse_helper_reply(&stdout)
+    parse_helper_reply(&stdout)
         .map(Some)
         .map_err(|e| anyhow::anyhow!("credential helper {program}: for {key}: {e:#}"))
 }
@@ -113,4 +151,21 @@ fn first_line(bytes: &[u8]) -> Option<String> {
     let line = text.lines().map(str::trim).find(|l| !l.is_empty())?;
     let clean: String = line.chars().filter(|c| !c.is_control()).take(200).collect();
     Some(clean)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn helper_replies() {
+        let r = parse_helper_reply(br#"{"ServerURL":"x","Username":"u","Secret":"s3"}"#).unwrap();
+        assert_eq!((r.user.as_str(), r.secret.as_str()), ("u", "s3"));
+        assert!(!format!("{r:?}").contains("s3"));
+        let e = parse_helper_reply(br#"{"Username":"u","Secret":5,"x":"s3"}"#).unwrap_err();
+        assert!(!format!("{e:#}").contains("s3"));
+        assert!(parse_helper_reply(br#"{"Username":"u","Secret":""}"#).is_err());
+        assert!(parse_helper_reply(br#"{"Username":"a:b","Secret":"x"}"#).is_err());
+        assert!(parse_helper_reply(b"credentials not found").is_err());
+    }
 }

@@ -15,7 +15,7 @@
 //! prefix the source. Nothing here writes anywhere.
 
 pub mod auth;
-mod helper;
+pub mod helper;
 mod tls;
 mod wire;
 

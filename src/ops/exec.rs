@@ -18,6 +18,7 @@ use anyhow::{Context, Result};
 
 use crate::error::Failure;
 use crate::layout;
+use crate::report::After;
 use crate::sys::{self, DirFd};
 use crate::volume::{self, State, Volume};
 
@@ -132,20 +133,6 @@ fn exit_status(status: std::process::ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
-}
-
-/// What `sync --exec-after` did, for the summary (`exec_after` in `--json`).
-#[derive(serde::Serialize)]
-pub struct After {
-    /// CMD as given.
-    pub command: String,
-    /// CMD ran and exited 0.
-    pub ok: bool,
-    /// CMD's status as a shell reports it (128 + a signal), or `None` when
-    /// it could not be started.
-    pub exit_code: Option<i32>,
-    /// The error packsync reports on stderr when CMD failed, or `None`.
-    pub error: Option<String>,
 }
 
 /// Whether an `--exec-after` command succeeded on `gen` (`meta/<GEN>.after`).

@@ -149,7 +149,12 @@ pub fn collect(t: &Target) -> Result<Status> {
                 |d| DamageInfo {
                     generation: d.gen,
                     paths: d.total,
-                    first: d.paths.iter().take(5).map(|p| report::escape(p)).collect(),
+                    first: d
+                        .paths
+                        .iter()
+                        .take(5)
+                        .map(|p| crate::escape::c_style(p))
+                        .collect(),
                     found: rfc3339(d.found),
                     found_unix: d.found,
                 },

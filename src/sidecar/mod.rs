@@ -1,6 +1,7 @@
 //! `sync --every DUR`: the sync as a loop that keeps DEST current for as
-//! long as a pod runs. Each round is `app::round`, the one-shot sync's
-//! pipeline; this file only decides when the next one starts, what is
+//! long as a pod runs. Each round is the one-shot sync's pipeline, handed
+//! in by the caller (`app::round`: this file does not name it) and run as
+//! one of the loop's (`Pass`); this file only decides when the next one starts, what is
 //! shown, when to give up, and what `/healthz`, `/readyz` and `/metrics`
 //! say (`metrics`, served by `http`).
 //!
@@ -22,20 +23,39 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::app::{self, Pass, Round};
 use crate::clock;
 use crate::config::SyncConfig;
 use crate::error::Failure;
 use crate::manifest::Manifest;
 use crate::ops;
-use crate::report::{self, Output};
+use crate::report::{self, Output, Round};
 use crate::sys::{self, signals::Wake};
 use metrics::{Health, Outcome};
 
 /// The first wait after a failure (DUR if shorter); it doubles up to DUR.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 
-pub fn run(cfg: &SyncConfig) -> Result<i32> {
+/// How a round differs when it is one of `--every`'s.
+#[derive(Clone, Copy, Debug)]
+pub struct Pass {
+    /// Keep warnings for the round's line instead of showing them as they
+    /// come (an idle round of the loop shows nothing).
+    pub defer_warnings: bool,
+    /// An up-to-date round runs `--exec-after` again where it did not
+    /// succeed on the live generation (a one-shot sync, the loop's first
+    /// round); later rounds of the loop run it only on what they publish.
+    pub retry_hook: bool,
+}
+
+impl Pass {
+    pub const ONCE: Pass = Pass {
+        defer_warnings: false,
+        retry_hook: true,
+    };
+}
+
+/// Run `round` every `--every` until a signal, or `--max-failures`, ends the loop.
+pub fn run(cfg: &SyncConfig, round: &dyn Fn(Pass) -> Result<Round>) -> Result<i32> {
     let every = cfg.every.expect("the loop runs with --every");
     sys::signals::install_loop().context("cannot install the signal handlers of --every")?;
     let health = Arc::new(Health::new(cfg.unhealthy_after));
@@ -51,7 +71,7 @@ pub fn run(cfg: &SyncConfig) -> Result<i32> {
             defer_warnings: true,
             retry_hook: first,
         };
-        let result = app::round(cfg, pass);
+        let result = round(pass);
         let seconds = began.elapsed().as_secs_f64();
         let failure = match result {
             Ok(round) => finish(round, first, seconds, output, &health).err(),

@@ -10,10 +10,12 @@ use anyhow::{Context, Result};
 use rayon::prelude::*;
 
 use crate::error;
+use crate::escape::display;
+use crate::filter::Filter;
 use crate::report::Reporter;
-use crate::scan::{display, meta_of, Filter};
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::join;
+use crate::tree::meta_of;
 use crate::tree::{Dir as DirNode, Entry, File, Meta, Name, Node, Tree};
 use crate::xattr::Set;
 

@@ -16,7 +16,7 @@ use super::oci_ref::split_subpath;
 use super::{Spool, Stream};
 use crate::config::Remote;
 use crate::error;
-use crate::manifest::hex;
+use crate::escape::hex;
 use crate::net::{self, Client, Failed, Get, Url};
 use crate::report::Reporter;
 

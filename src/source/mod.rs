@@ -14,6 +14,7 @@
 //! source never writes, but for a stream into its spool.
 
 mod archive;
+mod decode;
 mod dir;
 mod http;
 pub(crate) mod oci;
@@ -23,6 +24,7 @@ pub(crate) mod oci_fetch;
 pub(crate) mod oci_image;
 pub(crate) mod oci_ref;
 pub mod spool;
+pub(crate) mod store;
 pub mod tar;
 
 use std::io;
@@ -33,12 +35,13 @@ use anyhow::{Context, Result};
 
 use crate::config::Remote;
 use crate::error;
+use crate::filter::Filter;
 use crate::report::Reporter;
-use crate::scan::Filter;
 use crate::sys::{self, DirFd};
 use crate::tree::{Entry, Tree};
 
-pub use archive::{decoded, Archive, Format};
+pub use archive::Archive;
+pub use decode::decoded;
 pub use dir::Dir;
 // The layer API the remote kinds (an image's layers, a URL's body) fill a spool with.
 #[allow(unused_imports)]
@@ -361,7 +364,7 @@ pub fn open_dirs(
             Some(p) if srcs & (1 << i) != 0 => Some(p.open_dir(name).with_context(|| {
                 format!(
                     "cannot open directory {}",
-                    crate::scan::display(sources[i].label(), path)
+                    crate::escape::display(sources[i].label(), path)
                 )
             })?),
             _ => None,

@@ -23,16 +23,17 @@ use std::sync::{Mutex, OnceLock};
 use anyhow::Result;
 
 use super::oci_artifact::{self, Planned, Use};
-use super::oci_fetch::{self, Layout, Registry, Resolved, Sink, Store};
+use super::oci_fetch::{self, Layout, Registry, Resolved, Sink};
 use super::oci_image;
 use super::oci_ref;
 use super::spool::Base;
+use super::store::{self, Store};
 use super::{Source, Spool, Stream, Streamed};
 use crate::config::{Choose, Platform, Remote};
 use crate::error;
-use crate::manifest::{escape, unescape};
+use crate::escape::{percent, unpercent};
+use crate::filter::Filter;
 use crate::report::Reporter;
-use crate::scan::Filter;
 use crate::sys::DirFd;
 use crate::tree::{Time, Tree};
 
@@ -197,21 +198,21 @@ const MAX_RECORDED_LAYERS: usize = 1024;
 impl std::fmt::Display for Record {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let sub = match &self.subpath {
-            Some(p) => format!("//{}", escape(p)),
+            Some(p) => format!("//{}", percent(p)),
             None => "-".into(),
         };
         write!(
             f,
             "{RECORD_MAGIC} 1 {} {sub} {} {} {}.{:09} {}",
-            escape(self.base.as_bytes()),
-            escape(self.platform.as_bytes()),
-            escape(self.shape.as_bytes()),
+            percent(self.base.as_bytes()),
+            percent(self.platform.as_bytes()),
+            percent(self.shape.as_bytes()),
             { self.newest.s },
             { self.newest.ns },
             self.root_given as u8
         )?;
         for l in &self.layers {
-            write!(f, " {}", escape(l.as_bytes()))?;
+            write!(f, " {}", percent(l.as_bytes()))?;
         }
         Ok(())
     }
@@ -228,11 +229,11 @@ impl Record {
         if t.next()? != RECORD_MAGIC || t.next()? != "1" {
             return None;
         }
-        let field = |s: &str| String::from_utf8(unescape(s).ok()?).ok();
+        let field = |s: &str| String::from_utf8(unpercent(s).ok()?).ok();
         let base = field(t.next()?)?;
         let subpath = match t.next()? {
             "-" => None,
-            s => Some(unescape(s.strip_prefix("//")?).ok()?),
+            s => Some(unpercent(s.strip_prefix("//")?).ok()?),
         };
         let platform = field(t.next()?)?;
         let shape = field(t.next()?)?;
@@ -541,7 +542,7 @@ impl Image {
             None => String::new(),
         };
         let id = match &self.subpath {
-            Some(p) => format!("{}{tag}@{digest}//{}", self.base, escape(p)),
+            Some(p) => format!("{}{tag}@{digest}//{}", self.base, percent(p)),
             None => format!("{}{tag}@{digest}", self.base),
         };
         // Another selection of the same image is another tree.
@@ -554,7 +555,7 @@ impl Image {
     /// What the layers publish and how, or None for an image whose every
     /// layer is an image layer and no `--layer-media-type` was given (its
     /// generations record their layers and resume from them).
-    fn plan(&self, layers: &[super::oci_image::Descriptor]) -> Result<Option<Vec<Planned>>> {
+    fn plan(&self, layers: &[store::Descriptor]) -> Result<Option<Vec<Planned>>> {
         let plan = oci_artifact::plan(layers, &self.select)
             .map_err(|e| anyhow::anyhow!("{}: {e:#}", self.label))?;
         let image =
@@ -586,7 +587,7 @@ impl Image {
                 "{} layer {} ({})",
                 self.store.label(),
                 i + 1,
-                oci_fetch::short(&layer.digest)
+                store::short(&layer.digest)
             );
             let (raw, stop) = self.store.blob(layer)?;
             let mut checked = oci_fetch::Checked::new(raw, layer, &fetched);
@@ -702,7 +703,7 @@ impl Image {
                             anyhow::anyhow!(
                                 "{}: config {}: {e}",
                                 self.label,
-                                oci_fetch::short(&config.digest)
+                                store::short(&config.digest)
                             )
                         })?;
                     if text.len() as u64 > crate::net::MAX_DOCUMENT {

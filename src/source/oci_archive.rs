@@ -26,9 +26,10 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use super::oci_fetch::{self, check_document, sha256_of, short, Store};
-use super::oci_image::{Descriptor, DOCKER_MANIFEST};
+use super::oci_fetch::{self, check_document, sha256_of};
+use super::oci_image::DOCKER_MANIFEST;
 use super::oci_ref::{split_subpath, valid_digest, valid_tag};
+use super::store::{short, Descriptor, Store};
 use super::tar::{self, Kind};
 use crate::error;
 use crate::sys;
@@ -100,8 +101,8 @@ impl Read for At {
 /// Whether `head` starts a compressed stream (gzip or zstd).
 fn compressed(head: &[u8]) -> bool {
     !matches!(
-        super::archive::Format::sniff(head),
-        super::archive::Format::Tar
+        super::decode::Format::sniff(head),
+        super::decode::Format::Tar
     )
 }
 
@@ -140,7 +141,10 @@ impl Members {
                 Kind::Hardlink(t) => (Member::Hardlink(t), 0),
             };
             if data.checked_add(carried).is_none_or(|e| e > len) {
-                bail!("truncated inside member {}", crate::report::escape(&h.path));
+                bail!(
+                    "truncated inside member {}",
+                    crate::escape::c_style(&h.path)
+                );
             }
             if let Some(name) = clean(&h.path) {
                 if !visit(&name, &member) {
@@ -446,10 +450,7 @@ impl Store for OciArchive {
         })())
     }
 
-    fn referrers(
-        &self,
-        digest: &str,
-    ) -> Option<Result<Option<Vec<crate::trust::sigstore::Referrer>>>> {
+    fn referrers(&self, digest: &str) -> Option<Result<Option<Vec<super::store::Referrer>>>> {
         Some(
             self.members
                 .read(&self.label, "index.json")

@@ -28,8 +28,9 @@ use std::io::{self, Read};
 
 use anyhow::{bail, Result};
 
-use super::oci_image::{is_layer_type, Descriptor, TITLE, UNPACK};
-use crate::manifest::escape;
+use super::oci_image::{is_layer_type, TITLE, UNPACK};
+use super::store::Descriptor;
+use crate::escape::percent;
 
 /// How one layer is published.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -72,7 +73,7 @@ fn tarlike(t: &str) -> bool {
 /// A title as a name in the tree: refused where a tar entry name would be,
 /// and where absolute or empty.
 pub fn check_title(title: &str) -> Result<Vec<u8>> {
-    let shown = || escape(title.as_bytes());
+    let shown = || percent(title.as_bytes());
     if title.is_empty() || title.len() > MAX_TITLE {
         bail!("the title {:?} is empty or too long", shown());
     }
@@ -108,7 +109,7 @@ pub fn plan(layers: &[Descriptor], select: &[String]) -> Result<Vec<Planned>> {
             let name = check_title(t)
                 .map_err(|e| anyhow::anyhow!("layer {} ({}): {e:#}", i + 1, short(&l.digest)))?;
             if titles.contains(&name) {
-                bail!("two layers are titled {}", escape(&name));
+                bail!("two layers are titled {}", percent(&name));
             }
             titles.push(name.clone());
             if ann(UNPACK).is_some_and(|v| v.trim().eq_ignore_ascii_case("true")) {
@@ -164,7 +165,7 @@ fn publishable(l: &Descriptor) -> bool {
 fn shown(t: &str) -> String {
     let t = if t.is_empty() { "(none)" } else { t };
     let cut: String = t.chars().take(128).collect();
-    escape(cut.as_bytes())
+    percent(cut.as_bytes())
 }
 
 /// `a (2), b`: the media types of `layers` in the order they come.
@@ -195,7 +196,7 @@ fn listed(layers: &[Descriptor]) -> String {
 }
 
 fn short(d: &str) -> &str {
-    super::oci_fetch::short(d)
+    super::store::short(d)
 }
 
 /// A blob as a one-file tar stream, for the spool to apply: a PAX header

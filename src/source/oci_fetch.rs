@@ -12,13 +12,14 @@ use std::sync::Mutex;
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use super::oci_image::{self, Descriptor, Document, ACCEPT, REF_NAME};
+use super::oci_image::{self, Document, ACCEPT, REF_NAME};
 use super::oci_ref::{LayoutRef, Reference};
+use super::store::{short, Descriptor, Referrer, Store};
 use crate::config::{Platform, Remote};
-use crate::manifest::hex;
+use crate::escape::hex;
 use crate::net::{self, auth, Client, Failed, Get, Url};
 use crate::sys::{self, DirFd};
-use crate::trust::sigstore::{self, Referrer};
+use crate::trust::sigstore;
 
 /// Where the layers go, in order (the spool applies each with whiteouts).
 pub trait Sink {
@@ -46,52 +47,6 @@ impl Resolved {
     /// The layers, where the manifest was read already.
     pub fn known_layers(&self) -> Option<&[Descriptor]> {
         self.layers.as_deref()
-    }
-}
-
-/// Where an image's blobs are read from.
-pub trait Store: Send + Sync {
-    /// The document the reference itself names, with its digest.
-    fn root(&self) -> Result<(Vec<u8>, Option<String>, Descriptor)>;
-    /// A document (manifest, index) a descriptor names, checked.
-    fn document(&self, desc: &Descriptor) -> Result<(Vec<u8>, Option<String>)>;
-    /// A layer as it streams (checked by the caller), and how to end its
-    /// transfer from another thread.
-    fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)>;
-    /// `what` for messages: `oci://host/repo:tag`.
-    fn label(&self) -> &str;
-    /// The manifest tagged `tag` beside the image (cosign's
-    /// `sha256-HEX.sig`), not checked against anything: `Some(Ok(None))`
-    /// where there is no such tag, `None` where this store holds no tags
-    /// of that form (a docker-archive).
-    fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
-        let _ = tag;
-        None
-    }
-    /// The manifests that have `digest` as their OCI 1.1 `subject`, each
-    /// with its artifact type: `Some(Ok(None))` where the store cannot list
-    /// them (a registry answering 404 to the referrers API: the caller
-    /// reads the tag fallback `sha256-HEX` with `by_tag`), `None` where it
-    /// holds none (a docker-archive).
-    fn referrers(&self, digest: &str) -> Option<Result<Option<Vec<Referrer>>>> {
-        let _ = digest;
-        None
-    }
-    /// Where `by_tag` looked, for messages: `in REPO`, `in index.json`.
-    fn tags_where(&self) -> String {
-        String::new()
-    }
-    /// Every tag the store holds (`--semver`), bounded (`MAX_TAGS`).
-    fn tags(&self) -> Result<Vec<String>> {
-        bail!(
-            "{}: --semver cannot list the tags of this kind of source",
-            self.label()
-        )
-    }
-    /// `root`, for `tag` instead of what the reference names.
-    fn root_tagged(&self, tag: &str) -> Result<(Vec<u8>, Option<String>, Descriptor)> {
-        let _ = tag;
-        self.root()
     }
 }
 
@@ -249,7 +204,7 @@ pub fn pipelined_until<R: Read + Send>(
     std::thread::scope(|s| {
         let producer = s.spawn(move || -> Option<io::Error> {
             let decode = (|| -> io::Result<()> {
-                let (_, mut plain) = super::archive::decoded(&mut *raw)?;
+                let (_, mut plain) = super::decode::decoded(&mut *raw)?;
                 loop {
                     // Whole chunks: a decompressor hands out a few KiB a read.
                     let mut buf = vec![0; CHUNK];
@@ -348,11 +303,6 @@ impl Read for Chunks {
         self.at += n;
         Ok(n)
     }
-}
-
-/// `sha256:0123456789ab`: enough of a digest for a message.
-pub fn short(digest: &str) -> &str {
-    &digest[..digest.len().min(19)]
 }
 
 /// A blob as it streams, refused once it is longer than its descriptor, or

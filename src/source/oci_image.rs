@@ -11,6 +11,7 @@ use anyhow::{bail, Result};
 use serde::Deserialize;
 
 use super::oci_ref::valid_digest;
+use super::store::{DescPlatform, Descriptor};
 use crate::config::Platform;
 
 pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
@@ -32,29 +33,6 @@ const MAX_LAYERS: usize = 512;
 const MAX_MANIFESTS: usize = 1024;
 /// A layer or blob larger than this is refused before it is fetched.
 pub const MAX_BLOB: u64 = 1 << 40;
-
-/// A content descriptor: what a blob is, its digest and its size.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-pub struct Descriptor {
-    #[serde(rename = "mediaType", default)]
-    pub media_type: String,
-    pub digest: String,
-    pub size: u64,
-    #[serde(default)]
-    pub platform: Option<DescPlatform>,
-    #[serde(default)]
-    pub annotations: Option<BTreeMap<String, String>>,
-}
-
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-pub struct DescPlatform {
-    #[serde(default)]
-    pub os: String,
-    #[serde(default)]
-    pub architecture: String,
-    #[serde(default)]
-    pub variant: Option<String>,
-}
 
 impl DescPlatform {
     fn shown(&self) -> String {

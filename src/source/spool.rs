@@ -47,8 +47,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use crate::error::Failure;
-use crate::report::{escape, Reporter};
-use crate::scan::Filter;
+use crate::escape::c_style;
+use crate::filter::Filter;
+use crate::report::Reporter;
 use crate::sys::{self, DirFd, StatKind};
 use crate::tree::{Entry, Meta, Name, Node, Time, Tree};
 use crate::xattr::Set;
@@ -202,9 +203,9 @@ pub fn components(path: &[u8]) -> Result<Vec<&[u8]>> {
             b"" | b"." => {}
             b".." => bail!(
                 "entry {} has a \"..\" component (refused: it would leave the tree)",
-                escape(path)
+                c_style(path)
             ),
-            c if c.contains(&0) => bail!("entry {} has a NUL in its name", escape(path)),
+            c if c.contains(&0) => bail!("entry {} has a NUL in its name", c_style(path)),
             c => out.push(c),
         }
     }
@@ -235,17 +236,17 @@ fn check_signal() -> Result<()> {
 impl Spool {
     /// Make the spool `spool/<name>` (private, 0700) inside `staging`:
     /// this writer's staging directory, on the volume's filesystem, whose
-    /// mtime the spool refreshes every `stage::HEARTBEAT` while it reads
+    /// mtime the spool refreshes every `staging::HEARTBEAT` while it reads
     /// (a long download must not look like a dead writer's staging).
     pub fn new(staging: &DirFd, name: &[u8]) -> Result<Spool> {
         let at = staging
             .ensure_dir(b"spool", 0o700)
             .context("cannot create the spool in the staging directory")?;
         at.mkdir(name, 0o700)
-            .with_context(|| format!("cannot create the spool {}", escape(name)))?;
+            .with_context(|| format!("cannot create the spool {}", c_style(name)))?;
         let root = at
             .open_dir(name)
-            .with_context(|| format!("cannot open the spool {}", escape(name)))?;
+            .with_context(|| format!("cannot open the spool {}", c_style(name)))?;
         Ok(Spool {
             root,
             files: HashMap::new(),
@@ -325,7 +326,7 @@ impl Spool {
 
     /// Touch the staging directory if `HEARTBEAT` has passed.
     fn beat(&mut self) {
-        if self.last_beat.elapsed() >= crate::stage::HEARTBEAT {
+        if self.last_beat.elapsed() >= crate::staging::HEARTBEAT {
             let _ = self.staging.touch_self();
             self.last_beat = std::time::Instant::now();
         }
@@ -354,8 +355,8 @@ impl Spool {
             // per archive or layer, never silently.
             reporter.warn(&format!(
                 "{what}: extended attributes on symlinks are not mirrored (first: {} on {})",
-                escape(&attr),
-                escape(&path)
+                c_style(&attr),
+                c_style(&path)
             ));
         }
         Ok(stats)
@@ -386,7 +387,7 @@ impl Spool {
     ) -> Result<LayerStats> {
         let mut stats = LayerStats::default();
         {
-            let (format, decoded) = super::archive::decoded(&mut *r)?;
+            let (format, decoded) = super::decode::decoded(&mut *r)?;
             let mut reader = tar::Reader::new(decoded);
             let mut layer: HashSet<Vec<u8>> = HashSet::new();
             let mut first = true;
@@ -398,7 +399,7 @@ impl Spool {
                     Ok(None) => break,
                     // No valid first header: say what the stream is not.
                     Err(e) if first && tar::is_bad_header(&e) => match format {
-                        super::Format::Tar => bail!("not a tar archive ({e})"),
+                        super::decode::Format::Tar => bail!("not a tar archive ({e})"),
                         _ => bail!("corrupt, or no tar archive inside ({e})"),
                     },
                     Err(e) => return Err(e.into()),
@@ -452,8 +453,8 @@ impl Spool {
             if !inside {
                 bail!(
                     "entry {} is not below {} (the layer unpacks as that directory)",
-                    escape(&h.path),
-                    escape(dir)
+                    c_style(&h.path),
+                    c_style(dir)
                 );
             }
         }
@@ -467,7 +468,7 @@ impl Spool {
                 self.dirs.insert(Vec::new(), meta_of(&h));
                 return Ok(());
             }
-            bail!("entry {} has no name", escape(&h.path));
+            bail!("entry {} has no name", c_style(&h.path));
         };
         let path = join(&parts);
         if whiteouts && name.starts_with(b".wh.") {
@@ -503,8 +504,8 @@ impl Spool {
         if let Some(flag) = h.unknown_type {
             reporter.warn(&format!(
                 "{what}: {}: tar entry of the unknown type {}, read as a regular file (as GNU tar and bsdtar do)",
-                escape(&path),
-                escape(&[b'\'', flag, b'\''])
+                c_style(&path),
+                c_style(&[b'\'', flag, b'\''])
             ));
         }
         if let Some((attr, _)) = h.xattrs.first() {
@@ -533,7 +534,7 @@ impl Spool {
         reader: &mut tar::Reader<R>,
         stats: &mut LayerStats,
     ) -> Result<()> {
-        let shown = || escape(path);
+        let shown = || c_style(path);
         match &h.kind {
             Kind::File => {
                 let fd = match dir.create_excl(name) {
@@ -606,8 +607,8 @@ impl Spool {
         let refused = |why: &str| {
             anyhow!(
                 "hardlink '{}' to '{}' refused: {why}",
-                escape(path),
-                escape(target)
+                c_style(path),
+                c_style(target)
             )
         };
         let tparts = components(target).map_err(|_| refused("its target leaves the tree"))?;
@@ -637,8 +638,8 @@ impl Spool {
                         format!(
                             "{} in a new layer is a hardlink to {} of a lower layer, whose \
                              bytes the live generation cannot give: fetching every layer",
-                            escape(path),
-                            escape(target)
+                            c_style(path),
+                            c_style(target)
                         )
                     });
                 }
@@ -662,7 +663,7 @@ impl Spool {
             }
             other => other,
         }
-        .with_context(|| format!("cannot link {} in the spool", escape(path)))?;
+        .with_context(|| format!("cannot link {} in the spool", c_style(path)))?;
         Ok(())
     }
 
@@ -716,7 +717,7 @@ impl Spool {
         let at = self.parent(parents, meta.mtime)?;
         let fd = at
             .create_excl(name)
-            .with_context(|| format!("cannot create {} in the spool", escape(path)))?;
+            .with_context(|| format!("cannot create {} in the spool", c_style(path)))?;
         let mut r = sys::reader(src);
         let mut h = Sha256::new();
         let mut n = 0u64;
@@ -747,7 +748,7 @@ impl Spool {
             return Ok(Taken::Drifted);
         }
         let new_ino = sys::fstat(fd.as_fd())
-            .with_context(|| format!("cannot stat {} in the spool", escape(path)))?
+            .with_context(|| format!("cannot stat {} in the spool", c_style(path)))?
             .st_ino;
         self.files.insert(
             new_ino,
@@ -766,7 +767,7 @@ impl Spool {
             let (mname, mdirs) = mparts.split_last().expect("a file path");
             let mdir = self.parent(mdirs, meta.mtime)?;
             at.link(name, &mdir, mname)
-                .with_context(|| format!("cannot link {} in the spool", escape(m)))?;
+                .with_context(|| format!("cannot link {} in the spool", c_style(m)))?;
             self.forget(m);
         }
         self.cached = None;
@@ -805,7 +806,7 @@ impl Spool {
     fn remove(&mut self, dir: &DirFd, name: &[u8], path: &[u8]) -> Result<()> {
         self.cached = None;
         dir.remove_tree(name)
-            .with_context(|| format!("cannot remove {} from the spool", escape(path)))?;
+            .with_context(|| format!("cannot remove {} from the spool", c_style(path)))?;
         if let Some(b) = &mut self.borrowed {
             b.forget_tree(path);
         }
@@ -828,7 +829,7 @@ impl Spool {
     fn opaque(&mut self, dir: &DirFd, path: &[u8], layer: &HashSet<Vec<u8>>) -> Result<()> {
         let listed = dir
             .list()
-            .with_context(|| format!("cannot list {} in the spool", escape(path)))?;
+            .with_context(|| format!("cannot list {} in the spool", c_style(path)))?;
         for l in listed {
             let p = crate::tree::join(path, &l.name);
             if !layer.contains(&p) {
@@ -863,8 +864,8 @@ impl Spool {
                 {
                     bail!(
                         "entry {}/… is reached through the non-directory {} (refused)",
-                        escape(&path),
-                        escape(&join(&parents[..=i]))
+                        c_style(&path),
+                        c_style(&join(&parents[..=i]))
                     );
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -884,13 +885,16 @@ impl Spool {
                     };
                     bail!(
                         "entry {}/… is reached through {what} {} (refused)",
-                        escape(&path),
-                        escape(&join(&parents[..=i]))
+                        c_style(&path),
+                        c_style(&join(&parents[..=i]))
                     );
                 }
                 Err(e) => {
                     return Err(e).with_context(|| {
-                        format!("cannot open {} in the spool", escape(&join(&parents[..=i])))
+                        format!(
+                            "cannot open {} in the spool",
+                            c_style(&join(&parents[..=i]))
+                        )
                     })
                 }
             };
@@ -916,7 +920,7 @@ impl Spool {
                 }
                 Err(_) => bail!(
                     "whiteout in {} is reached through something that is not a directory (refused)",
-                    escape(&join(&parents[..=i]))
+                    c_style(&join(&parents[..=i]))
                 ),
             };
         }
@@ -945,11 +949,11 @@ impl Spool {
                 let prefix = join(&parts);
                 let dir = self.root.open_beneath(&prefix).map_err(|e| {
                     if e.kind() == io::ErrorKind::NotFound {
-                        anyhow!("{label}: //{} is not in the source", escape(&prefix))
+                        anyhow!("{label}: //{} is not in the source", c_style(&prefix))
                     } else {
                         anyhow!(
                             "{label}: //{} is not a directory in the source",
-                            escape(&prefix)
+                            c_style(&prefix)
                         )
                     }
                 })?;
@@ -1184,7 +1188,7 @@ impl Seeder<'_> {
                 path.push(b'/');
             }
             path.extend_from_slice(&e.name);
-            let shown = || escape(path);
+            let shown = || c_style(path);
             match &mut e.node {
                 Node::Dir(d) => {
                     dir.mkdir(&e.name, 0o700).with_context(|| {
@@ -1303,7 +1307,7 @@ impl Source for Spooled {
             bail!(
                 "{}: {} was not written by the spool",
                 self.label,
-                escape(&p)
+                c_style(&p)
             );
         }
         if self.seeded {
@@ -1610,9 +1614,9 @@ mod tests {
             let what = match &e.node {
                 Node::File(f) => format!("f {:?} {:?}", f.hash.map(|h| h[0]), f.group.is_some()),
                 Node::Dir(_) => "d".into(),
-                Node::Symlink(t) => format!("l {}", escape(t)),
+                Node::Symlink(t) => format!("l {}", c_style(t)),
             };
-            out.push(format!("{} {what} {:?}", escape(p), e.meta));
+            out.push(format!("{} {what} {:?}", c_style(p), e.meta));
         });
         out
     }

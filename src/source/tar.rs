@@ -592,7 +592,7 @@ impl Pax {
 /// A record for an error line: printable, and at most about 64 bytes
 /// (`mtime=1350…467a`).
 fn shown(record: &[u8]) -> String {
-    let text = crate::report::escape(record);
+    let text = crate::escape::c_style(record);
     let chars: Vec<char> = text.chars().collect();
     if chars.len() <= 64 {
         return text;

@@ -20,17 +20,13 @@
 //! runs right after the manifest digest is resolved, before any layer is
 //! fetched.
 
-use std::io::Read;
-
 use base64::Engine;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
-use super::key::{Alg, EcdsaForm, Key};
+use super::key::{signed_by, Key};
 use crate::error;
-use crate::source::oci_fetch::Store;
-use crate::source::oci_image::Descriptor;
 use crate::source::oci_ref::valid_digest;
+use crate::source::store::{read_bounded, Descriptor, Store};
 
 /// The media type of a simple signing payload layer.
 pub const SIMPLESIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
@@ -157,19 +153,6 @@ fn field<'v>(
     Ok(first.map(|(_, v)| v))
 }
 
-/// Whether `key` signed `payload` with `sig`, as cosign signs with a key.
-/// `cosign verify --key` hashes with SHA-256 for every key type; a P-384
-/// signature over SHA-384 (sigstore's default for that curve) is taken too.
-pub(crate) fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
-    let d: [u8; 32] = Sha256::digest(payload).into();
-    if key.verify_sha256_digest(&d, sig).is_ok() {
-        return true;
-    }
-    [Alg::Es384, Alg::EdDsa, Alg::Rs256, Alg::Ps256]
-        .iter()
-        .any(|a| key.verify(*a, payload, sig, EcdsaForm::Der).is_ok())
-}
-
 /// Check the cosign signature of the image `digest` held in `store`
 /// (`root`: what its reference names, an index where it chose a platform;
 /// the same digest otherwise): the fingerprint of the key that verified
@@ -279,34 +262,6 @@ fn verify(
     }))
 }
 
-/// A blob (a payload, a bundle), read within `max` bytes and checked
-/// against its descriptor: the outer error is the store's, the inner a
-/// blob that is not the one named.
-pub(crate) fn read_bounded(
-    store: &dyn Store,
-    desc: &Descriptor,
-    max: u64,
-) -> anyhow::Result<Result<Vec<u8>, String>> {
-    let (r, _stop) = store.blob(desc)?;
-    let mut bytes = Vec::new();
-    r.take(max + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > max {
-        return Ok(Err(format!("longer than {max} bytes")));
-    }
-    if bytes.len() as u64 != desc.size {
-        return Ok(Err(format!(
-            "{} bytes, its descriptor says {}",
-            bytes.len(),
-            desc.size
-        )));
-    }
-    let got = format!("sha256:{}", crate::manifest::hex(&Sha256::digest(&bytes)));
-    if got != desc.digest {
-        return Ok(Err(format!("digest mismatch: the blob is {}", short(&got))));
-    }
-    Ok(Ok(bytes))
-}
-
 /// An image's `--verify-key` (or keyless, `--trusted-root`) check, and
 /// the key (or identity) that passed it.
 #[derive(Default)]
@@ -342,7 +297,7 @@ impl Trust {
 }
 
 fn short(d: &str) -> &str {
-    crate::source::oci_fetch::short(d)
+    crate::source::store::short(d)
 }
 
 #[cfg(test)]

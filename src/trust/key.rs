@@ -350,6 +350,19 @@ pub fn fingerprint(spki: &[u8]) -> String {
     )
 }
 
+/// Whether `key` signed `payload` with `sig`, as cosign signs with a key.
+/// `cosign verify --key` hashes with SHA-256 for every key type; a P-384
+/// signature over SHA-384 (sigstore's default for that curve) is taken too.
+pub(crate) fn signed_by(key: &Key, payload: &[u8], sig: &[u8]) -> bool {
+    let d: [u8; 32] = Sha256::digest(payload).into();
+    if key.verify_sha256_digest(&d, sig).is_ok() {
+        return true;
+    }
+    [Alg::Es384, Alg::EdDsa, Alg::Rs256, Alg::Ps256]
+        .iter()
+        .any(|a| key.verify(*a, payload, sig, EcdsaForm::Der).is_ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -633,7 +633,7 @@ fn sha256_is(h: &HashJson, want: &[u8], what: &str) -> Result<(), String> {
     if h.algorithm != "sha256" {
         return Err(format!("its {what} hash is {:?}, not sha256", h.algorithm));
     }
-    if !h.value.eq_ignore_ascii_case(&crate::manifest::hex(want)) {
+    if !h.value.eq_ignore_ascii_case(&crate::escape::hex(want)) {
         return Err(format!("its {what} hash is not this signature's"));
     }
     Ok(())
@@ -820,7 +820,7 @@ fn check_entry(
         .ok_or_else(|| {
             format!(
                 "the log entry's logId {} is not a log of the trusted root {}",
-                crate::manifest::hex(&log_id),
+                crate::escape::hex(&log_id),
                 root.file.display()
             )
         })?;
@@ -884,7 +884,7 @@ fn check_entry(
         let signed_by_log = cp
             .signatures
             .iter()
-            .any(|(_, _, sig)| super::cosign::signed_by(&log.key, cp.text.as_bytes(), sig));
+            .any(|(_, _, sig)| super::key::signed_by(&log.key, cp.text.as_bytes(), sig));
         if !signed_by_log {
             return Err(format!(
                 "checkpoint signature: not by the key of log {} (signed by another key, or altered)",
@@ -909,9 +909,9 @@ fn check_promise(
         let canon = format!(
             "{{\"body\":{},\"integratedTime\":{time},\"logID\":\"{}\",\"logIndex\":{index}}}",
             serde_json::to_string(&e.body).expect("a string"),
-            crate::manifest::hex(log_id)
+            crate::escape::hex(log_id)
         );
-        if !super::cosign::signed_by(&log.key, canon.as_bytes(), &set) {
+        if !super::key::signed_by(&log.key, canon.as_bytes(), &set) {
             return Err(
                 "inclusion promise: the signed entry timestamp is not by the log's key".into(),
             );
@@ -1026,9 +1026,9 @@ pub fn verify(k: &Keyless, m: &Material, signed: &Signed) -> Result<String, Stri
         }
     }
     let ok = match signed {
-        Signed::Dsse { payload, sig } => super::cosign::signed_by(
+        Signed::Dsse { payload, sig } => super::key::signed_by(
             &key,
-            &super::sigstore::pae(super::sigstore::IN_TOTO, payload),
+            &super::dsse::pae(super::dsse::IN_TOTO, payload),
             sig,
         ),
         Signed::Message { digest, sig } => key.verify_sha256_digest(digest, sig).is_ok(),

@@ -11,6 +11,7 @@
 
 pub mod canon;
 pub mod cosign;
+pub mod dsse;
 pub mod jws;
 pub mod key;
 pub mod keyless;
@@ -20,7 +21,7 @@ pub mod sigstore;
 pub use key::Key;
 
 use crate::error;
-use crate::scan::Filter;
+use crate::filter::Filter;
 use crate::source::Source;
 use crate::tree::Tree;
 

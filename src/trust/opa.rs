@@ -25,7 +25,7 @@ use serde::Deserialize;
 use super::canon;
 use super::jws;
 use super::key::Key;
-use crate::scan::Filter;
+use crate::filter::Filter;
 use crate::source::Source;
 use crate::tree::{Node, Tree};
 
@@ -351,7 +351,7 @@ fn read(source: &dyn Source, path: &[u8], max: u64) -> Result<Vec<u8>, String> {
 }
 
 fn shown(path: &[u8]) -> String {
-    format!("/{}", crate::report::escape(path))
+    format!("/{}", crate::escape::c_style(path))
 }
 
 fn hex(b: &[u8]) -> String {

@@ -32,10 +32,11 @@ use base64::Engine;
 use serde::Deserialize;
 
 use super::key::Key;
+use super::dsse::{pae, IN_TOTO};
 use super::keyless::{self, Keyless};
-use crate::source::oci_fetch::Store;
-use crate::source::oci_image::{self, Descriptor};
+use crate::source::oci_image;
 use crate::source::oci_ref::valid_digest;
+use crate::source::store::{read_bounded, Descriptor, Referrer, Store};
 
 /// The bundle media types taken (as a referrer's `artifactType` and as the
 /// bundle's own `mediaType`).
@@ -44,8 +45,6 @@ pub const BUNDLE_TYPES: [&str; 3] = [
     "application/vnd.dev.sigstore.bundle+json;version=0.2",
     "application/vnd.dev.sigstore.bundle+json;version=0.1",
 ];
-/// The DSSE payload type of an in-toto statement.
-pub const IN_TOTO: &str = "application/vnd.in-toto+json";
 /// The predicate type of cosign's image signature statement.
 pub const COSIGN_SIGN: &str = "https://sigstore.dev/cosign/sign/v1";
 /// The in-toto statement types taken.
@@ -59,13 +58,6 @@ pub const MAX_REFERRERS: usize = 256;
 pub const MAX_BUNDLE: u64 = 1 << 20;
 /// The most signatures one DSSE envelope may hold.
 const MAX_DSSE_SIGNATURES: usize = 64;
-
-/// A manifest that refers to the image, and what kind of artifact it is.
-#[derive(Clone, Debug)]
-pub struct Referrer {
-    pub desc: Descriptor,
-    pub artifact_type: String,
-}
 
 impl Referrer {
     fn is_bundle(&self) -> bool {
@@ -271,18 +263,6 @@ struct StatementSubject {
     digest: std::collections::BTreeMap<String, String>,
 }
 
-/// DSSE's pre-authentication encoding of a payload.
-pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
-    let mut out = format!(
-        "DSSEv1 {} {payload_type} {} ",
-        payload_type.len(),
-        payload.len()
-    )
-    .into_bytes();
-    out.extend_from_slice(payload);
-    out
-}
-
 fn b64(text: &str, what: &str) -> Result<Vec<u8>, String> {
     let t = text.trim();
     base64::engine::general_purpose::STANDARD
@@ -409,7 +389,7 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, by: Signers) -> Result<String, 
             if let Some(k) = by
                 .keys
                 .iter()
-                .find(|k| super::cosign::signed_by(k, &signed, &sig))
+                .find(|k| super::key::signed_by(k, &signed, &sig))
             {
                 key = Some((k, sig));
                 break;
@@ -445,7 +425,7 @@ pub fn verify_bundle(bytes: &[u8], digest: &str, by: Signers) -> Result<String, 
             .try_into()
             .map_err(|_| "the message digest is not 32 bytes".to_string())?;
         let sig = b64(&m.signature, "the message signature")?;
-        let named = format!("sha256:{}", crate::manifest::hex(&d));
+        let named = format!("sha256:{}", crate::escape::hex(&d));
         let signed = keyless::Signed::Message {
             digest: d,
             sig: &sig,
@@ -523,7 +503,7 @@ pub fn look(
                 continue;
             }
         };
-        let bundle = match super::cosign::read_bounded(store, &layer, MAX_BUNDLE)? {
+        let bundle = match read_bounded(store, &layer, MAX_BUNDLE)? {
             Ok(b) => b,
             Err(m) => {
                 failed.push(format!("{what}: bundle {}: {m}", short(&layer.digest)));
@@ -539,20 +519,12 @@ pub fn look(
 }
 
 fn short(d: &str) -> &str {
-    crate::source::oci_fetch::short(d)
+    crate::source::store::short(d)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn pae_is_dsses() {
-        assert_eq!(
-            pae("http://example.com/HelloWorld", b"hello world"),
-            b"DSSEv1 29 http://example.com/HelloWorld 11 hello world".to_vec()
-        );
-    }
 
     #[test]
     fn referrers_are_bounded() {
