@@ -1026,11 +1026,9 @@ pub fn verify(k: &Keyless, m: &Material, signed: &Signed) -> Result<String, Stri
         }
     }
     let ok = match signed {
-        Signed::Dsse { payload, sig } => super::key::signed_by(
-            &key,
-            &super::dsse::pae(super::dsse::IN_TOTO, payload),
-            sig,
-        ),
+        Signed::Dsse { payload, sig } => {
+            super::key::signed_by(&key, &super::dsse::pae(super::dsse::IN_TOTO, payload), sig)
+        }
         Signed::Message { digest, sig } => key.verify_sha256_digest(digest, sig).is_ok(),
     };
     if !ok {

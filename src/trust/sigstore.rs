@@ -31,8 +31,8 @@
 use base64::Engine;
 use serde::Deserialize;
 
-use super::key::Key;
 use super::dsse::{pae, IN_TOTO};
+use super::key::Key;
 use super::keyless::{self, Keyless};
 use crate::source::oci_image;
 use crate::source::oci_ref::valid_digest;

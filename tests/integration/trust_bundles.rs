@@ -137,6 +137,19 @@ pub(crate) fn sign(bundle: &Path, key: &Path, alg: &str, header: &str, extra: &s
     );
 }
 
+/// `tar -czf OUT -C DIR .`: the bundle as a tar.gz.
+fn tar_gz(dir: &Path, out: &Path) {
+    let ok = Command::new("tar")
+        .arg("-czf")
+        .arg(out)
+        .arg("-C")
+        .arg(dir)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
 /// A fixture with keys `ec` (P-256), `ed` (Ed25519), `rsa` (RSA-2048) and
 /// `other` (P-256) in keys/, and an OPA bundle in src/.
 fn setup() -> Option<Fixture> {
@@ -213,18 +226,7 @@ fn a_signed_directory_bundle_lands_and_status_names_the_key() {
 fn a_signed_tar_gz_bundle_with_an_rsa_key_lands() {
     let Some(f) = setup() else { return };
     sign_src(&f, "rsa", "RS256");
-    let tgz = f.path("bundle.tar.gz");
-    let ok = Command::new("tar")
-        .args([
-            "-czf",
-            tgz.to_str().unwrap(),
-            "-C",
-            f.src().to_str().unwrap(),
-            ".",
-        ])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    tar_gz(&f.src(), &f.path("bundle.tar.gz"));
     let rsa = key_arg(&f, "rsa");
     f.packsync(&["sync", "--verify-key", &rsa, "bundle.tar.gz", "vol/packs"])
         .ok();
@@ -248,19 +250,7 @@ fn a_signed_bundle_over_http_lands_and_an_altered_one_does_not() {
     sign_src(&f, "ed", "EdDSA");
     let server = Server::start(&f);
     let tgz = server.www.join("bundle.tar.gz");
-    let tar = |out: &Path| {
-        let ok = Command::new("tar")
-            .args([
-                "-czf",
-                out.to_str().unwrap(),
-                "-C",
-                f.src().to_str().unwrap(),
-                ".",
-            ])
-            .status()
-            .unwrap();
-        assert!(ok.success());
-    };
+    let tar = |out: &Path| tar_gz(&f.src(), out);
     tar(&tgz);
     let url = server.url("/bundle.tar.gz");
     let ed = key_arg(&f, "ed");
@@ -503,18 +493,7 @@ fn a_verified_bundle_answering_304_is_up_to_date_only_for_the_keys_that_verified
     let Some(f) = setup() else { return };
     sign_src(&f, "ed", "EdDSA");
     let server = Server::start(&f);
-    let tgz = server.www.join("bundle.tar.gz");
-    let ok = Command::new("tar")
-        .args([
-            "-czf",
-            tgz.to_str().unwrap(),
-            "-C",
-            f.src().to_str().unwrap(),
-            ".",
-        ])
-        .status()
-        .unwrap();
-    assert!(ok.success());
+    tar_gz(&f.src(), &server.www.join("bundle.tar.gz"));
     let url = server.url("/bundle.tar.gz");
     let (ed, other) = (key_arg(&f, "ed"), key_arg(&f, "other"));
     let fp = openssl_fingerprint(&f.path("keys"), "ed");
