@@ -566,7 +566,10 @@ fn the_sidecar_follows_new_releases() {
         let m = get(port, "/metrics");
         m.contains(&chosen) && m.contains("label=\"1.1.0\"")
     });
-    let _ = child.0.kill();
+    // SIGTERM, not a kill: the loop ends after the round it is in has
+    // printed its line (the metrics change before the line is written).
+    let pid = rustix::process::Pid::from_child(&child.0);
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
     let _ = child.0.wait();
     let mut out = String::new();
     child
