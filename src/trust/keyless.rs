@@ -806,7 +806,7 @@ fn check_entry(
     e: &TlogEntry,
     signed: &Signed,
     signer: &Signer,
-) -> Result<i64, String> {
+) -> Result<Logged, String> {
     let body = b64(&e.body, "the log entry's canonicalizedBody")?;
     if body.len() > MAX_BODY {
         return Err(format!("the log entry's body is {} bytes", body.len()));
@@ -903,7 +903,7 @@ fn check_promise(
     log_id: &[u8],
     time: i64,
     index: i64,
-) -> Result<i64, String> {
+) -> Result<Logged, String> {
     if let Some(pr) = &e.promise {
         let set = b64(&pr.set, "the signed entry timestamp")?;
         let canon = format!(
@@ -917,7 +917,19 @@ fn check_promise(
             );
         }
     }
-    Ok(time)
+    Ok(Logged {
+        time,
+        time_signed: e.promise.is_some(),
+    })
+}
+
+/// A log entry that checked: its integrated time, and whether the log
+/// signed that time (a signed entry timestamp covers it; an inclusion
+/// proof and its checkpoint do not).
+#[derive(Clone, Copy, Debug)]
+pub struct Logged {
+    pub time: i64,
+    pub time_signed: bool,
 }
 
 /// The integrated time of the first of the bundle's log entries that
@@ -927,7 +939,7 @@ pub fn check_tlog(
     m: &Material,
     signed: &Signed,
     signer: &Signer,
-) -> Result<i64, String> {
+) -> Result<Logged, String> {
     if m.tlog_entries.is_empty() {
         return Err("the bundle has no transparency log entry".into());
     }
@@ -1003,8 +1015,17 @@ pub fn verify(k: &Keyless, m: &Material, signed: &Signed) -> Result<String, Stri
         return Err("a certificate, and no --certificate-identity to check it against".into());
     };
     let leaf = m.leaf()?;
-    let time = check_tlog(&k.root, m, signed, &Signer::Cert(&leaf.der))?;
-    let key = check_chain(&k.root, &leaf, time)?;
+    let logged = check_tlog(&k.root, m, signed, &Signer::Cert(&leaf.der))?;
+    // A certificate lives minutes: what says it was valid when it signed
+    // is the time the log signed, never a time the bundle merely states.
+    if !logged.time_signed {
+        return Err(
+            "time: the log entry's integrated time is not signed (no signed entry timestamp), \
+             so the certificate's validity at signing cannot be checked"
+                .into(),
+        );
+    }
+    let key = check_chain(&k.root, &leaf, logged.time)?;
     let ids = leaf.identities();
     if !ids.iter().any(|i| i == identity) {
         return Err(format!(

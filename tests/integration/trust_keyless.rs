@@ -45,7 +45,8 @@ const ISSUER: &str = "https://token.actions.githubusercontent.com";
 /// with `keys/ec.key`, no certificate, the entry naming its public key),
 /// `legacy` (a leaf with only the legacy raw issuer extension
 /// 1.3.6.1.4.1.57264.1.1, in an `x509CertificateChain` with the CA), `noeku`
-/// (a leaf for client auth, not code signing). PLACE: `subject`
+/// (a leaf for client auth, not code signing), `nopromise` (the proof and
+/// checkpoint without the signed entry timestamp). PLACE: `subject`
 /// (an `index.json` entry) or `tag` (the referrers tag fallback, for a push).
 const WORLD_PY: &str = r#"
 import base64, hashlib, json, os, subprocess, sys, time
@@ -158,6 +159,8 @@ entry = {"logIndex": str(1000 + index), "logId": {"keyId": b64(log_id)},
     "canonicalizedBody": b64(body)}
 if mode == "promise":
     del entry["inclusionProof"]
+if mode == "nopromise":
+    del entry["inclusionPromise"]
 if mode == "body":
     entry["canonicalizedBody"] = b64(body.replace(hashed.encode(), b"0" * 64))
 BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -386,6 +389,9 @@ fn each_keyless_failure_is_exit_6_and_changes_nothing() {
         ("checkpoint", "checkpoint signature: not by the key of log log.example - 1234"),
         ("nolog", "the bundle has no transparency log entry"),
         ("noeku", "the certificate has no codeSigning extended key usage"),
+        // A proof and its checkpoint, but no signed entry timestamp: the
+        // integrated time is the bundle's word only.
+        ("nopromise", "time: the log entry's integrated time is not signed"),
     ];
     for (mode, needle) in cases {
         let src = layout_with(&f, &digest, mode, mode);
