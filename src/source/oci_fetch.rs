@@ -60,6 +60,19 @@ pub trait Store: Send + Sync {
     fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)>;
     /// `what` for messages: `oci://host/repo:tag`.
     fn label(&self) -> &str;
+    /// The bytes `start..start+len` of a layer (an HTTP Range request),
+    /// exactly that many (a shorter body is a read error): `Ok(None)`
+    /// where the store does not serve parts (a server that answered 200,
+    /// ignoring `Range`), and the caller reads the blob whole.
+    fn blob_range(
+        &self,
+        desc: &Descriptor,
+        start: u64,
+        len: u64,
+    ) -> Result<Option<Box<dyn Read + Send + '_>>> {
+        let _ = (desc, start, len);
+        Ok(None)
+    }
     /// The manifest tagged `tag` beside the image (cosign's
     /// `sha256-HEX.sig`), not checked against anything: `Some(Ok(None))`
     /// where there is no such tag, `None` where this store holds no tags
@@ -538,6 +551,16 @@ impl Registry {
 
     /// `try_get`, of a whole URL on the registry's host.
     fn try_get_url(&self, url: Url, accept: Option<&str>) -> Result<Result<net::Reply, Failed>> {
+        self.try_get_range(url, accept, None)
+    }
+
+    /// `try_get_url`, for the bytes `range` (start, length) only.
+    fn try_get_range(
+        &self,
+        url: Url,
+        accept: Option<&str>,
+        range: Option<(u64, u64)>,
+    ) -> Result<Result<net::Reply, Failed>> {
         let headers: Vec<(String, String)> = accept
             .map(|a| vec![("Accept".to_string(), a.to_string())])
             .unwrap_or_default();
@@ -547,6 +570,7 @@ impl Registry {
             let req = Get {
                 headers: &headers,
                 auth: authz.as_deref(),
+                range,
                 ..Get::new(url.clone())
             };
             match self.client.send(&req) {
@@ -827,6 +851,40 @@ impl Store for Registry {
         let body = reply.into_reader();
         let stop = body.stopper();
         Ok((Box::new(Named { inner: body, label }), stop))
+    }
+
+    fn blob_range(
+        &self,
+        desc: &Descriptor,
+        start: u64,
+        len: u64,
+    ) -> Result<Option<Box<dyn Read + Send + '_>>> {
+        if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
+            bail!(
+                "{}: bytes {start}+{len} lie outside blob {} of {} bytes",
+                self.label,
+                short(&desc.digest),
+                desc.size
+            );
+        }
+        let path = self.repo_path("blobs", &desc.digest);
+        let what = || format!("blob {} missing", short(&desc.digest));
+        let reply = self
+            .try_get_range(self.url_of(&path)?, None, Some((start, len)))?
+            .map_err(|e| self.failed(e, &what))?;
+        match reply.ranged(start, len) {
+            Ok(net::Ranged::Part(body)) => Ok(Some(Box::new(Named {
+                inner: body,
+                label: self.label.clone(),
+            }))),
+            // Dropped: the connection closes, nothing more is read.
+            Ok(net::Ranged::Whole(_)) => Ok(None),
+            Err(e) => Err(anyhow::anyhow!(
+                "{}: blob {}: {e}",
+                self.label,
+                short(&desc.digest)
+            )),
+        }
     }
 
     fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
