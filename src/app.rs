@@ -435,6 +435,9 @@ fn round_on(
     let noop = recorded.is_some();
     let resumed =
         !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+    if !noop && !resumed && !trusting {
+        lend_live(&vol, &sources, state.as_ref(), &dest)?;
+    }
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -1205,6 +1208,25 @@ fn resume_live(
         Some((tree, layout::open_generation(vol, state, gen).ok()))
     };
     sources.all[0].resume(record, &shape, &base)
+}
+
+/// Where the sync neither stands still nor resumes: offer each streamed
+/// source the live generation's files by content (`Source::lend`), so a
+/// zstd:chunked layer fetches only what the volume lacks. Read only if a
+/// source asks (the live manifest, once).
+fn lend_live(vol: &Volume, sources: &Sources, state: Option<&State>, dest: &Dest) -> Result<()> {
+    let (Dest::Live(gen), Some(state)) = (dest, state) else {
+        return Ok(());
+    };
+    let base = || {
+        let (mut r, _) = state.manifest_reader(gen).ok()?;
+        let tree = Manifest::read_checked(&mut r).ok()?.tree;
+        Some((tree, layout::open_generation(vol, state, gen).ok()))
+    };
+    for s in sources.all.iter().filter(|s| s.streamed()) {
+        s.lend(&base)?;
+    }
+    Ok(())
 }
 
 /// What shapes a generation's tree besides its sources (owners, `--chmod`),

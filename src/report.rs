@@ -38,6 +38,11 @@ pub trait Reporter: Sync {
     fn fetched(&self, bytes: u64) {
         let _ = bytes;
     }
+    /// `bytes` of content taken from the live generation instead of
+    /// fetched (a zstd:chunked layer's files that were there already).
+    fn reused(&self, bytes: u64) {
+        let _ = bytes;
+    }
 }
 
 /// The warning for a skipped entry: `skipping FIFO src/a/fifo`.

@@ -461,10 +461,10 @@ pub enum Ranged {
     /// 206 with the bytes asked for: exactly that many are read, a shorter
     /// body is an error.
     Part(Exact<Body>),
-    /// 200: the server ignored `Range` and sends the whole resource. The
-    /// caller falls back to reading it whole (or drops it: that closes the
-    /// connection, nothing more is read).
-    Whole(Body),
+    /// 200: the server ignored `Range` and sends the whole resource: the
+    /// body is dropped (the connection closes, nothing more is read), and
+    /// the caller reads the resource whole with a request of its own.
+    Whole,
 }
 
 /// The `START-END/TOTAL` of a `Content-Range: bytes START-END/TOTAL`
@@ -526,7 +526,7 @@ impl Reply {
     /// line saying what came). A 200 is `Ranged::Whole`.
     pub fn ranged(self, start: u64, len: u64) -> Result<Ranged, Failed> {
         match self.status {
-            200 => Ok(Ranged::Whole(self.into_reader())),
+            200 => Ok(Ranged::Whole),
             206 => {
                 let cr = self.header("content-range").map(str::to_string);
                 let end = start + len - 1;
@@ -640,8 +640,15 @@ mod tests {
         assert_eq!(content_range("bytes 0-9/100"), Some((0, 9, Some(100))));
         assert_eq!(content_range("bytes 5-5/*"), Some((5, 5, None)));
         for bad in [
-            "", "bytes", "bytes 9-0/100", "bytes 0-100/100", "bytes -1-2/3", "items 0-1/2",
-            "bytes 0-1", "bytes a-b/c", "bytes 0-1/+5",
+            "",
+            "bytes",
+            "bytes 9-0/100",
+            "bytes 0-100/100",
+            "bytes -1-2/3",
+            "items 0-1/2",
+            "bytes 0-1",
+            "bytes a-b/c",
+            "bytes 0-1/+5",
         ] {
             assert_eq!(content_range(bad), None, "{bad}");
         }

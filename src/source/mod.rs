@@ -14,6 +14,7 @@
 //! source never writes, but for a stream into its spool.
 
 mod archive;
+pub(crate) mod chunked;
 mod dir;
 mod http;
 pub(crate) mod oci;
@@ -170,6 +171,15 @@ pub trait Source: Send + Sync {
     ) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
+    }
+
+    /// Before the spool, where the sync did not `resume`: the live
+    /// generation's files, by content, for a source that can take a file's
+    /// bytes from there instead of fetching them (a zstd:chunked layer).
+    /// `base` reads the live tree as its manifest records it, and its root.
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>) -> Result<()> {
+        let _ = base;
+        Ok(())
     }
 
     /// After the plan of a resumed sync: whether the spool held everything

@@ -182,36 +182,23 @@ pub fn layers(store: &dyn Store, image: &mut Resolved) -> Result<Vec<Descriptor>
     Ok(layers)
 }
 
-/// Stream the layers of `image` from the `skip`th on into `sink`, in
-/// order, each checked against its descriptor's size and digest;
-/// `fetched` hears of every block read (progress). The layers below
-/// `skip` are not asked for (a spool seeded with what they gave).
-pub fn fetch(
+/// Stream one layer whole into `sink`, checked against its descriptor.
+pub fn fetch_layer(
     store: &dyn Store,
-    image: &mut Resolved,
-    skip: usize,
+    layer: &Descriptor,
+    what: &str,
     sink: &mut dyn Sink,
     fetched: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
-    let layers = layers(store, image)?;
-    for (i, layer) in layers.iter().enumerate().skip(skip) {
-        let what = format!(
-            "{} layer {} ({})",
-            store.label(),
-            i + 1,
-            short(&layer.digest)
-        );
-        let (raw, stop) = store.blob(layer)?;
-        let mut checked = Checked::new(raw, layer, fetched);
-        pipelined_until(
-            &mut checked,
-            &what,
-            &|| stop.stop(),
-            Checked::finish,
-            |plain| sink.layer(plain, &what),
-        )?;
-    }
-    Ok(())
+    let (raw, stop) = store.blob(layer)?;
+    let mut checked = Checked::new(raw, layer, fetched);
+    pipelined_until(
+        &mut checked,
+        what,
+        &|| stop.stop(),
+        Checked::finish,
+        |plain| sink.layer(plain, what),
+    )
 }
 
 /// Chunks handed from the decompressing thread to the spool, and how many
@@ -878,7 +865,7 @@ impl Store for Registry {
                 label: self.label.clone(),
             }))),
             // Dropped: the connection closes, nothing more is read.
-            Ok(net::Ranged::Whole(_)) => Ok(None),
+            Ok(net::Ranged::Whole) => Ok(None),
             Err(e) => Err(anyhow::anyhow!(
                 "{}: blob {}: {e}",
                 self.label,

@@ -220,6 +220,11 @@ fn join(parts: &[&[u8]]) -> Vec<u8> {
 static MAX_ENTRIES: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(crate::config::DEFAULT_MAX_ENTRIES);
 
+/// `--max-entries`, as `limit_entries` set it.
+pub fn max_entries() -> u64 {
+    MAX_ENTRIES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Refuse a source of more than `n` entries (`--max-entries`).
 pub fn limit_entries(n: u64) {
     MAX_ENTRIES.store(n, std::sync::atomic::Ordering::Relaxed);
