@@ -150,6 +150,8 @@ pub struct Chunk {
     pub at: u64,
     pub size: u64,
     pub digest: [u8; 32],
+    /// Where its frames start in the blob.
+    pub blob: u64,
 }
 
 /// One entry of a checked TOC.
@@ -445,23 +447,33 @@ fn add_chunk(file: &mut Entry, r: &RawEntry, blob_size: u64) -> Result<()> {
     if r.chunk_offset != at || r.chunk_size == 0 {
         bail!("the chunks of {:?} do not follow each other", r.name);
     }
-    if file.chunks.is_empty() {
-        if r.offset != file.range.0 {
-            bail!(
-                "the first chunk of {:?} is not where the file starts",
-                r.name
-            );
-        }
-    } else {
-        if r.offset >= r.end_offset || r.end_offset > blob_size || r.offset < file.range.1 {
+    // Older writers give a chunk its start only; newer ones its end too.
+    // The content is checked by its digests: the ranges need only lie in
+    // order inside the blob.
+    let last = file.chunks.last().map(|c| c.blob);
+    if last.is_none() && r.offset != file.range.0 {
+        bail!(
+            "the first chunk of {:?} is not where the file starts",
+            r.name
+        );
+    }
+    if last.is_some_and(|b| r.offset <= b || r.offset >= blob_size) {
+        bail!("a chunk of {:?} has a bad byte range", r.name);
+    }
+    if r.end_offset != 0 {
+        if r.end_offset <= r.offset || r.end_offset > blob_size {
             bail!("a chunk of {:?} has a bad byte range", r.name);
         }
-        file.range.1 = r.end_offset;
+        file.range.1 = file.range.1.max(r.end_offset);
+    }
+    if r.offset >= file.range.1 {
+        bail!("a chunk of {:?} lies past the file's bytes", r.name);
     }
     file.chunks.push(Chunk {
         at,
         size: r.chunk_size,
         digest,
+        blob: r.offset,
     });
     Ok(())
 }
