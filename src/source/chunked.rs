@@ -882,7 +882,7 @@ fn pad(out: &mut Vec<u8>) {
 /// One entry as tar: a PAX header with everything that a ustar header
 /// cannot hold exactly (the name, the link, the time, owners, size,
 /// xattrs), then the ustar header and the content.
-fn write_entry(out: &mut Vec<u8>, e: &Entry, data: &[u8]) {
+pub(crate) fn write_entry(out: &mut Vec<u8>, e: &Entry, data: &[u8]) {
     let (flag, link): (u8, &[u8]) = match &e.kind {
         Kind::File => (b'0', b""),
         Kind::Dir => (b'5', b""),
