@@ -1335,6 +1335,7 @@ fn manifest_of(
 fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console) {
     summary.copied = staged.copied;
     summary.copied_bytes = staged.copied_bytes;
+    (summary.fetched_bytes, summary.reused_bytes) = console.transfer();
     summary.reused = staged.reused;
     if staged.owner_failures > 0 {
         console.warn(&format!(
@@ -1435,6 +1436,10 @@ impl Reporter for Scanning<'_> {
     }
     fn fetched(&self, bytes: u64) {
         self.console.fetched(bytes);
+    }
+
+    fn reused(&self, bytes: u64) {
+        self.console.reused(bytes);
     }
 }
 

@@ -650,7 +650,11 @@ pub fn zstd_toc(data: &[u8]) {
             assert!(!c.contains(&0));
         }
         for (i, _) in e.name.iter().enumerate().filter(|(_, &b)| b == b'/') {
-            assert!(!links.contains(&e.name[..i]), "through a symlink: {:?}", e.name);
+            assert!(
+                !links.contains(&e.name[..i]),
+                "through a symlink: {:?}",
+                e.name
+            );
         }
         match &e.kind {
             Kind::Symlink(_) => {
@@ -666,7 +670,14 @@ pub fn zstd_toc(data: &[u8]) {
         if !e.chunks.is_empty() {
             assert_eq!(e.chunks.iter().map(|c| c.size).sum::<u64>(), e.size);
         }
-        let content = vec![0u8; if e.kind == Kind::File { e.size.min(4096) as usize } else { 0 }];
+        let content = vec![
+            0u8;
+            if e.kind == Kind::File {
+                e.size.min(4096) as usize
+            } else {
+                0
+            }
+        ];
         let mut tar = Vec::new();
         write_entry(&mut tar, e, &content);
         let mut r = crate::source::tar::Reader::new(&tar[..]);
