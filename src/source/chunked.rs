@@ -517,20 +517,23 @@ impl Donor {
         self.by_hash.contains_key(hash)
     }
 
-    /// The content of the live file with `hash`, checked: `None` where it
-    /// is gone or differs now (it is fetched then).
-    fn read(&self, hash: &[u8; 32], size: u64) -> Option<Vec<u8>> {
+    /// The live file with `hash`, open, and its path; `None` where it is gone.
+    fn open(&self, hash: &[u8; 32]) -> Option<(std::fs::File, &[u8])> {
         let path = self.by_hash.get(hash)?;
         let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
             Some(i) => (self.live.open_beneath(&path[..i]).ok()?, &path[i + 1..]),
             None => (self.live.try_clone().ok()?, &path[..]),
         };
         let fd = dir.open_read(name).ok()?;
+        Some((crate::sys::reader(fd), path))
+    }
+
+    /// The content of the live file with `hash`, checked: `None` where it
+    /// is gone or differs now (it is fetched then).
+    fn read(&self, hash: &[u8; 32], size: u64) -> Option<Vec<u8>> {
+        let (file, _) = self.open(hash)?;
         let mut out = Vec::with_capacity(size.min(MAX_HELD) as usize);
-        crate::sys::reader(fd)
-            .take(size + 1)
-            .read_to_end(&mut out)
-            .ok()?;
+        file.take(size + 1).read_to_end(&mut out).ok()?;
         (out.len() as u64 == size && Sha256::digest(&out)[..] == hash[..]).then_some(out)
     }
 }
@@ -739,7 +742,50 @@ pub struct Layer<'a> {
     buf: Vec<u8>,
     pos: usize,
     ended: bool,
+    /// A large live file's content as it streams, then its padding.
+    streaming: Option<(Streaming, usize)>,
 }
+
+/// Content read from the live generation as it streams, checked against
+/// its size and SHA-256 at its end (a file this large is not held whole).
+struct Streaming {
+    file: std::fs::File,
+    left: u64,
+    hasher: Sha256,
+    want: [u8; 32],
+    path: Vec<u8>,
+}
+
+impl Read for Streaming {
+    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let room = out.len().min(self.left.min(1 << 20) as usize);
+        let n = self.file.read(&mut out[..room])?;
+        self.left -= n as u64;
+        self.hasher.update(&out[..n]);
+        let changed = || {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!(
+                    "{} of the live generation changed while it was read",
+                    crate::report::escape(&self.path)
+                ),
+            )
+        };
+        if n == 0 {
+            return Err(changed());
+        }
+        if self.left == 0 && self.hasher.clone().finalize()[..] != self.want[..] {
+            return Err(changed());
+        }
+        Ok(n)
+    }
+}
+
+/// Live files larger than this are streamed into the layer, not read first.
+const INLINE: u64 = 16 << 20;
 
 impl<'a> Layer<'a> {
     pub fn new(
@@ -761,7 +807,25 @@ impl<'a> Layer<'a> {
             buf: Vec::new(),
             pos: 0,
             ended: false,
+            streaming: None,
         }
+    }
+
+    /// A large file's content, streamed from the live generation.
+    fn stream(&self, i: usize) -> Option<Streaming> {
+        let e = &self.plan.entries[i];
+        if e.kind != Kind::File || e.size <= INLINE || self.got.contains_key(&i) {
+            return None;
+        }
+        let want = e.digest?;
+        let (file, path) = self.donor.open(&want)?;
+        Some(Streaming {
+            file,
+            left: e.size,
+            hasher: Sha256::new(),
+            want,
+            path: path.to_vec(),
+        })
     }
 
     /// The content of entry `i`.
@@ -801,6 +865,12 @@ impl<'a> Layer<'a> {
         }
         let i = self.at;
         self.at += 1;
+        if let Some(s) = self.stream(i) {
+            let e = &self.plan.entries[i];
+            write_header(&mut self.buf, e, e.size);
+            self.streaming = Some((s, ((512 - e.size % 512) % 512) as usize));
+            return Ok(());
+        }
         let data = match self.plan.entries[i].kind {
             Kind::File => self.content(i)?,
             _ => Vec::new(),
@@ -812,6 +882,18 @@ impl<'a> Layer<'a> {
 
 impl Read for Layer<'_> {
     fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+        if self.pos == self.buf.len() {
+            if let Some((s, pad)) = &mut self.streaming {
+                let n = s.read(out)?;
+                if n > 0 {
+                    return Ok(n);
+                }
+                self.buf.clear();
+                self.buf.resize(*pad, 0);
+                self.pos = 0;
+                self.streaming = None;
+            }
+        }
         while self.pos == self.buf.len() {
             if self.ended && self.at == self.plan.entries.len() {
                 return Ok(0);
@@ -883,6 +965,13 @@ fn pad(out: &mut Vec<u8>) {
 /// cannot hold exactly (the name, the link, the time, owners, size,
 /// xattrs), then the ustar header and the content.
 pub(crate) fn write_entry(out: &mut Vec<u8>, e: &Entry, data: &[u8]) {
+    write_header(out, e, data.len() as u64);
+    out.extend_from_slice(data);
+    pad(out);
+}
+
+/// `write_entry` up to the content, which is `size` bytes.
+fn write_header(out: &mut Vec<u8>, e: &Entry, size: u64) {
     let (flag, link): (u8, &[u8]) = match &e.kind {
         Kind::File => (b'0', b""),
         Kind::Dir => (b'5', b""),
@@ -902,7 +991,7 @@ pub(crate) fn write_entry(out: &mut Vec<u8>, e: &Entry, data: &[u8]) {
     pax_record(&mut pax, b"mtime", mtime.as_bytes());
     pax_record(&mut pax, b"uid", e.uid.to_string().as_bytes());
     pax_record(&mut pax, b"gid", e.gid.to_string().as_bytes());
-    pax_record(&mut pax, b"size", data.len().to_string().as_bytes());
+    pax_record(&mut pax, b"size", size.to_string().as_bytes());
     for (k, v) in &e.xattrs {
         let mut key = b"SCHILY.xattr.".to_vec();
         key.extend_from_slice(k);
@@ -922,9 +1011,7 @@ pub(crate) fn write_entry(out: &mut Vec<u8>, e: &Entry, data: &[u8]) {
     ));
     out.extend_from_slice(&pax);
     pad(out);
-    out.extend_from_slice(&header(&e.name, flag, data.len() as u64, e, link));
-    out.extend_from_slice(data);
-    pad(out);
+    out.extend_from_slice(&header(&e.name, flag, size, e, link));
 }
 
 /// The line saying why a layer is fetched whole.

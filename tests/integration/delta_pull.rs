@@ -64,7 +64,7 @@ fn chunked_layer(
     let mut plain = Vec::new();
     let mut entries =
         vec![json!({"type": "dir", "name": "packs/", "mode": 0o40755, "modtime": MTIME})];
-    let mut frame = |bytes: &[u8], blob: &mut Vec<u8>, plain: &mut Vec<u8>| {
+    let frame = |bytes: &[u8], blob: &mut Vec<u8>, plain: &mut Vec<u8>| {
         plain.extend_from_slice(bytes);
         blob.extend(z(bytes));
     };
@@ -263,10 +263,17 @@ fn a_one_percent_update_fetches_a_few_percent_and_publishes_what_a_full_fetch_do
     let size = layer.0.len() as u64;
     let (src, digest) = push_v2(&reg, &f, &layer);
 
-    let out = sync(&f, &src, "vol/packs").ok();
+    let out = f
+        .packsync(&["sync", "--grace", "0", "--json", &src, "vol/packs"])
+        .ok();
     assert!(!out.stderr.contains("warning"), "{}", out.stderr);
     let got = blob_bytes(&reg, &digest);
     assert!(got > 0, "the layer was read");
+    // What packsync says it fetched is what the registry sent; what it
+    // took from the live generation is the unchanged files' bytes.
+    let summary: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(summary["fetched_bytes"], got, "{summary}");
+    assert_eq!(summary["reused_bytes"], 1980 * 4096, "{summary}");
     assert!(
         got * 10 <= size,
         "fetched {got} of the layer's {size} bytes: more than 10%"
