@@ -435,9 +435,10 @@ fn round_on(
     let noop = recorded.is_some();
     let resumed =
         !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
-    if !noop && !resumed && !trusting {
-        lend_live(&vol, &sources, state.as_ref(), &dest)?;
-    }
+    let lent = !noop
+        && !resumed
+        && !trusting
+        && lend_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -514,7 +515,7 @@ fn round_on(
         drop((live, made));
         return round_with(cfg, pass, false, None);
     }
-    if resumed && !sources.all.iter().all(|s| s.intact(&tree)) {
+    if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
         // A file taken from the live generation drifted there (or a new
         // layer needed a lower one's file: that is said): fetch every
         // layer after all.
@@ -1213,20 +1214,41 @@ fn resume_live(
 /// Where the sync neither stands still nor resumes: offer each streamed
 /// source the live generation's files by content (`Source::lend`), so a
 /// zstd:chunked layer fetches only what the volume lacks. Read only if a
-/// source asks (the live manifest, once).
-fn lend_live(vol: &Volume, sources: &Sources, state: Option<&State>, dest: &Dest) -> Result<()> {
+/// source asks (the live manifest, once). Where `resume_live`'s conditions
+/// hold but for the record (one SOURCE, no filter, a volume of hardlinks,
+/// the shortcut not refused this round), files the live generation holds
+/// at the same path may be listed from it rather than spooled: then true,
+/// and the plan must reuse each (`Source::intact`).
+fn lend_live(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    sources: &Sources,
+    state: Option<&State>,
+    dest: &Dest,
+    shortcut: bool,
+) -> Result<bool> {
     let (Dest::Live(gen), Some(state)) = (dest, state) else {
-        return Ok(());
+        return Ok(false);
     };
+    let borrow = shortcut
+        && !cfg.checksum
+        && !cfg.dry_run
+        && sources.all.len() == 1
+        && shape_of(cfg).is_some()
+        && state
+            .manifest_reader(gen)
+            .ok()
+            .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+            .is_some_and(|h| h.hardlinks && h.sources.len() == 1);
     let base = || {
         let (mut r, _) = state.manifest_reader(gen).ok()?;
         let tree = Manifest::read_checked(&mut r).ok()?.tree;
         Some((tree, layout::open_generation(vol, state, gen).ok()))
     };
     for s in sources.all.iter().filter(|s| s.streamed()) {
-        s.lend(&base)?;
+        s.lend(&base, borrow)?;
     }
-    Ok(())
+    Ok(borrow)
 }
 
 /// What shapes a generation's tree besides its sources (owners, `--chmod`),

@@ -497,20 +497,76 @@ fn unzstd(bytes: &[u8], max: u64) -> io::Result<Vec<u8>> {
 pub struct Donor {
     live: DirFd,
     by_hash: HashMap<[u8; 32], Vec<u8>>,
+    /// Where the spool may list live files instead of holding them
+    /// (`Spool::lend`): the live single-link files by path, and the spool
+    /// path the live root stands for (the `//PATH`). `None`: every file's
+    /// bytes go into the spool.
+    lend: Option<(HashMap<Vec<u8>, crate::tree::Entry>, Vec<u8>)>,
 }
 
 impl Donor {
-    /// From the live tree (as its manifest records it) and its root.
-    pub fn of(tree: &Tree, live: DirFd) -> Donor {
+    /// From the live tree (as its manifest records it) and its root; with
+    /// `lend` (the spool path the live root stands for), files may be
+    /// listed from there instead of copied (`Plan::lent`).
+    pub fn of(tree: &Tree, live: DirFd, lend: Option<&[u8]>) -> Donor {
         let mut by_hash = HashMap::new();
+        let mut by_path = HashMap::new();
         tree.for_each(&mut |path, e| {
             if let Node::File(f) = &e.node {
                 if let Some(h) = f.hash {
                     by_hash.entry(h).or_insert_with(|| path.to_vec());
+                    if lend.is_some() && f.group.is_none() {
+                        by_path.insert(path.to_vec(), e.clone());
+                    }
                 }
             }
         });
-        Donor { live, by_hash }
+        let lend = lend.map(|p| {
+            let p: Vec<&[u8]> = p
+                .split(|&b| b == b'/')
+                .filter(|c| !c.is_empty() && *c != b".")
+                .collect();
+            (by_path, p.join(&b'/'))
+        });
+        Donor {
+            live,
+            by_hash,
+            lend,
+        }
+    }
+
+    /// The live root, for `Spool::lend`.
+    pub fn live(&self) -> &DirFd {
+        &self.live
+    }
+
+    /// The spool path the live root stands for, where files may be lent.
+    pub fn prefix(&self) -> Option<&[u8]> {
+        self.lend.as_ref().map(|(_, p)| &p[..])
+    }
+
+    /// The live entry at the spool path of `e`, where its content and
+    /// metadata are the layer's: the spool may list it instead of holding it.
+    fn same_at_path(&self, e: &Entry) -> Option<crate::tree::Entry> {
+        let (by_path, prefix) = self.lend.as_ref()?;
+        let rel = if prefix.is_empty() {
+            &e.name[..]
+        } else {
+            e.name.strip_prefix(&prefix[..])?.strip_prefix(b"/")?
+        };
+        let live = by_path.get(rel)?;
+        let Node::File(f) = &live.node else {
+            return None;
+        };
+        let m = &live.meta;
+        let same = f.hash == e.digest
+            && m.size == e.size
+            && m.mode == e.mode
+            && (m.uid, m.gid) == (e.uid, e.gid)
+            && (m.mtime.s, m.mtime.ns) == e.mtime
+            && m.xattrs.is_empty()
+            && e.xattrs.is_empty();
+        same.then(|| live.clone())
     }
 
     fn has(&self, hash: &[u8; 32]) -> bool {
@@ -543,6 +599,10 @@ pub struct Plan {
     pub entries: Vec<Entry>,
     /// Entry indexes whose content is fetched.
     pub fetch: Vec<usize>,
+    /// Files the spool lists from the live generation (`Spool::lend`), by
+    /// spool path, and their entry indexes (the layer sends zeros for them).
+    pub lent: HashMap<Vec<u8>, crate::tree::Entry>,
+    pub lent_at: HashSet<usize>,
     /// Bytes of content read from the live generation.
     pub reused_bytes: u64,
 }
@@ -601,11 +661,18 @@ pub fn plan(
     let entries =
         parse_toc(&toc, layer.size, max_entries).map_err(|e| whole(format!("the TOC {e:#}")))?;
     let mut fetch = Vec::new();
+    let (mut lent, mut lent_at) = (HashMap::new(), HashSet::new());
+    let mut seen: HashSet<&[u8]> = HashSet::new();
     let (mut fetch_bytes, mut reused_bytes, mut content) = (0u64, 0u64, 0u64);
     for (i, e) in entries.iter().enumerate() {
+        let first = seen.insert(&e.name);
         let Some(d) = e.digest.as_ref() else { continue };
         content += e.size;
-        if donor.has(d) {
+        if let Some(live) = first.then(|| donor.same_at_path(e)).flatten() {
+            reused_bytes += e.size;
+            lent.insert(e.name.clone(), live);
+            lent_at.insert(i);
+        } else if donor.has(d) {
             reused_bytes += e.size;
         } else {
             fetch.push(i);
@@ -620,6 +687,8 @@ pub fn plan(
     Ok(Plan {
         entries,
         fetch,
+        lent,
+        lent_at,
         reused_bytes,
     })
 }
@@ -742,8 +811,9 @@ pub struct Layer<'a> {
     buf: Vec<u8>,
     pos: usize,
     ended: bool,
-    /// A large live file's content as it streams, then its padding.
-    streaming: Option<(Streaming, usize)>,
+    /// Content as it streams (a large live file, or the zeros sent for a
+    /// lent one), then its padding.
+    streaming: Option<(Box<dyn Read + 'a>, usize)>,
 }
 
 /// Content read from the live generation as it streams, checked against
@@ -811,6 +881,12 @@ impl<'a> Layer<'a> {
         }
     }
 
+    /// The files the spool is to list from the live generation
+    /// (`Spool::lend`), taken once before the layer is applied.
+    pub fn take_lent(&mut self) -> HashMap<Vec<u8>, crate::tree::Entry> {
+        std::mem::take(&mut self.plan.lent)
+    }
+
     /// A large file's content, streamed from the live generation.
     fn stream(&self, i: usize) -> Option<Streaming> {
         let e = &self.plan.entries[i];
@@ -865,7 +941,12 @@ impl<'a> Layer<'a> {
         }
         let i = self.at;
         self.at += 1;
-        if let Some(s) = self.stream(i) {
+        let lent = self.plan.lent_at.contains(&i);
+        let stream: Option<Box<dyn Read + 'a>> = match lent {
+            true => Some(Box::new(io::repeat(0).take(self.plan.entries[i].size))),
+            false => self.stream(i).map(|s| Box::new(s) as Box<dyn Read + 'a>),
+        };
+        if let Some(s) = stream {
             let e = &self.plan.entries[i];
             write_header(&mut self.buf, e, e.size);
             self.streaming = Some((s, ((512 - e.size % 512) % 512) as usize));

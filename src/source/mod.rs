@@ -177,8 +177,11 @@ pub trait Source: Send + Sync {
     /// generation's files, by content, for a source that can take a file's
     /// bytes from there instead of fetching them (a zstd:chunked layer).
     /// `base` reads the live tree as its manifest records it, and its root.
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>) -> Result<()> {
-        let _ = base;
+    /// With `borrow`, files whose path, content and metadata are the live
+    /// ones may be listed from there instead of spooled (then `intact`
+    /// must hold after the plan, as for `resume`).
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        let _ = (base, borrow);
         Ok(())
     }
 

@@ -82,14 +82,14 @@ pub trait Named: Stream {
     }
 
     /// `Source::lend`.
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>) -> Result<()> {
-        let _ = base;
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        let _ = (base, borrow);
         Ok(())
     }
 }
 
 impl Named for Image {
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>) -> Result<()> {
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
         self.identity()?;
         let layers = {
             let mut r = self.resolved.lock().unwrap();
@@ -99,7 +99,9 @@ impl Named for Image {
             return Ok(());
         }
         if let Some((tree, Some(live))) = base() {
-            *self.donor.lock().unwrap() = Some(chunked::Donor::of(&tree, live));
+            let prefix = self.subpath.clone().unwrap_or_default();
+            let lend = borrow.then_some(&prefix[..]);
+            *self.donor.lock().unwrap() = Some(chunked::Donor::of(&tree, live, lend));
         }
         Ok(())
     }
@@ -437,8 +439,8 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.stream().verified_by()
     }
 
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>) -> Result<()> {
-        self.inner.stream().lend(base)
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        self.inner.stream().lend(base, borrow)
     }
 }
 
@@ -592,6 +594,10 @@ impl Image {
         };
         reporter.reused(plan.reused_bytes);
         let mut tar = chunked::Layer::new(plan, got, donor, &*self.store, layer, &fetched);
+        let lent = tar.take_lent();
+        if let (false, Some(prefix)) = (lent.is_empty(), donor.prefix()) {
+            spool.lend(lent, donor.live(), prefix)?;
+        }
         spool.apply(&mut tar, true, what, reporter)?;
         Ok(true)
     }
@@ -831,7 +837,9 @@ impl Stream for Image {
                 .any(|l| chunked::position(l).is_some());
             if let (true, Some(live)) = (chunked, &base.live) {
                 let live = live.try_clone()?;
-                *self.donor.lock().unwrap() = Some(chunked::Donor::of(&base.tree, live));
+                let prefix = self.subpath.clone().unwrap_or_default();
+                *self.donor.lock().unwrap() =
+                    Some(chunked::Donor::of(&base.tree, live, Some(&prefix)));
             }
             spool.seed(base, self.subpath.as_deref().unwrap_or_default())?;
             skip = below;

@@ -259,6 +259,9 @@ fn a_one_percent_update_fetches_a_few_percent_and_publishes_what_a_full_fetch_do
     let f = Fixture::new();
     v1_live(&reg, &f, 2000, 4096);
     let before = generation(&f.dest());
+    let ino =
+        |p: &str| std::os::unix::fs::MetadataExt::ino(&fs::metadata(f.dest().join(p)).unwrap());
+    let unchanged = ino("packs/f1999");
     let layer = chunked_layer(&files(2000, 4096, 20), &|_| {});
     let size = layer.0.len() as u64;
     let (src, digest) = push_v2(&reg, &f, &layer);
@@ -279,6 +282,8 @@ fn a_one_percent_update_fetches_a_few_percent_and_publishes_what_a_full_fetch_do
         "fetched {got} of the layer's {size} bytes: more than 10%"
     );
     assert_ne!(generation(&f.dest()), before);
+    // An unchanged file is the live generation's inode, not a copy.
+    assert_eq!(ino("packs/f1999"), unchanged);
     // What a full download publishes, byte for byte: the same tree and
     // the same manifest (the generation is named by its digest).
     let (t, gen) = full(&f, &src, "full");
