@@ -501,8 +501,11 @@ pub struct Donor {
     /// (`Spool::lend`): the live single-link files by path, and the spool
     /// path the live root stands for (the `//PATH`). `None`: every file's
     /// bytes go into the spool.
-    lend: Option<(HashMap<Vec<u8>, crate::tree::Entry>, Vec<u8>)>,
+    lend: Option<(ByPath, Vec<u8>)>,
 }
+
+/// Live files by path.
+type ByPath = HashMap<Vec<u8>, crate::tree::Entry>;
 
 impl Donor {
     /// From the live tree (as its manifest records it) and its root; with
