@@ -632,6 +632,7 @@ pub fn plan(
 ) -> Result<Plan, Whole> {
     let pos = match position(layer) {
         None => return Err(Whole { why: None }),
+        Some(_) if !store.serves_ranges() => return Err(Whole { why: None }),
         Some(Err(why)) => return Err(whole(why)),
         Some(Ok(p)) => p,
     };

@@ -73,6 +73,11 @@ pub trait Store: Send + Sync {
         let _ = (desc, start, len);
         Ok(None)
     }
+    /// Whether `blob_range` can serve parts at all (a registry, a layout
+    /// directory); where not, a layer's TOC is not asked for.
+    fn serves_ranges(&self) -> bool {
+        false
+    }
     /// The manifest tagged `tag` beside the image (cosign's
     /// `sha256-HEX.sig`), not checked against anything: `Some(Ok(None))`
     /// where there is no such tag, `None` where this store holds no tags
@@ -840,6 +845,10 @@ impl Store for Registry {
         Ok((Box::new(Named { inner: body, label }), stop))
     }
 
+    fn serves_ranges(&self) -> bool {
+        true
+    }
+
     fn blob_range(
         &self,
         desc: &Descriptor,
@@ -1101,6 +1110,32 @@ impl Store for Layout {
     fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)> {
         let file = io::BufReader::with_capacity(256 << 10, self.open_blob(&desc.digest)?);
         Ok((Box::new(file), net::Stop::default()))
+    }
+
+    fn serves_ranges(&self) -> bool {
+        true
+    }
+
+    /// The bytes read at their offset in the blob's file (exactly: a file
+    /// shorter than its descriptor says is a read error).
+    fn blob_range(
+        &self,
+        desc: &Descriptor,
+        start: u64,
+        len: u64,
+    ) -> Result<Option<Box<dyn Read + Send + '_>>> {
+        use std::io::{Seek, SeekFrom};
+        if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
+            bail!(
+                "{}: bytes {start}+{len} lie outside blob {}",
+                self.label,
+                short(&desc.digest)
+            );
+        }
+        let mut file = self.open_blob(&desc.digest)?;
+        file.seek(SeekFrom::Start(start))
+            .with_context(|| format!("{}: cannot read blob {}", self.label, short(&desc.digest)))?;
+        Ok(Some(Box::new(net::Exact::new(file, len))))
     }
 
     fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {

@@ -543,3 +543,36 @@ fn what_buildah_writes_is_read_and_fetched_in_part() {
     assert_eq!(generation(&f.dest()), gen);
     assert!(t.iter().any(|l| l.starts_with("packs/f0001=edited!!")));
 }
+
+/// An OCI layout directory serves parts too: the update of a zstd:chunked
+/// image there takes the unchanged files from the live generation (the
+/// same inodes) and publishes what a full read does.
+#[test]
+fn a_layout_directory_updates_from_its_toc_too() {
+    let f = Fixture::new();
+    let layout = f.path("layout");
+    write_image(&layout, "1", &chunked_layer(&files(40, 2048, 0), &|_| {}));
+    write_image(&layout, "2", &chunked_layer(&files(40, 2048, 2), &|_| {}));
+    sync(&f, "oci-layout:layout:1", "vol/packs").ok();
+    let ino =
+        |p: &str| std::os::unix::fs::MetadataExt::ino(&fs::metadata(f.dest().join(p)).unwrap());
+    let unchanged = ino("packs/f0039");
+    let out = f
+        .packsync(&[
+            "sync",
+            "--grace",
+            "0",
+            "--json",
+            "oci-layout:layout:2",
+            "vol/packs",
+        ])
+        .ok();
+    assert!(!out.stderr.contains("warning"), "{}", out.stderr);
+    let summary: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(summary["reused_bytes"], 38 * 2048, "{summary}");
+    assert_eq!(ino("packs/f0039"), unchanged);
+    let (t, gen) = full(&f, "oci-layout:layout:2", "full");
+    assert_eq!(tree(&f.dest()), t);
+    assert_eq!(generation(&f.dest()), gen);
+    assert!(t.iter().any(|l| l.starts_with("packs/f0001=edited!!")));
+}
