@@ -435,9 +435,10 @@ fn round_on(
     let noop = recorded.is_some();
     let resumed =
         !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+    // An image's signature covers its manifest, hence the TOC's digest
+    // and every file's: lending skips no check, so `--verify-key` keeps it.
     let lent = !noop
         && !resumed
-        && !trusting
         && lend_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
