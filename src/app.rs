@@ -437,9 +437,8 @@ fn round_on(
         !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     // An image's signature covers its manifest, hence the TOC's digest
     // and every file's: lending skips no check, so `--verify-key` keeps it.
-    let lent = !noop
-        && !resumed
-        && lend_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+    let lent =
+        !noop && !resumed && lend_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -677,6 +676,15 @@ impl Publish<'_> {
             );
         }
         drop(self.staging);
+        if summary.fetched_bytes > 0 || summary.reused_bytes > 0 {
+            let text = format!("{} {}\n", summary.fetched_bytes, summary.reused_bytes);
+            if let Err(e) = state.note(&gen.name, "fetched", &text) {
+                console.warn(&format!(
+                    "{}: cannot record what was fetched for status: {e:#}",
+                    vol.display
+                ));
+            }
+        }
         // What verify found damaged was staged afresh: its record has done its work.
         for g in self.was_live.into_iter().chain([gen.name.as_str()]) {
             crate::damage::clear(state, g);

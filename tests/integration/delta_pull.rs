@@ -277,6 +277,13 @@ fn a_one_percent_update_fetches_a_few_percent_and_publishes_what_a_full_fetch_do
     let summary: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(summary["fetched_bytes"], got, "{summary}");
     assert_eq!(summary["reused_bytes"], 1980 * 4096, "{summary}");
+    // `status` says it of the live generation, as the sync did.
+    let st: Value =
+        serde_json::from_str(&f.packsync(&["status", "--json", "vol/packs"]).ok().stdout).unwrap();
+    assert_eq!(st["live"]["fetched_bytes"], got, "{st}");
+    assert_eq!(st["live"]["reused_bytes"], 1980 * 4096, "{st}");
+    let text = f.packsync(&["status", "vol/packs"]).ok().stdout;
+    assert!(text.contains("fetched: "), "{text}");
     assert!(
         got * 10 <= size,
         "fetched {got} of the layer's {size} bytes: more than 10%"
