@@ -1239,6 +1239,9 @@ fn lend_live(
     let (Dest::Live(gen), Some(state)) = (dest, state) else {
         return Ok(false);
     };
+    if !sources.streamed() {
+        return Ok(false);
+    }
     let borrow = shortcut
         && !cfg.checksum
         && !cfg.dry_run
