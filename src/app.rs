@@ -390,6 +390,10 @@ fn round_on(
     let noop = recorded.is_some();
     let resumed =
         !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+    // An image's signature covers its manifest, hence the TOC's digest
+    // and every file's: lending skips no check, so `--verify-key` keeps it.
+    let lent =
+        !noop && !resumed && lend_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -467,7 +471,7 @@ fn round_on(
         drop((live, made));
         return round_with(cfg, pass, false, None);
     }
-    if resumed && !sources.all.iter().all(|s| s.intact(&tree)) {
+    if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
         // A file taken from the live generation drifted there (or a new
         // layer needed a lower one's file: that is said): fetch every
         // layer after all.
@@ -628,6 +632,15 @@ impl Publish<'_> {
             );
         }
         drop(self.staging);
+        if summary.fetched_bytes > 0 || summary.reused_bytes > 0 {
+            let text = format!("{} {}\n", summary.fetched_bytes, summary.reused_bytes);
+            if let Err(e) = state.note(&gen.name, "fetched", &text) {
+                console.warn(&format!(
+                    "{}: cannot record what was fetched for status: {e:#}",
+                    vol.display
+                ));
+            }
+        }
         // What verify found damaged was staged afresh: its record has done its work.
         for g in self.was_live.into_iter().chain([gen.name.as_str()]) {
             crate::damage::clear(state, g);
@@ -1166,6 +1179,49 @@ fn resume_live(
     sources.all[0].resume(record, &shape, &base)
 }
 
+/// Where the sync neither stands still nor resumes: offer each streamed
+/// source the live generation's files by content (`Source::lend`), so a
+/// zstd:chunked layer fetches only what the volume lacks. Read only if a
+/// source asks (the live manifest, once). Where `resume_live`'s conditions
+/// hold but for the record (one SOURCE, no filter, a volume of hardlinks,
+/// the shortcut not refused this round), files the live generation holds
+/// at the same path may be listed from it rather than spooled: then true,
+/// and the plan must reuse each (`Source::intact`).
+fn lend_live(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    sources: &Sources,
+    state: Option<&State>,
+    dest: &Dest,
+    shortcut: bool,
+) -> Result<bool> {
+    let (Dest::Live(gen), Some(state)) = (dest, state) else {
+        return Ok(false);
+    };
+    if !sources.streamed() {
+        return Ok(false);
+    }
+    let borrow = shortcut
+        && !cfg.checksum
+        && !cfg.dry_run
+        && sources.all.len() == 1
+        && shape_of(cfg).is_some()
+        && state
+            .manifest_reader(gen)
+            .ok()
+            .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+            .is_some_and(|h| h.hardlinks && h.sources.len() == 1);
+    let base = || {
+        let (mut r, _) = state.manifest_reader(gen).ok()?;
+        let tree = Manifest::read_checked(&mut r).ok()?.tree;
+        Some((tree, layout::open_generation(vol, state, gen).ok()))
+    };
+    for s in sources.all.iter().filter(|s| s.streamed()) {
+        s.lend(&base, borrow)?;
+    }
+    Ok(borrow)
+}
+
 /// What shapes a generation's tree besides its sources (owners, `--chmod`),
 /// as a short name a source's record keeps (`Source::record`). `None` with
 /// `--exclude`/`--include`: their rules are not kept, so a tree made under
@@ -1272,6 +1328,7 @@ fn manifest_of(
 fn note_staged(summary: &mut Summary, staged: &stage::Staged, console: &Console) {
     summary.copied = staged.copied;
     summary.copied_bytes = staged.copied_bytes;
+    (summary.fetched_bytes, summary.reused_bytes) = console.transfer();
     summary.reused = staged.reused;
     if staged.owner_failures > 0 {
         console.warn(&format!(
@@ -1373,6 +1430,10 @@ impl Reporter for Scanning<'_> {
     }
     fn fetched(&self, bytes: u64) {
         self.console.fetched(bytes);
+    }
+
+    fn reused(&self, bytes: u64) {
+        self.console.reused(bytes);
     }
 }
 

@@ -706,6 +706,68 @@ pub fn tag_list(link: &str, page: &[u8]) {
     }
 }
 
+/// `source::chunked::parse_toc`, on a zstd:chunked layer's TOC (decompressed;
+/// what a registry hands packsync): every entry taken has a relative name
+/// of plain components, lies through no symlink the TOC made before it,
+/// has its bytes inside the blob and its chunks tiling its content; and the
+/// tar entry made from it reads back, through the reader the spool uses,
+/// as that name, kind, mode and time.
+pub fn zstd_toc(data: &[u8]) {
+    use crate::source::chunked::{parse_toc, write_entry, Kind};
+    const BLOB: u64 = 1 << 30;
+    let Ok(entries) = parse_toc(data, BLOB, 100_000) else {
+        return;
+    };
+    let mut links: std::collections::HashSet<Vec<u8>> = Default::default();
+    for e in &entries {
+        assert!(!e.name.is_empty() && e.name[0] != b'/', "{:?}", e.name);
+        for c in e.name.split(|&b| b == b'/') {
+            assert!(!matches!(c, b"" | b"." | b".."), "{:?}", e.name);
+            assert!(!c.contains(&0));
+        }
+        for (i, _) in e.name.iter().enumerate().filter(|(_, &b)| b == b'/') {
+            assert!(
+                !links.contains(&e.name[..i]),
+                "through a symlink: {:?}",
+                e.name
+            );
+        }
+        match &e.kind {
+            Kind::Symlink(_) => {
+                links.insert(e.name.clone());
+            }
+            _ => {
+                links.remove(&e.name);
+            }
+        }
+        if e.digest.is_some() {
+            assert!(e.range.0 < e.range.1 && e.range.1 <= BLOB);
+        }
+        if !e.chunks.is_empty() {
+            assert_eq!(e.chunks.iter().map(|c| c.size).sum::<u64>(), e.size);
+        }
+        let content = vec![
+            0u8;
+            if e.kind == Kind::File {
+                e.size.min(4096) as usize
+            } else {
+                0
+            }
+        ];
+        let mut tar = Vec::new();
+        write_entry(&mut tar, e, &content);
+        let mut r = crate::source::tar::Reader::new(&tar[..]);
+        let h = r
+            .next_entry()
+            .expect("a written entry reads back")
+            .expect("an entry");
+        assert_eq!(h.path, e.name);
+        assert_eq!(h.mode, e.mode);
+        assert_eq!(h.size, content.len() as u64);
+        assert_eq!((h.mtime.0, h.mtime.1), e.mtime);
+    }
+}
+
 /// The fuzz targets, by name: how each turns the fuzzer's bytes into a
 /// call of the facade above. `fuzz/fuzz_targets/*.rs` call this, and
 /// `cargo test` replays `fuzz/seeds/TARGET/*` through it, so every seed
@@ -758,6 +820,7 @@ pub fn target(name: &str, data: &[u8]) -> bool {
         "opa_signatures" => opa_signatures(data),
         "oci_reference" => text.into_iter().for_each(oci_reference),
         "tar" => tar(data),
+        "zstd_toc" => zstd_toc(data),
         "semver" => {
             if let Some(text) = text {
                 let mut parts = text.splitn(3, '\n');

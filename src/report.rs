@@ -38,6 +38,11 @@ pub trait Reporter: Sync {
     fn fetched(&self, bytes: u64) {
         let _ = bytes;
     }
+    /// `bytes` of content taken from the live generation instead of
+    /// fetched (a zstd:chunked layer's files that were there already).
+    fn reused(&self, bytes: u64) {
+        let _ = bytes;
+    }
 }
 
 /// The warning for a skipped entry: `skipping FIFO src/a/fifo`.
@@ -113,6 +118,9 @@ impl Output {
 pub struct Console {
     progress: Option<Progress>,
     warnings: Mutex<Vec<String>>,
+    /// Bytes fetched from remote sources, and bytes of content taken
+    /// from the live generation instead (`Reporter::reused`).
+    transfer: (AtomicU64, AtomicU64),
     /// Show each warning as it comes (else only keep it: `keeping`).
     echo: bool,
 }
@@ -123,6 +131,7 @@ impl Console {
         Console {
             progress: (output == Output::Line).then(|| Progress::new(show)),
             warnings: Mutex::new(Vec::new()),
+            transfer: Default::default(),
             echo: true,
         }
     }
@@ -147,6 +156,14 @@ impl Console {
     /// The warnings so far, in the order they were shown.
     fn take_warnings(&self) -> Vec<String> {
         std::mem::take(&mut *self.warnings.lock().unwrap())
+    }
+
+    /// Bytes fetched so far, and bytes reused instead of fetched.
+    pub fn transfer(&self) -> (u64, u64) {
+        (
+            self.transfer.0.load(Ordering::Relaxed),
+            self.transfer.1.load(Ordering::Relaxed),
+        )
     }
 }
 
@@ -176,9 +193,14 @@ impl Reporter for Console {
     }
 
     fn fetched(&self, bytes: u64) {
+        self.transfer.0.fetch_add(bytes, Ordering::Relaxed);
         if let Some(p) = &self.progress {
             p.fetched(bytes);
         }
+    }
+
+    fn reused(&self, bytes: u64) {
+        self.transfer.1.fetch_add(bytes, Ordering::Relaxed);
     }
 
     fn warn(&self, msg: &str) {
@@ -643,6 +665,11 @@ pub struct Summary {
     pub copied: u64,
     pub copied_bytes: u64,
     pub reused: u64,
+    /// Bytes fetched from remote sources (layers, ranges of them, bundles).
+    pub fetched_bytes: u64,
+    /// Bytes of file content taken from the live generation instead of
+    /// fetched (a zstd:chunked layer's files the volume held already).
+    pub reused_bytes: u64,
     pub retired: Vec<String>,
     /// Every warning the `Console` showed, in order (set by `finish`).
     pub warnings: Vec<String>,

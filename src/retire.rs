@@ -208,7 +208,7 @@ fn remove_generation(
         return Ok(Outcome::Kept);
     }
     drop(intent);
-    for what in ["retired", "used", "root", "after"] {
+    for what in ["retired", "used", "root", "after", "fetched"] {
         let _ = state.meta.unlink(format!("{gen}.{what}").as_bytes());
     }
     let _ = state.trash.unlink(maside.as_bytes());
@@ -385,8 +385,10 @@ fn remove_orphan_meta(vol: &Volume, state: &State) {
         let Some((gen, what)) = name.rsplit_once('.') else {
             continue;
         };
-        if !matches!(what, "manifest" | "retired" | "used" | "after" | "damaged")
-            || !crate::volume::valid_gen(gen.as_bytes())
+        if !matches!(
+            what,
+            "manifest" | "retired" | "used" | "after" | "damaged" | "fetched"
+        ) || !crate::volume::valid_gen(gen.as_bytes())
             || state.gen.exists(gen.as_bytes()).unwrap_or(true)
             || wanted(vol, state, gen)
         {

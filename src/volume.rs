@@ -509,6 +509,41 @@ impl State {
     }
 
     /// Record now as the time `gen` stopped being live (or was last reused).
+    /// Write `meta/GEN.WHAT` holding `text` (a few bytes: what the sync
+    /// that made the generation fetched), replacing any, by a rename.
+    pub fn note(&self, gen: &str, what: &str, text: &str) -> Result<()> {
+        let name = format!("{gen}.{what}");
+        let tmp = format!("{name}-{}", unique_name());
+        let fd = self.meta.create_excl(tmp.as_bytes())?;
+        let written = sys::write_all(fd.as_fd(), text.as_bytes())
+            .map_err(anyhow::Error::from)
+            .and_then(|_| {
+                self.meta
+                    .rename(tmp.as_bytes(), &self.meta, name.as_bytes())
+                    .map_err(anyhow::Error::from)
+            });
+        if written.is_err() {
+            let _ = self.meta.unlink(tmp.as_bytes());
+        }
+        written
+    }
+
+    /// `meta/GEN.fetched`: the bytes the sync that made `gen` fetched and
+    /// the bytes it took from the live generation instead; `None` where
+    /// nothing is recorded (no remote source) or the record is malformed.
+    pub fn fetched(&self, gen: &str) -> Option<(u64, u64)> {
+        let fd = self
+            .meta
+            .open_read(format!("{gen}.fetched").as_bytes())
+            .ok()?;
+        if sys::fstat(fd.as_fd()).ok()?.st_size > 64 {
+            return None;
+        }
+        let text = read_to_string(fd.as_fd()).ok()?;
+        let (a, b) = text.trim_end().split_once(' ')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    }
+
     pub fn stamp(&self, gen: &str, what: &str) -> Result<()> {
         let name = format!("{gen}.{what}");
         let meta = &self.meta;

@@ -68,6 +68,10 @@ pub struct Get<'a> {
     /// POST this `application/x-www-form-urlencoded` body instead (an
     /// OAuth2 token request).
     pub form: Option<&'a str>,
+    /// Ask for these bytes only (`Range: bytes=START-END`): `(start,
+    /// length)`, length at least 1. Sent after redirects too (a blob's
+    /// storage answers it); `Reply::ranged` checks the answer.
+    pub range: Option<(u64, u64)>,
 }
 
 impl<'a> Get<'a> {
@@ -80,6 +84,7 @@ impl<'a> Get<'a> {
             follow: true,
             any_http: false,
             form: None,
+            range: None,
         }
     }
 }
@@ -252,6 +257,10 @@ impl Client {
             let mut r = self.agent(&guard, plain).request_url(method, &asked);
             if plain {
                 r = r.set("Host", &host_port(url));
+            }
+            if let Some((start, len)) = req.range {
+                let end = start + len.max(1) - 1;
+                r = r.set("Range", &format!("bytes={start}-{end}"));
             }
             if same_host {
                 for (k, v) in req.headers {
@@ -447,6 +456,103 @@ impl Reply {
     }
 }
 
+/// What a server made of a `Range` request (`Reply::ranged`).
+pub enum Ranged {
+    /// 206 with the bytes asked for: exactly that many are read, a shorter
+    /// body is an error.
+    Part(Exact<Body>),
+    /// 200: the server ignored `Range` and sends the whole resource: the
+    /// body is dropped (the connection closes, nothing more is read), and
+    /// the caller reads the resource whole with a request of its own.
+    Whole,
+}
+
+/// The `START-END/TOTAL` of a `Content-Range: bytes START-END/TOTAL`
+/// header (TOTAL may be `*`), if it is one.
+pub fn content_range(value: &str) -> Option<(u64, u64, Option<u64>)> {
+    let rest = value.trim().strip_prefix("bytes")?.trim_start();
+    let (span, total) = rest.split_once('/')?;
+    let (a, b) = span.trim().split_once('-')?;
+    let digits = |t: &str| !t.is_empty() && t.len() <= 19 && t.bytes().all(|c| c.is_ascii_digit());
+    let (a, b, total) = (a.trim(), b.trim(), total.trim());
+    if !digits(a) || !digits(b) || !(total == "*" || digits(total)) {
+        return None;
+    }
+    let (a, b): (u64, u64) = (a.parse().ok()?, b.parse().ok()?);
+    let total = match total {
+        "*" => None,
+        t => Some(t.parse().ok()?),
+    };
+    if b < a || total.is_some_and(|t| b >= t) {
+        return None;
+    }
+    Some((a, b, total))
+}
+
+/// A reader of exactly `left` bytes: fewer before the end is an error.
+pub struct Exact<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Exact<R> {
+    pub fn new(inner: R, len: u64) -> Exact<R> {
+        Exact { inner, left: len }
+    }
+}
+
+impl<R: Read> Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let room = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = self.inner.read(&mut buf[..room])?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("the range ended {} bytes short", self.left),
+            ));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
+impl Reply {
+    /// The answer to a request with `range: Some((start, len))`, checked: a
+    /// 206 must name exactly those bytes in its `Content-Range` and, where
+    /// it gives one, its `Content-Length`; anything else is an error (one
+    /// line saying what came). A 200 is `Ranged::Whole`.
+    pub fn ranged(self, start: u64, len: u64) -> Result<Ranged, Failed> {
+        match self.status {
+            200 => Ok(Ranged::Whole),
+            206 => {
+                let cr = self.header("content-range").map(str::to_string);
+                let end = start + len - 1;
+                match cr.as_deref().and_then(content_range) {
+                    Some((a, b, _)) if a == start && b == end => {}
+                    _ => {
+                        return Err(Failed::Transport(format!(
+                            "asked for bytes {start}-{end}, the answer's Content-Range is {}",
+                            cr.as_deref().map_or("missing".into(), |c| format!("{c:?}"))
+                        )))
+                    }
+                }
+                if let Some(n) = self.length().filter(|&n| n != len) {
+                    return Err(Failed::Transport(format!(
+                        "asked for {len} bytes ({start}-{end}), the answer holds {n}"
+                    )));
+                }
+                Ok(Ranged::Part(Exact::new(self.into_reader(), len)))
+            }
+            s => Err(Failed::Transport(format!(
+                "asked for a range, the answer is {s}"
+            ))),
+        }
+    }
+}
+
 /// A response body; its read errors say what went wrong in words.
 /// Dropping it closes the connection.
 pub struct Body {
@@ -527,6 +633,37 @@ mod tests {
         assert!(refused
             .to_string()
             .contains("--insecure-registry other.example"));
+    }
+
+    #[test]
+    fn content_ranges_are_read_strictly() {
+        assert_eq!(content_range("bytes 0-9/100"), Some((0, 9, Some(100))));
+        assert_eq!(content_range("bytes 5-5/*"), Some((5, 5, None)));
+        for bad in [
+            "",
+            "bytes",
+            "bytes 9-0/100",
+            "bytes 0-100/100",
+            "bytes -1-2/3",
+            "items 0-1/2",
+            "bytes 0-1",
+            "bytes a-b/c",
+            "bytes 0-1/+5",
+        ] {
+            assert_eq!(content_range(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn an_exact_reader_refuses_a_short_body() {
+        let mut ok = Exact::new(&b"abcdef"[..], 4);
+        let mut v = Vec::new();
+        ok.read_to_end(&mut v).unwrap();
+        assert_eq!(v, b"abcd");
+        let e = Exact::new(&b"ab"[..], 4)
+            .read_to_end(&mut Vec::new())
+            .unwrap_err();
+        assert!(e.to_string().contains("2 bytes short"), "{e}");
     }
 
     #[test]

@@ -68,6 +68,10 @@ pub struct GenInfo {
     pub retired_unix: Option<i64>,
     /// An `exec` holds it.
     pub leased: bool,
+    /// What the sync that made it fetched from remote sources, and what it
+    /// took from the live generation instead (`null`: not recorded).
+    pub fetched_bytes: Option<u64>,
+    pub reused_bytes: Option<u64>,
     /// `--verify-key`: for each source, the fingerprint of the key whose
     /// signature it carried (empty: published without verification).
     pub verified: Vec<VerifiedInfo>,
@@ -192,7 +196,12 @@ fn info(t: &Target, gen: &str, retained: bool) -> GenInfo {
         retired_unix,
         leased: retire::leased(&t.state, gen),
         verified: Vec::new(),
+        fetched_bytes: None,
+        reused_bytes: None,
     };
+    if let Some((f, r)) = t.state.fetched(gen) {
+        (g.fetched_bytes, g.reused_bytes) = (Some(f), Some(r));
+    }
     if let Some((m, entries, bytes)) = header {
         g.label = m.label;
         g.created = Some(rfc3339(m.created.0));
@@ -360,6 +369,13 @@ fn table(s: &Status) -> String {
             ));
             for v in &g.verified {
                 out.push_str(&format!("verified: {} signed by {}\n", v.source, v.key));
+            }
+            if let (Some(f), Some(r)) = (g.fetched_bytes, g.reused_bytes) {
+                out.push_str(&format!(
+                    "fetched: {} from the sources, {} taken from the generation before instead\n",
+                    report::human_bytes(f),
+                    report::human_bytes(r)
+                ));
             }
         }
     }

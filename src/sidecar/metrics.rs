@@ -44,6 +44,10 @@ struct Stats {
     rounds: u64,
     last_success: Option<f64>,
     copied_bytes: u64,
+    /// Bytes fetched from remote sources, and bytes of content taken from
+    /// the live generation instead (a zstd:chunked layer's files).
+    fetched_bytes: u64,
+    reused_bytes: u64,
     failures_in_a_row: u32,
     /// The live generation and its label, as last seen.
     live: Option<(String, String)>,
@@ -97,6 +101,14 @@ impl Health {
         if live.is_some() {
             s.live = live;
         }
+    }
+
+    /// What a round fetched, and what it took from the live generation
+    /// instead of fetching it.
+    pub fn record_transfer(&self, fetched: u64, reused: u64) {
+        let mut s = self.stats.lock().unwrap();
+        s.fetched_bytes += fetched;
+        s.reused_bytes += reused;
     }
 
     /// The process's resident bytes and open descriptors, read between
@@ -212,6 +224,16 @@ impl Health {
         out.push_str("# HELP packsync_copied_bytes_total Bytes copied into new generations.\n");
         out.push_str("# TYPE packsync_copied_bytes_total counter\n");
         let _ = writeln!(out, "packsync_copied_bytes_total {}", s.copied_bytes);
+        out.push_str(
+            "# HELP packsync_fetched_bytes_total Bytes fetched from remote sources (whole layers, ranges of them, bundles).\n",
+        );
+        out.push_str("# TYPE packsync_fetched_bytes_total counter\n");
+        let _ = writeln!(out, "packsync_fetched_bytes_total {}", s.fetched_bytes);
+        out.push_str(
+            "# HELP packsync_reused_bytes_total Bytes of file content taken from the live generation instead of fetched.\n",
+        );
+        out.push_str("# TYPE packsync_reused_bytes_total counter\n");
+        let _ = writeln!(out, "packsync_reused_bytes_total {}", s.reused_bytes);
         out.push_str(
             "# HELP packsync_consecutive_failures Rounds in a row that failed, up to the last one (0 once a round succeeds).\n",
         );
@@ -357,6 +379,7 @@ mod tests {
             open_fds: 7,
             max_fds: Some(1024),
         };
+        h.record_transfer(1000, 99000);
         let text = h.render(Some(&process));
         let version = format!(
             "packsync_build_info{{version=\"{}\"}} 1",
@@ -375,6 +398,8 @@ mod tests {
             "packsync_last_success_timestamp_seconds 8",
             "packsync_live_generation_info{generation=\"g\",label=\"a\\\"b\\\\\"} 1",
             "packsync_copied_bytes_total 5",
+            "packsync_fetched_bytes_total 1000",
+            "packsync_reused_bytes_total 99000",
             "packsync_consecutive_failures 1",
             &version,
             "process_cpu_seconds_total 1.5",

@@ -151,6 +151,7 @@ fn finish(round: Round, first: bool, seconds: f64, output: Output, health: &Heal
         .map(|g| (g, s.label.clone().unwrap_or_default()));
     let copied = if published { s.copied_bytes } else { 0 };
     health.record(outcome, seconds, copied, live, clock::now_f64());
+    health.record_transfer(s.fetched_bytes, s.reused_bytes);
     health.record_chosen(
         s.chosen
             .iter()

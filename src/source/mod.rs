@@ -14,6 +14,7 @@
 //! source never writes, but for a stream into its spool.
 
 mod archive;
+pub(crate) mod chunked;
 mod decode;
 mod dir;
 mod http;
@@ -173,6 +174,18 @@ pub trait Source: Send + Sync {
     ) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
+    }
+
+    /// Before the spool, where the sync did not `resume`: the live
+    /// generation's files, by content, for a source that can take a file's
+    /// bytes from there instead of fetching them (a zstd:chunked layer).
+    /// `base` reads the live tree as its manifest records it, and its root.
+    /// With `borrow`, files whose path, content and metadata are the live
+    /// ones may be listed from there instead of spooled (then `intact`
+    /// must hold after the plan, as for `resume`).
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        let _ = (base, borrow);
+        Ok(())
     }
 
     /// After the plan of a resumed sync: whether the spool held everything

@@ -22,6 +22,7 @@ use std::sync::{Mutex, OnceLock};
 
 use anyhow::Result;
 
+use super::chunked;
 use super::oci_artifact::{self, Planned, Use};
 use super::oci_fetch::{self, Layout, Registry, Resolved, Sink};
 use super::oci_image;
@@ -80,9 +81,32 @@ pub trait Named: Stream {
     fn verified_by(&self) -> Option<String> {
         None
     }
+
+    /// `Source::lend`.
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        let _ = (base, borrow);
+        Ok(())
+    }
 }
 
 impl Named for Image {
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        self.identity()?;
+        let layers = {
+            let mut r = self.resolved.lock().unwrap();
+            oci_fetch::layers(&*self.store, r.as_mut().expect("resolved"))?
+        };
+        if self.plan(&layers)?.is_some() || !layers.iter().any(|l| chunked::position(l).is_some()) {
+            return Ok(());
+        }
+        if let Some((tree, Some(live))) = base() {
+            let prefix = self.subpath.clone().unwrap_or_default();
+            let lend = borrow.then_some(&prefix[..]);
+            *self.donor.lock().unwrap() = Some(chunked::Donor::of(&tree, live, lend));
+        }
+        Ok(())
+    }
+
     fn verified_by(&self) -> Option<String> {
         self.trust.verified.lock().unwrap().clone()
     }
@@ -415,6 +439,10 @@ impl<S: Named> Source for Fetched<S> {
     fn verified_by(&self) -> Option<String> {
         self.inner.stream().verified_by()
     }
+
+    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+        self.inner.stream().lend(base, borrow)
+    }
 }
 
 /// An image in a registry or a layout, resolved at most once per sync.
@@ -441,6 +469,10 @@ pub struct Image {
     chosen: Mutex<Option<String>>,
     /// `--layer-media-type`: the layers published (empty: every one that can be).
     select: Vec<String>,
+    /// The live generation's files by content (`Source::lend`, or the
+    /// base a resumed spool starts from): a zstd:chunked layer takes them
+    /// from there instead of fetching them.
+    donor: Mutex<Option<chunked::Donor>>,
 }
 
 /// `oci://…`: parsed now (a malformed reference is exit 2); nothing is
@@ -469,6 +501,7 @@ pub fn open_registry(arg: &str, remote: &Remote) -> Result<Image> {
         trust: crate::trust::cosign::Trust::of(remote),
         chosen: Mutex::new(None),
         select: remote.layer_media_types.clone(),
+        donor: Mutex::new(None),
     })
 }
 
@@ -494,6 +527,7 @@ pub fn open_archive(arg: &str, remote: &Remote) -> Result<Image> {
         choose: None,
         chosen: Mutex::new(None),
         select: remote.layer_media_types.clone(),
+        donor: Mutex::new(None),
     })
 }
 
@@ -523,6 +557,7 @@ pub fn open_layout(arg: &str, remote: &Remote) -> Result<Image> {
         trust: crate::trust::cosign::Trust::of(remote),
         chosen: Mutex::new(None),
         select: remote.layer_media_types.clone(),
+        donor: Mutex::new(None),
     })
 }
 
@@ -534,6 +569,40 @@ fn platform_of(remote: &Remote) -> Platform {
 }
 
 impl Image {
+    /// Apply `layer` from its zstd:chunked TOC, fetching only the files
+    /// `donor` does not hold: `false` (one line where it is news) where
+    /// the whole layer must be fetched instead, before the spool is touched.
+    fn delta(
+        &self,
+        layer: &super::store::Descriptor,
+        what: &str,
+        donor: &chunked::Donor,
+        spool: &mut Spool,
+        reporter: &dyn Reporter,
+    ) -> Result<bool> {
+        let fetched = |n| reporter.fetched(n);
+        let max = super::spool::max_entries();
+        let checked = chunked::plan(&*self.store, layer, donor, max, &fetched)
+            .and_then(|plan| Ok((chunked::fetch(&*self.store, layer, &plan, &fetched)?, plan)));
+        let (got, plan) = match checked {
+            Ok(p) => p,
+            Err(w) => {
+                if let Some(why) = w.why {
+                    reporter.warn(&chunked::whole_line(what, &why));
+                }
+                return Ok(false);
+            }
+        };
+        reporter.reused(plan.reused_bytes);
+        let mut tar = chunked::Layer::new(plan, got, donor, &*self.store, layer, &fetched);
+        let lent = tar.take_lent();
+        if let (false, Some(prefix)) = (lent.is_empty(), donor.prefix()) {
+            spool.lend(lent, donor.live(), prefix)?;
+        }
+        spool.apply(&mut tar, true, what, reporter)?;
+        Ok(true)
+    }
+
     /// The identity of the image manifest `digest`: with `--semver`, the
     /// tag chosen too (`oci://HOST/REPO:TAG@sha256:…`).
     fn identity_of(&self, digest: &str) -> String {
@@ -764,14 +833,36 @@ impl Stream for Image {
         }
         let mut skip = 0;
         if let Some((base, below)) = self.resume.lock().unwrap().take() {
+            let chunked = layers[below..]
+                .iter()
+                .any(|l| chunked::position(l).is_some());
+            if let (true, Some(live)) = (chunked, &base.live) {
+                let live = live.try_clone()?;
+                let prefix = self.subpath.clone().unwrap_or_default();
+                *self.donor.lock().unwrap() =
+                    Some(chunked::Donor::of(&base.tree, live, Some(&prefix)));
+            }
             spool.seed(base, self.subpath.as_deref().unwrap_or_default())?;
             skip = below;
         }
         *self.applied.lock().unwrap() = Some(layers.iter().map(|l| l.digest.clone()).collect());
-        let mut sink = Into { spool, reporter };
-        oci_fetch::fetch(&*self.store, image, skip, &mut sink, &|n| {
-            reporter.fetched(n)
-        })?;
+        let donor = self.donor.lock().unwrap().take();
+        let fetched = |n| reporter.fetched(n);
+        for (i, layer) in layers.iter().enumerate().skip(skip) {
+            let what = format!(
+                "{} layer {} ({})",
+                self.store.label(),
+                i + 1,
+                super::store::short(&layer.digest)
+            );
+            if let Some(donor) = &donor {
+                if self.delta(layer, &what, donor, spool, reporter)? {
+                    continue;
+                }
+            }
+            let mut sink = Into { spool, reporter };
+            oci_fetch::fetch_layer(&*self.store, layer, &what, &mut sink, &fetched)?;
+        }
         Ok(identity)
     }
 }

@@ -124,36 +124,23 @@ pub fn layers(store: &dyn Store, image: &mut Resolved) -> Result<Vec<Descriptor>
     Ok(layers)
 }
 
-/// Stream the layers of `image` from the `skip`th on into `sink`, in
-/// order, each checked against its descriptor's size and digest;
-/// `fetched` hears of every block read (progress). The layers below
-/// `skip` are not asked for (a spool seeded with what they gave).
-pub fn fetch(
+/// Stream one layer whole into `sink`, checked against its descriptor.
+pub fn fetch_layer(
     store: &dyn Store,
-    image: &mut Resolved,
-    skip: usize,
+    layer: &Descriptor,
+    what: &str,
     sink: &mut dyn Sink,
     fetched: &(dyn Fn(u64) + Sync),
 ) -> Result<()> {
-    let layers = layers(store, image)?;
-    for (i, layer) in layers.iter().enumerate().skip(skip) {
-        let what = format!(
-            "{} layer {} ({})",
-            store.label(),
-            i + 1,
-            short(&layer.digest)
-        );
-        let (raw, stop) = store.blob(layer)?;
-        let mut checked = Checked::new(raw, layer, fetched);
-        pipelined_until(
-            &mut checked,
-            &what,
-            &|| stop.stop(),
-            Checked::finish,
-            |plain| sink.layer(plain, &what),
-        )?;
-    }
-    Ok(())
+    let (raw, stop) = store.blob(layer)?;
+    let mut checked = Checked::new(raw, layer, fetched);
+    pipelined_until(
+        &mut checked,
+        what,
+        &|| stop.stop(),
+        Checked::finish,
+        |plain| sink.layer(plain, what),
+    )
 }
 
 /// Chunks handed from the decompressing thread to the spool, and how many
@@ -488,6 +475,16 @@ impl Registry {
 
     /// `try_get`, of a whole URL on the registry's host.
     fn try_get_url(&self, url: Url, accept: Option<&str>) -> Result<Result<net::Reply, Failed>> {
+        self.try_get_range(url, accept, None)
+    }
+
+    /// `try_get_url`, for the bytes `range` (start, length) only.
+    fn try_get_range(
+        &self,
+        url: Url,
+        accept: Option<&str>,
+        range: Option<(u64, u64)>,
+    ) -> Result<Result<net::Reply, Failed>> {
         let headers: Vec<(String, String)> = accept
             .map(|a| vec![("Accept".to_string(), a.to_string())])
             .unwrap_or_default();
@@ -497,6 +494,7 @@ impl Registry {
             let req = Get {
                 headers: &headers,
                 auth: authz.as_deref(),
+                range,
                 ..Get::new(url.clone())
             };
             match self.client.send(&req) {
@@ -779,6 +777,44 @@ impl Store for Registry {
         Ok((Box::new(Named { inner: body, label }), stop))
     }
 
+    fn serves_ranges(&self) -> bool {
+        true
+    }
+
+    fn blob_range(
+        &self,
+        desc: &Descriptor,
+        start: u64,
+        len: u64,
+    ) -> Result<Option<Box<dyn Read + Send + '_>>> {
+        if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
+            bail!(
+                "{}: bytes {start}+{len} lie outside blob {} of {} bytes",
+                self.label,
+                short(&desc.digest),
+                desc.size
+            );
+        }
+        let path = self.repo_path("blobs", &desc.digest);
+        let what = || format!("blob {} missing", short(&desc.digest));
+        let reply = self
+            .try_get_range(self.url_of(&path)?, None, Some((start, len)))?
+            .map_err(|e| self.failed(e, &what))?;
+        match reply.ranged(start, len) {
+            Ok(net::Ranged::Part(body)) => Ok(Some(Box::new(Named {
+                inner: body,
+                label: self.label.clone(),
+            }))),
+            // Dropped: the connection closes, nothing more is read.
+            Ok(net::Ranged::Whole) => Ok(None),
+            Err(e) => Err(anyhow::anyhow!(
+                "{}: blob {}: {e}",
+                self.label,
+                short(&desc.digest)
+            )),
+        }
+    }
+
     fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {
         let path = self.repo_path("manifests", tag);
         let accept = "application/vnd.oci.image.manifest.v1+json, \
@@ -1006,6 +1042,32 @@ impl Store for Layout {
     fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)> {
         let file = io::BufReader::with_capacity(256 << 10, self.open_blob(&desc.digest)?);
         Ok((Box::new(file), net::Stop::default()))
+    }
+
+    fn serves_ranges(&self) -> bool {
+        true
+    }
+
+    /// The bytes read at their offset in the blob's file (exactly: a file
+    /// shorter than its descriptor says is a read error).
+    fn blob_range(
+        &self,
+        desc: &Descriptor,
+        start: u64,
+        len: u64,
+    ) -> Result<Option<Box<dyn Read + Send + '_>>> {
+        use std::io::{Seek, SeekFrom};
+        if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
+            bail!(
+                "{}: bytes {start}+{len} lie outside blob {}",
+                self.label,
+                short(&desc.digest)
+            );
+        }
+        let mut file = self.open_blob(&desc.digest)?;
+        file.seek(SeekFrom::Start(start))
+            .with_context(|| format!("{}: cannot read blob {}", self.label, short(&desc.digest)))?;
+        Ok(Some(Box::new(net::Exact::new(file, len))))
     }
 
     fn by_tag(&self, tag: &str) -> Option<Result<Option<Vec<u8>>>> {

@@ -111,6 +111,11 @@ pub struct Spool {
     first_xattr: Option<(Vec<u8>, Vec<u8>)>,
     /// `apply_within`: the directory every entry must lie in.
     within: Option<Vec<u8>>,
+    /// Files the next layer holds that the live generation has at the same
+    /// path with the same content and metadata (`Spool::lend`): listed as
+    /// borrowed when their entry comes, their content not written.
+    lent: HashMap<Vec<u8>, Entry>,
+    lent_count: u64,
 }
 
 /// The device number the scan gives borrowed files: no filesystem has it,
@@ -221,6 +226,11 @@ fn join(parts: &[&[u8]]) -> Vec<u8> {
 static MAX_ENTRIES: std::sync::atomic::AtomicU64 =
     std::sync::atomic::AtomicU64::new(crate::config::DEFAULT_MAX_ENTRIES);
 
+/// `--max-entries`, as `limit_entries` set it.
+pub fn max_entries() -> u64 {
+    MAX_ENTRIES.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// Refuse a source of more than `n` entries (`--max-entries`).
 pub fn limit_entries(n: u64) {
     MAX_ENTRIES.store(n, std::sync::atomic::Ordering::Relaxed);
@@ -261,6 +271,8 @@ impl Spool {
             headers: 0,
             first_xattr: None,
             within: None,
+            lent: HashMap::new(),
+            lent_count: 0,
         })
     }
 
@@ -304,6 +316,38 @@ impl Spool {
         seeder.dir(&root, base.tree.entries, &mut path)?;
         self.borrowed = Some(borrowed);
         self.cached = None;
+        Ok(())
+    }
+
+    /// List these files (by spool path) as borrowed from the live
+    /// generation (`live`, standing for the spool path `prefix`) when the
+    /// next layer's entry for each comes, instead of writing the bytes the
+    /// stream carries for it (the caller sends zeros there). Each entry is
+    /// the live one, whose content and metadata the caller checked equal
+    /// the layer's. The plan must then reuse every one (`Spooled::intact`).
+    pub fn lend(
+        &mut self,
+        files: HashMap<Vec<u8>, Entry>,
+        live: &DirFd,
+        prefix: &[u8],
+    ) -> Result<()> {
+        let prefix = join(&components(prefix)?);
+        let b = self.borrowed.get_or_insert_with(Borrowed::default);
+        if b.live.is_none() {
+            b.live = Some((live.try_clone()?, prefix));
+        }
+        for (path, mut e) in files {
+            if let Node::File(f) = &mut e.node {
+                self.lent_count += 1;
+                f.dev = BORROWED_DEV;
+                f.reuse = false;
+                f.stamp = 0;
+                f.group = None;
+                f.ino = 1 << 62 | self.lent_count;
+                f.nlink = 1;
+                self.lent.insert(path, e);
+            }
+        }
         Ok(())
     }
 
@@ -536,6 +580,24 @@ impl Spool {
     ) -> Result<()> {
         let shown = || c_style(path);
         match &h.kind {
+            Kind::File if self.lent.contains_key(path) => {
+                let e = self.lent.remove(path).expect("present");
+                match dir.stat(name) {
+                    Ok(_) => self.remove(dir, name, path)?,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(e)
+                            .with_context(|| format!("cannot stat {} in the spool", shown()))
+                    }
+                }
+                let (parent, file) = split(path);
+                let b = self.borrowed.as_mut().expect("lent files are borrowed");
+                b.files
+                    .entry(parent.to_vec())
+                    .or_default()
+                    .insert(Name::from(file), e);
+                stats.files += 1;
+            }
             Kind::File => {
                 let fd = match dir.create_excl(name) {
                     Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {

@@ -26,6 +26,24 @@ pub trait Store: Send + Sync {
     fn blob(&self, desc: &Descriptor) -> Result<(Box<dyn Read + Send + '_>, net::Stop)>;
     /// `what` for messages: `oci://host/repo:tag`.
     fn label(&self) -> &str;
+    /// The bytes `start..start+len` of a layer (an HTTP Range request),
+    /// exactly that many (a shorter body is a read error): `Ok(None)`
+    /// where the store does not serve parts (a server that answered 200,
+    /// ignoring `Range`), and the caller reads the blob whole.
+    fn blob_range(
+        &self,
+        desc: &Descriptor,
+        start: u64,
+        len: u64,
+    ) -> Result<Option<Box<dyn Read + Send + '_>>> {
+        let _ = (desc, start, len);
+        Ok(None)
+    }
+    /// Whether `blob_range` can serve parts at all (a registry, a layout
+    /// directory); where not, a layer's TOC is not asked for.
+    fn serves_ranges(&self) -> bool {
+        false
+    }
     /// The manifest tagged `tag` beside the image (cosign's
     /// `sha256-HEX.sig`), not checked against anything: `Some(Ok(None))`
     /// where there is no such tag, `None` where this store holds no tags

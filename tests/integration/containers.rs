@@ -64,12 +64,12 @@ fn unavailable(why: &str) {
 }
 
 /// One rig in a private directory, with a registry on a free port; `down` when dropped.
-struct Rig {
-    env: Vec<(String, String)>,
+pub(crate) struct Rig {
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl Rig {
-    fn up() -> Result<Rig, String> {
+    pub(crate) fn up() -> Result<Rig, String> {
         let dir = std::env::temp_dir().join(format!("packsync-containers-{}", std::process::id()));
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -106,7 +106,7 @@ impl Rig {
             .map_err(|e| format!("cannot run {}: {e}", script().display()))
     }
 
-    fn var(&self, k: &str) -> &str {
+    pub(crate) fn var(&self, k: &str) -> &str {
         &self.env.iter().rev().find(|(n, _)| n == k).unwrap().1
     }
 
@@ -287,7 +287,7 @@ fn fs_group(dir: &Path) {
 }
 
 /// Serialise container rig users of this machine.
-fn rig_lock() -> fs::File {
+pub(crate) fn rig_lock() -> fs::File {
     let f = fs::File::create(std::env::temp_dir().join("packsync-container-rig.lock")).unwrap();
     rustix::fs::flock(&f, rustix::fs::FlockOperation::LockExclusive).unwrap();
     f

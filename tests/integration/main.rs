@@ -5,6 +5,7 @@ mod containers;
 mod converge;
 mod copy;
 mod creds;
+mod delta_pull;
 mod examples;
 mod faults;
 mod fixture;

@@ -371,6 +371,11 @@ impl Registry {
         );
     }
 
+    /// The registry's access log so far.
+    pub(crate) fn access_log(&self) -> String {
+        fs::read_to_string(self.dir.path().join("log")).unwrap()
+    }
+
     /// Requests packsync made whose path holds `part` (`/blobs/`, `/manifests/`).
     pub(crate) fn requests(&self, part: &str) -> usize {
         fs::read_to_string(self.dir.path().join("log"))
