@@ -787,14 +787,7 @@ impl Store for Registry {
         start: u64,
         len: u64,
     ) -> Result<Option<Box<dyn Read + Send + '_>>> {
-        if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
-            bail!(
-                "{}: bytes {start}+{len} lie outside blob {} of {} bytes",
-                self.label,
-                short(&desc.digest),
-                desc.size
-            );
-        }
+        super::store::check_range(&self.label, desc, start, len)?;
         let path = self.repo_path("blobs", &desc.digest);
         let what = || format!("blob {} missing", short(&desc.digest));
         let reply = self
@@ -1057,13 +1050,7 @@ impl Store for Layout {
         len: u64,
     ) -> Result<Option<Box<dyn Read + Send + '_>>> {
         use std::io::{Seek, SeekFrom};
-        if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
-            bail!(
-                "{}: bytes {start}+{len} lie outside blob {}",
-                self.label,
-                short(&desc.digest)
-            );
-        }
+        super::store::check_range(&self.label, desc, start, len)?;
         let mut file = self.open_blob(&desc.digest)?;
         file.seek(SeekFrom::Start(start))
             .with_context(|| format!("{}: cannot read blob {}", self.label, short(&desc.digest)))?;

@@ -141,3 +141,16 @@ pub fn read_bounded(
     }
     Ok(Ok(bytes))
 }
+
+/// The range `start..start+len` must lie inside the blob `desc`, and not
+/// be empty: what a `blob_range` is asked for is checked before any read.
+pub fn check_range(label: &str, desc: &Descriptor, start: u64, len: u64) -> Result<()> {
+    if len == 0 || start.checked_add(len).is_none_or(|end| end > desc.size) {
+        anyhow::bail!(
+            "{label}: bytes {start}+{len} lie outside blob {} of {} bytes",
+            short(&desc.digest),
+            desc.size
+        );
+    }
+    Ok(())
+}
