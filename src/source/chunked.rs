@@ -310,6 +310,10 @@ pub fn parse_time(t: &str) -> Option<(i64, u32)> {
 /// made, chunks that follow their file and tile it, byte ranges inside the
 /// blob (`blob_size`). Errors say what is wrong in a few words.
 pub fn parse_toc(bytes: &[u8], blob_size: u64, max_entries: u64) -> Result<Vec<Entry>> {
+    entries_of(read_raw(bytes, max_entries)?, blob_size)
+}
+
+fn read_raw(bytes: &[u8], max_entries: u64) -> Result<RawToc> {
     let raw: RawToc = serde_json::from_slice(bytes).map_err(|e| anyhow!("not a TOC: {e}"))?;
     if raw.version != 1 && raw.version != 2 {
         bail!("TOC version {} is not known", raw.version);
@@ -317,6 +321,12 @@ pub fn parse_toc(bytes: &[u8], blob_size: u64, max_entries: u64) -> Result<Vec<E
     if raw.entries.len() as u64 > max_entries {
         bail!("the TOC lists more than {max_entries} entries");
     }
+    Ok(raw)
+}
+
+/// The checked entries of a TOC of either format (eStargz's made to
+/// zstd:chunked's shape first, `parse_stargz_toc`).
+fn entries_of(raw: RawToc, blob_size: u64) -> Result<Vec<Entry>> {
     let mut out: Vec<Entry> = Vec::with_capacity(raw.entries.len());
     let mut symlinks: HashSet<Vec<u8>> = HashSet::new();
     for r in raw.entries {
@@ -477,6 +487,148 @@ fn add_chunk(file: &mut Entry, r: &RawEntry, blob_size: u64) -> Result<()> {
     Ok(())
 }
 
+/// The eStargz layer annotation naming the SHA-256 of its TOC (the
+/// uncompressed `stargz.index.json`).
+pub const STARGZ_DIGEST_KEY: &str = "containerd.io/snapshot/stargz/toc.digest";
+/// The tar entry an eStargz TOC is, the last of the layer.
+pub const STARGZ_TOC_NAME: &[u8] = b"stargz.index.json";
+/// An eStargz footer: an empty gzip member whose extra field (subfield
+/// `SG`) holds the TOC member's offset as `%016xSTARGZ`.
+pub const FOOTER: u64 = 51;
+
+/// Whether a layer descriptor says its layer carries a TOC of either format.
+pub fn has_toc(desc: &Descriptor) -> bool {
+    position(desc).is_some() || stargz_digest(desc).is_some()
+}
+
+fn stargz_digest(desc: &Descriptor) -> Option<&String> {
+    desc.annotations.as_ref()?.get(STARGZ_DIGEST_KEY)
+}
+
+/// The TOC member's offset an eStargz footer gives; `Err` for anything
+/// that is not such a footer.
+pub fn parse_footer(b: &[u8]) -> Result<u64, String> {
+    let bad = || "the last 51 bytes are not an eStargz footer".to_string();
+    if b.len() as u64 != FOOTER {
+        return Err(bad());
+    }
+    // ID1 ID2 CM=deflate FLG=FEXTRA, MTIME, XFL, OS; XLEN=26; SI1 SI2 LEN=22.
+    if b[..4] != [0x1f, 0x8b, 8, 4] || b[10..12] != [26, 0] || &b[12..14] != b"SG" {
+        return Err(bad());
+    }
+    if b[14..16] != [22, 0] || &b[32..38] != b"STARGZ" {
+        return Err(bad());
+    }
+    // An empty final stored block, a CRC and size of zero.
+    if b[38..43] != [1, 0, 0, 0xff, 0xff] || b[43..].iter().any(|&x| x != 0) {
+        return Err(bad());
+    }
+    let hex = std::str::from_utf8(&b[16..32]).map_err(|_| bad())?;
+    if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+        return Err(bad());
+    }
+    u64::from_str_radix(hex, 16).map_err(|_| bad())
+}
+
+/// Parse an eStargz TOC (`stargz.index.json`) whose member starts at
+/// `toc_offset`: each file's and chunk's gzip member ends where the next
+/// one (or the TOC) starts, which the TOC leaves unsaid; a chunk of size 0
+/// is the whole file. Then checked as a zstd:chunked TOC is.
+pub fn parse_stargz_toc(bytes: &[u8], toc_offset: u64, max_entries: u64) -> Result<Vec<Entry>> {
+    let mut raw = read_raw(bytes, max_entries)?;
+    let holds = |r: &RawEntry| (r.kind == "reg" && r.size > 0) || r.kind == "chunk";
+    let mut starts: Vec<u64> = raw
+        .entries
+        .iter()
+        .filter(|r| holds(r))
+        .map(|r| r.offset)
+        .collect();
+    starts.push(toc_offset);
+    starts.sort_unstable();
+    starts.dedup();
+    for r in raw.entries.iter_mut() {
+        if !r.chunk_type.is_empty() || r.end_offset != 0 {
+            bail!("{:?} has fields an eStargz TOC does not have", r.name);
+        }
+        if !holds(r) {
+            continue;
+        }
+        // Past the TOC, no end: the range checks refuse it.
+        let next = starts.partition_point(|&o| o <= r.offset);
+        r.end_offset = starts.get(next).copied().unwrap_or(u64::MAX);
+        if r.kind == "reg" && r.chunk_size == 0 {
+            r.chunk_size = r.size;
+        }
+    }
+    entries_of(raw, toc_offset)
+}
+
+/// The decompressed TOC member of an eStargz layer: the tar entry
+/// `stargz.index.json` and the end of the archive. Returns that entry (the
+/// layer's last, published as a full fetch publishes it) and its content.
+pub fn stargz_toc_entry(member: &[u8]) -> Result<(Entry, Vec<u8>)> {
+    use super::tar::Kind as T;
+    let mut r = super::tar::Reader::new(member);
+    let h = r
+        .next_entry()
+        .map_err(|e| anyhow!("the TOC member: {e}"))?
+        .ok_or_else(|| anyhow!("the TOC member holds no entry"))?;
+    if h.path != STARGZ_TOC_NAME || h.kind != T::File || h.unknown_type.is_some() {
+        bail!(
+            "the TOC member holds {}, not stargz.index.json",
+            crate::escape::c_style(&h.path)
+        );
+    }
+    if h.size > MAX_TOC {
+        bail!("the TOC is larger than {MAX_TOC} bytes");
+    }
+    let mut json = vec![0u8; h.size as usize];
+    let mut got = 0;
+    while got < json.len() {
+        match r.read_data(&mut json[got..]) {
+            Ok(0) => bail!("the TOC member ends inside the TOC"),
+            Ok(n) => got += n,
+            Err(e) => bail!("the TOC member: {e}"),
+        }
+    }
+    if !matches!(r.next_entry(), Ok(None)) {
+        bail!("the TOC member holds more than the TOC");
+    }
+    let e = Entry {
+        name: h.path,
+        kind: Kind::File,
+        mode: h.mode,
+        uid: h.uid,
+        gid: h.gid,
+        mtime: h.mtime,
+        size: h.size,
+        xattrs: h.xattrs,
+        digest: Some(Sha256::digest(&json).into()),
+        range: (0, 0),
+        chunks: Vec::new(),
+    };
+    Ok((e, json))
+}
+
+/// Decompress `bytes` (gzip members) to exactly `size` bytes; what follows
+/// in the last member (tar padding, the next headers) is not read.
+fn ungzip(bytes: &[u8], size: u64) -> io::Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(size.min(MAX_HELD) as usize);
+    super::decode::Gzip::new(bytes)
+        .take(size)
+        .read_to_end(&mut out)?;
+    Ok(out)
+}
+
+/// How a TOC layer's content is compressed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// zstd:chunked: a file's frames hold exactly its content.
+    Zstd,
+    /// eStargz: a file's gzip members start with its content.
+    Gzip,
+}
+
 /// Decompress `bytes` (zstd frames) to at most `max` bytes.
 fn unzstd(bytes: &[u8], max: u64) -> io::Result<Vec<u8>> {
     let mut out = Vec::new();
@@ -599,6 +751,9 @@ impl Donor {
 /// What a layer with a checked TOC costs: its entries, what is fetched.
 pub struct Plan {
     pub entries: Vec<Entry>,
+    pub format: Format,
+    /// Content in hand already, by entry index.
+    pub held: HashMap<usize, Vec<u8>>,
     /// Entry indexes whose content is fetched.
     pub fetch: Vec<usize>,
     /// Files the spool lists from the live generation (`Spool::lend`), by
@@ -621,30 +776,48 @@ fn whole(why: impl Into<String>) -> Whole {
     }
 }
 
-/// Read and check the TOC of `layer`, and decide what to fetch.
-pub fn plan(
+/// A checked TOC: its entries, how their content is compressed, and the
+/// content of entries already in hand (eStargz's own TOC entry).
+struct Toc {
+    entries: Vec<Entry>,
+    format: Format,
+    held: HashMap<usize, Vec<u8>>,
+}
+
+/// `len` bytes of `layer` from `at`, with one Range request.
+fn read_range(
     store: &dyn Store,
     layer: &Descriptor,
-    donor: &Donor,
-    max_entries: u64,
+    at: u64,
+    len: u64,
     fetched: &(dyn Fn(u64) + Sync),
-) -> Result<Plan, Whole> {
-    let pos = match position(layer) {
-        None => return Err(Whole { why: None }),
-        Some(_) if !store.serves_ranges() => return Err(Whole { why: None }),
-        Some(Err(why)) => return Err(whole(why)),
-        Some(Ok(p)) => p,
-    };
-    let raw = match store.blob_range(layer, pos.offset, pos.length) {
+    what: &str,
+) -> Result<Vec<u8>, Whole> {
+    let raw = match store.blob_range(layer, at, len) {
         Ok(Some(r)) => r,
         Ok(None) => return Err(whole("the registry does not answer Range requests")),
         Err(e) => return Err(whole(format!("{e:#}"))),
     };
-    let mut compressed = Vec::new();
-    if let Err(e) = raw.take(pos.length).read_to_end(&mut compressed) {
-        return Err(whole(format!("reading the TOC: {e}")));
+    let mut out = Vec::new();
+    if let Err(e) = raw.take(len).read_to_end(&mut out) {
+        return Err(whole(format!("reading {what}: {e}")));
     }
-    fetched(compressed.len() as u64);
+    fetched(out.len() as u64);
+    if out.len() as u64 != len {
+        return Err(whole(format!("{what} is cut short")));
+    }
+    Ok(out)
+}
+
+/// The TOC of a zstd:chunked layer, where `pos` places it.
+fn zstd_toc(
+    store: &dyn Store,
+    layer: &Descriptor,
+    pos: Position,
+    max_entries: u64,
+    fetched: &(dyn Fn(u64) + Sync),
+) -> Result<Toc, Whole> {
+    let compressed = read_range(store, layer, pos.offset, pos.length, fetched, "the TOC")?;
     let got = format!("sha256:{}", hex(&Sha256::digest(&compressed)));
     if got != pos.digest {
         return Err(whole(format!(
@@ -663,6 +836,93 @@ pub fn plan(
     }
     let entries =
         parse_toc(&toc, layer.size, max_entries).map_err(|e| whole(format!("the TOC {e:#}")))?;
+    Ok(Toc {
+        entries,
+        format: Format::Zstd,
+        held: HashMap::new(),
+    })
+}
+
+/// The TOC of an eStargz layer: the footer (the last 51 bytes) places the
+/// TOC's gzip member, which runs to the footer; its content must have
+/// the annotated digest.
+fn stargz_toc(
+    store: &dyn Store,
+    layer: &Descriptor,
+    digest: &str,
+    max_entries: u64,
+    fetched: &(dyn Fn(u64) + Sync),
+) -> Result<Toc, Whole> {
+    if !is_sha256(digest) {
+        return Err(whole(format!(
+            "TOC digest {digest:?} is not a sha256 digest"
+        )));
+    }
+    let Some(footer_at) = layer.size.checked_sub(FOOTER) else {
+        return Err(whole("the layer is too small to end in an eStargz footer"));
+    };
+    let footer = read_range(store, layer, footer_at, FOOTER, fetched, "the footer")?;
+    let at = parse_footer(&footer).map_err(whole)?;
+    if at >= footer_at {
+        return Err(whole(format!(
+            "the footer places the TOC at {at}, outside the layer's {footer_at} bytes before it"
+        )));
+    }
+    let len = footer_at - at;
+    if len > MAX_TOC {
+        return Err(whole(format!("the TOC is larger than {MAX_TOC} bytes")));
+    }
+    let member = read_range(store, layer, at, len, fetched, "the TOC")?;
+    let mut plain = Vec::new();
+    let read = super::decode::Gzip::new(&member[..])
+        .take(MAX_TOC + 4096)
+        .read_to_end(&mut plain);
+    if let Err(e) = read {
+        return Err(whole(format!("the TOC: {e}")));
+    }
+    let (entry, json) = stargz_toc_entry(&plain).map_err(|e| whole(format!("{e:#}")))?;
+    let got = format!("sha256:{}", hex(&Sha256::digest(&json)));
+    if got != digest {
+        return Err(whole(format!(
+            "the TOC's digest is {}, the annotation says {}",
+            short(&got),
+            short(digest)
+        )));
+    }
+    let mut entries =
+        parse_stargz_toc(&json, at, max_entries).map_err(|e| whole(format!("the TOC {e:#}")))?;
+    if entries.iter().any(|e| e.name == STARGZ_TOC_NAME) {
+        return Err(whole("the TOC names stargz.index.json itself"));
+    }
+    entries.push(entry);
+    let held = HashMap::from([(entries.len() - 1, json)]);
+    Ok(Toc {
+        entries,
+        format: Format::Gzip,
+        held,
+    })
+}
+
+/// Read and check the TOC of `layer`, and decide what to fetch.
+pub fn plan(
+    store: &dyn Store,
+    layer: &Descriptor,
+    donor: &Donor,
+    max_entries: u64,
+    fetched: &(dyn Fn(u64) + Sync),
+) -> Result<Plan, Whole> {
+    let toc = match (position(layer), stargz_digest(layer)) {
+        (None, None) => return Err(Whole { why: None }),
+        _ if !store.serves_ranges() => return Err(Whole { why: None }),
+        (Some(Err(why)), _) => return Err(whole(why)),
+        (Some(Ok(p)), _) => zstd_toc(store, layer, p, max_entries, fetched)?,
+        (None, Some(d)) => stargz_toc(store, layer, d, max_entries, fetched)?,
+    };
+    let Toc {
+        entries,
+        format,
+        held,
+    } = toc;
     let mut fetch = Vec::new();
     let (mut lent, mut lent_at) = (HashMap::new(), HashSet::new());
     let mut seen: HashSet<&[u8]> = HashSet::new();
@@ -671,6 +931,9 @@ pub fn plan(
         let first = seen.insert(&e.name);
         let Some(d) = e.digest.as_ref() else { continue };
         content += e.size;
+        if held.contains_key(&i) {
+            continue;
+        }
         if let Some(live) = first.then(|| donor.same_at_path(e)).flatten() {
             reused_bytes += e.size;
             lent.insert(e.name.clone(), live);
@@ -682,13 +945,15 @@ pub fn plan(
             fetch_bytes += e.range.1 - e.range.0;
         }
     }
-    let held: u64 = fetch.iter().map(|&i| entries[i].size).sum();
-    if reused_bytes == 0 || fetch_bytes as f64 > MOST * layer.size as f64 || held > MAX_HELD {
+    let holding: u64 = fetch.iter().map(|&i| entries[i].size).sum();
+    if reused_bytes == 0 || fetch_bytes as f64 > MOST * layer.size as f64 || holding > MAX_HELD {
         let _ = content;
         return Err(Whole { why: None });
     }
     Ok(Plan {
         entries,
+        format,
+        held,
         fetch,
         lent,
         lent_at,
@@ -717,9 +982,13 @@ fn coalesce(entries: &[Entry], wanted: &[usize]) -> Vec<(u64, u64, Vec<usize>)> 
 
 /// Decompress one file's frames and check them: its size, each chunk's
 /// digest as it completes, the whole file's digest.
-fn check_content(e: &Entry, compressed: &[u8]) -> Result<Vec<u8>, String> {
+fn check_content(e: &Entry, compressed: &[u8], format: Format) -> Result<Vec<u8>, String> {
     let name = crate::escape::c_style(&e.name);
-    let data = unzstd(compressed, e.size).map_err(|err| format!("{name}: {err}"))?;
+    let data = match format {
+        Format::Zstd => unzstd(compressed, e.size),
+        Format::Gzip => ungzip(compressed, e.size),
+    }
+    .map_err(|err| format!("{name}: {err}"))?;
     if data.len() as u64 != e.size {
         return Err(format!(
             "{name}: its frames hold {} bytes, the TOC says {}",
@@ -782,7 +1051,7 @@ pub fn fetch(
                     for &i in which {
                         let e = &plan.entries[i];
                         let part = &run[(e.range.0 - a) as usize..(e.range.1 - a) as usize];
-                        let data = check_content(e, part)?;
+                        let data = check_content(e, part, plan.format)?;
                         got.lock().unwrap().insert(i, data);
                     }
                     Ok(())
@@ -869,6 +1138,9 @@ impl<'a> Layer<'a> {
         layer: &'a Descriptor,
         fetched: &'a (dyn Fn(u64) + Sync),
     ) -> Layer<'a> {
+        let mut plan = plan;
+        let mut got = got;
+        got.extend(std::mem::take(&mut plan.held));
         Layer {
             plan,
             got,
@@ -929,7 +1201,7 @@ impl<'a> Layer<'a> {
         let mut run = Vec::new();
         (&mut body).take(b - a).read_to_end(&mut run)?;
         (self.fetched)(run.len() as u64);
-        check_content(e, &run).map_err(bad)
+        check_content(e, &run, self.plan.format).map_err(bad)
     }
 
     fn fill(&mut self) -> io::Result<()> {
@@ -1250,12 +1522,12 @@ mod tests {
         let es = parse_toc(&t, desc.size, 10).unwrap();
         let (a, b) = es[0].range;
         assert_eq!(
-            check_content(&es[0], &blob[a as usize..b as usize]).unwrap(),
+            check_content(&es[0], &blob[a as usize..b as usize], Format::Zstd).unwrap(),
             b"hello"
         );
         let mut wrong = es[0].clone();
         wrong.digest = Some([0; 32]);
-        assert!(check_content(&wrong, &blob[a as usize..b as usize]).is_err());
+        assert!(check_content(&wrong, &blob[a as usize..b as usize], Format::Zstd).is_err());
         // The blob is also a plain zstd stream of the layer's tar.
         let mut plain = Vec::new();
         super::super::decode::Zstd::new(&blob[..])
