@@ -35,7 +35,7 @@ fn octal(field: &mut [u8], v: u64) {
     field.copy_from_slice(s.as_bytes());
 }
 
-fn tar_header(name: &str, flag: u8, mode: u64, size: u64, link: &str) -> [u8; 512] {
+pub(crate) fn tar_header(name: &str, flag: u8, mode: u64, size: u64, link: &str) -> [u8; 512] {
     let mut h = [0u8; 512];
     h[..name.len()].copy_from_slice(name.as_bytes());
     octal(&mut h[100..108], mode);
@@ -136,10 +136,25 @@ fn arch() -> &'static str {
 
 /// An OCI layout at `layout` holding one image of one layer as `tag`;
 /// returns the layer's digest.
-fn write_image(
+pub(crate) fn write_image(
     layout: &Path,
     tag: &str,
     layer: &(Vec<u8>, BTreeMap<String, String>, String),
+) -> String {
+    write_image_as(
+        layout,
+        tag,
+        layer,
+        "application/vnd.oci.image.layer.v1.tar+zstd",
+    )
+}
+
+/// `write_image` with a layer of `media_type`.
+pub(crate) fn write_image_as(
+    layout: &Path,
+    tag: &str,
+    layer: &(Vec<u8>, BTreeMap<String, String>, String),
+    media_type: &str,
 ) -> String {
     fs::create_dir_all(layout.join("blobs/sha256")).unwrap();
     fs::write(
@@ -152,7 +167,7 @@ fn write_image(
         "rootfs": {"type": "layers", "diff_ids": [diff_id]}});
     let config = put(layout, &serde_json::to_vec(&config).unwrap());
     let mut l = put(layout, blob);
-    l["mediaType"] = "application/vnd.oci.image.layer.v1.tar+zstd".into();
+    l["mediaType"] = media_type.into();
     l["annotations"] = serde_json::to_value(ann).unwrap();
     let digest = l["digest"].as_str().unwrap().to_string();
     let mut c = config;
@@ -174,7 +189,7 @@ fn write_image(
 
 /// `n` files of `size` bytes (unique text, little to compress), the first
 /// `changed` of them edited.
-fn files(n: usize, size: usize, changed: usize) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn files(n: usize, size: usize, changed: usize) -> Vec<(String, Vec<u8>)> {
     (0..n)
         .map(|i| {
             let mut data = Vec::with_capacity(size);
@@ -193,7 +208,7 @@ fn files(n: usize, size: usize, changed: usize) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Bytes packsync was sent for blob `digest` (the access log's byte counts).
-fn blob_bytes(reg: &Registry, digest: &str) -> u64 {
+pub(crate) fn blob_bytes(reg: &Registry, digest: &str) -> u64 {
     reg.access_log()
         .lines()
         .filter(|l| l.contains(&format!("/blobs/{digest}")) && l.contains("packsync/"))
@@ -205,12 +220,12 @@ fn blob_bytes(reg: &Registry, digest: &str) -> u64 {
 }
 
 /// Sync `src` onto `dest` (relative to the fixture).
-fn sync(f: &Fixture, src: &str, dest: &str) -> Run {
+pub(crate) fn sync(f: &Fixture, src: &str, dest: &str) -> Run {
     f.packsync(&["sync", "--grace", "0", src, dest])
 }
 
 /// The generation DEST shows (named by its manifest's digest).
-fn generation(dest: &Path) -> String {
+pub(crate) fn generation(dest: &Path) -> String {
     fs::read_link(dest)
         .unwrap()
         .file_name()
@@ -221,7 +236,7 @@ fn generation(dest: &Path) -> String {
 
 /// What a full fetch of `src` publishes: the tree and the generation, on
 /// a DEST of its own (nothing to lend a file).
-fn full(f: &Fixture, src: &str, name: &str) -> (Vec<String>, String) {
+pub(crate) fn full(f: &Fixture, src: &str, name: &str) -> (Vec<String>, String) {
     let dest = format!("vol/{name}");
     sync(f, src, &dest).ok();
     let p = f.path(&dest);
