@@ -16,7 +16,7 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(manifest chmod label duration exclude_from tar oci_reference oci_manifest docker_config oci_record manifest_index opa_signatures opa_canonical cosign_signature semver tag_list trusted_root checkpoint zstd_toc)
+    targets=(manifest chmod label duration exclude_from tar oci_reference oci_manifest docker_config oci_record manifest_index opa_signatures opa_canonical cosign_signature semver tag_list trusted_root checkpoint zstd_toc estargz_toc)
 fi
 triple=$(rustc -vV | sed -n 's/^host: //p')
 cargo fuzz build --sanitizer none --debug-assertions

@@ -768,6 +768,37 @@ pub fn zstd_toc(data: &[u8]) {
     }
 }
 
+/// `source::chunked::parse_footer`, `stargz_toc_entry` and
+/// `parse_stargz_toc`, on the tail of an eStargz layer (what a registry
+/// hands packsync): the first 51 bytes as a footer (an offset it gives
+/// reads back in the footer's hex), the rest as the TOC's decompressed
+/// member and, where that holds no tar entry, as the TOC's JSON; every
+/// entry taken holds the invariants of `zstd_toc`.
+pub fn estargz_toc(data: &[u8]) {
+    use crate::source::chunked::{parse_footer, parse_stargz_toc, stargz_toc_entry, FOOTER};
+    let (foot, rest) = data.split_at(data.len().min(FOOTER as usize));
+    if let Ok(at) = parse_footer(foot) {
+        assert_eq!(&foot[16..32], format!("{at:016x}").as_bytes());
+    }
+    let json = match stargz_toc_entry(rest) {
+        Ok((e, json)) => {
+            assert_eq!(e.name, b"stargz.index.json");
+            assert_eq!(e.size, json.len() as u64);
+            json
+        }
+        Err(_) => rest.to_vec(),
+    };
+    const AT: u64 = 1 << 30;
+    if let Ok(entries) = parse_stargz_toc(&json, AT, 100_000) {
+        for e in &entries {
+            if e.digest.is_some() {
+                assert!(e.range.0 < e.range.1 && e.range.1 <= AT);
+            }
+        }
+        zstd_toc(&json);
+    }
+}
+
 /// The fuzz targets, by name: how each turns the fuzzer's bytes into a
 /// call of the facade above. `fuzz/fuzz_targets/*.rs` call this, and
 /// `cargo test` replays `fuzz/seeds/TARGET/*` through it, so every seed
@@ -821,6 +852,7 @@ pub fn target(name: &str, data: &[u8]) -> bool {
         "oci_reference" => text.into_iter().for_each(oci_reference),
         "tar" => tar(data),
         "zstd_toc" => zstd_toc(data),
+        "estargz_toc" => estargz_toc(data),
         "semver" => {
             if let Some(text) = text {
                 let mut parts = text.splitn(3, '\n');

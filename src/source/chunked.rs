@@ -1504,6 +1504,33 @@ mod tests {
     }
 
     #[test]
+    fn an_estargz_tail_reads_back_through_its_footer_and_toc() {
+        let seed =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/estargz_toc/chunked");
+        let seed = std::fs::read(seed).unwrap();
+        let (foot, member) = seed.split_at(FOOTER as usize);
+        assert_eq!(parse_footer(foot), Ok(4096));
+        let mut bent = foot.to_vec();
+        bent[20] = b'g';
+        assert!(parse_footer(&bent).is_err());
+        assert!(parse_footer(&foot[1..]).is_err());
+        let (e, json) = stargz_toc_entry(member).unwrap();
+        assert_eq!(
+            (e.name.as_slice(), e.mode, e.size),
+            (STARGZ_TOC_NAME, 0o444, json.len() as u64)
+        );
+        let es = parse_stargz_toc(&json, 4096, 10).unwrap();
+        assert_eq!(es.len(), 5);
+        // The file's members run from its first chunk's to the TOC's.
+        assert_eq!(es[1].range, (512, 4096));
+        assert_eq!(es[1].chunks.len(), 2);
+        assert_eq!(es[1].chunks[1].blob, 700);
+        // A TOC past the members it names leaves them no end.
+        assert!(parse_stargz_toc(&json, 600, 10).is_err());
+        assert!(stargz_toc_entry(&member[..600]).is_err());
+    }
+
+    #[test]
     fn a_written_layer_reads_back_through_its_toc() {
         let (blob, pos, sum) = write_layer(&[("a/x", b"hello"), ("b", b"")]);
         let mut ann = std::collections::BTreeMap::new();
