@@ -96,7 +96,7 @@ impl Named for Image {
             let mut r = self.resolved.lock().unwrap();
             oci_fetch::layers(&*self.store, r.as_mut().expect("resolved"))?
         };
-        if self.plan(&layers)?.is_some() || !layers.iter().any(|l| chunked::has_toc(l)) {
+        if self.plan(&layers)?.is_some() || !layers.iter().any(chunked::has_toc) {
             return Ok(());
         }
         if let Some((tree, Some(live))) = base() {
@@ -833,7 +833,7 @@ impl Stream for Image {
         }
         let mut skip = 0;
         if let Some((base, below)) = self.resume.lock().unwrap().take() {
-            let chunked = layers[below..].iter().any(|l| chunked::has_toc(l));
+            let chunked = layers[below..].iter().any(chunked::has_toc);
             if let (true, Some(live)) = (chunked, &base.live) {
                 let live = live.try_clone()?;
                 let prefix = self.subpath.clone().unwrap_or_default();
