@@ -8,6 +8,15 @@
 //! or the `io.containers.zstd-chunked.manifest-*` keys older writers
 //! (buildah 1.28) use.
 //!
+//! An eStargz layer (containerd/stargz-snapshotter) is read the same way:
+//! a gzip stream of one member per file chunk, whose last tar entry is the
+//! TOC (`stargz.index.json`, its SHA-256 annotated as
+//! `containerd.io/snapshot/stargz/toc.digest`), in a member of its own
+//! that a 51-byte footer places. The footer and the TOC's member are
+//! fetched by range and the TOC made to the shape of a zstd:chunked one
+//! (`parse_stargz_toc`); from there both formats share everything below,
+//! but for how a file's bytes decompress (`Format`).
+//!
 //! The TOC is fetched with one Range request, checked against the
 //! annotated digest, decompressed to a bound and parsed to a bound, its
 //! names checked as archive names are. Files whose content the live

@@ -569,7 +569,7 @@ fn platform_of(remote: &Remote) -> Platform {
 }
 
 impl Image {
-    /// Apply `layer` from its zstd:chunked TOC, fetching only the files
+    /// Apply `layer` from its TOC (zstd:chunked or eStargz), fetching only the files
     /// `donor` does not hold: `false` (one line where it is news) where
     /// the whole layer must be fetched instead, before the spool is touched.
     fn delta(
