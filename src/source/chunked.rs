@@ -533,7 +533,7 @@ pub fn parse_footer(b: &[u8]) -> Result<u64, String> {
         return Err(bad());
     }
     let hex = std::str::from_utf8(&b[16..32]).map_err(|_| bad())?;
-    if !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+    if !hex.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
         return Err(bad());
     }
     u64::from_str_radix(hex, 16).map_err(|_| bad())
