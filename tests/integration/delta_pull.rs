@@ -208,6 +208,35 @@ pub(crate) fn files(n: usize, size: usize, changed: usize) -> Vec<(String, Vec<u
 }
 
 /// Bytes packsync was sent for blob `digest` (the access log's byte counts).
+/// Sync `src` onto vol/packs and check it fell back as a user would see:
+/// one line saying the whole layer was fetched and why (`why`), at least
+/// the layer's `size` bytes of blob `digest` in the registry's log, and
+/// the tree and generation a full fetch (in a fresh DEST) publishes.
+pub(crate) fn fell_back_whole(
+    reg: &Registry,
+    f: &Fixture,
+    src: &str,
+    digest: &str,
+    size: u64,
+    why: &str,
+) {
+    let out = sync(f, src, "vol/packs").ok();
+    let warned: Vec<&str> = out
+        .stderr
+        .lines()
+        .filter(|l| l.contains("whole layer"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{}", out.stderr);
+    assert!(warned[0].contains(why), "{}", out.stderr);
+    assert!(
+        blob_bytes(reg, digest) >= size,
+        "the whole layer was fetched"
+    );
+    let (t, gen) = full(f, src, "full");
+    assert_eq!(tree(&f.dest()), t);
+    assert_eq!(generation(&f.dest()), gen);
+}
+
 pub(crate) fn blob_bytes(reg: &Registry, digest: &str) -> u64 {
     reg.access_log()
         .lines()
@@ -333,21 +362,7 @@ fn falls_back(
     annotations(&mut layer.1);
     let size = layer.0.len() as u64;
     let (src, digest) = push_v2(&reg, &f, &layer);
-    let out = sync(&f, &src, "vol/packs").ok();
-    let warned: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("whole layer"))
-        .collect();
-    assert_eq!(warned.len(), 1, "{}", out.stderr);
-    assert!(warned[0].contains(why), "{}", out.stderr);
-    assert!(
-        blob_bytes(&reg, &digest) >= size,
-        "the whole layer was fetched"
-    );
-    let (t, gen) = full(&f, &src, "full");
-    assert_eq!(tree(&f.dest()), t);
-    assert_eq!(generation(&f.dest()), gen);
+    fell_back_whole(&reg, &f, &src, &digest, size, why);
 }
 
 #[test]
@@ -453,21 +468,7 @@ fn through_proxy(mode: &str, why: &str) {
     let size = layer.0.len() as u64;
     let (_, digest) = push_v2(&reg, &f, &layer);
     let src = format!("oci://{via}/app:2");
-    let out = sync(&f, &src, "vol/packs").ok();
-    let warned: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("whole layer"))
-        .collect();
-    assert_eq!(warned.len(), 1, "{}", out.stderr);
-    assert!(warned[0].contains(why), "{}", out.stderr);
-    assert!(
-        blob_bytes(&reg, &digest) >= size,
-        "the whole layer was fetched"
-    );
-    let (t, gen) = full(&f, &src, "full");
-    assert_eq!(tree(&f.dest()), t);
-    assert_eq!(generation(&f.dest()), gen);
+    fell_back_whole(&reg, &f, &src, &digest, size, why);
 }
 
 #[test]

@@ -14,7 +14,9 @@ use std::io::Write;
 
 use serde_json::{json, Value};
 
-use crate::delta_pull::{blob_bytes, files, full, generation, sync, tar_header, write_image_as};
+use crate::delta_pull::{
+    blob_bytes, fell_back_whole, files, full, generation, sync, tar_header, write_image_as,
+};
 use crate::fixture::{sha256_hex, Fixture};
 use crate::source_oci::{have, Auth, Registry, TOOLS};
 
@@ -197,21 +199,7 @@ fn falls_back(
     annotations(&mut layer.1);
     let size = layer.0.len() as u64;
     let (src, digest) = push(&reg, &f, "2", &layer);
-    let out = sync(&f, &src, "vol/packs").ok();
-    let warned: Vec<&str> = out
-        .stderr
-        .lines()
-        .filter(|l| l.contains("whole layer"))
-        .collect();
-    assert_eq!(warned.len(), 1, "{}", out.stderr);
-    assert!(warned[0].contains(why), "{}", out.stderr);
-    assert!(
-        blob_bytes(&reg, &digest) >= size,
-        "the whole layer was fetched"
-    );
-    let (t, gen) = full(&f, &src, "full");
-    assert_eq!(crate::source_oci::tree(&f.dest()), t);
-    assert_eq!(generation(&f.dest()), gen);
+    fell_back_whole(&reg, &f, &src, &digest, size, why);
 }
 
 #[test]
