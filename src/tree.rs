@@ -43,6 +43,17 @@ impl Time {
     pub fn pair(self) -> (i64, u32) {
         (self.s, self.ns)
     }
+
+    /// Seconds as a decimal, the way PAX `mtime` records and `touch -d @`
+    /// read it: (-2, 0.75 s) is `-1.250000000`, not `-2.750000000`.
+    pub fn decimal(self) -> String {
+        let (s, ns) = self.pair();
+        match ns {
+            0 => s.to_string(),
+            ns if s < 0 => format!("-{}.{:09}", -(s + 1), 1_000_000_000 - ns),
+            ns => format!("{s}.{ns:09}"),
+        }
+    }
 }
 
 impl From<(i64, u32)> for Time {
@@ -474,6 +485,16 @@ pub fn merge_entries(lower: &mut Vec<Entry>, upper: Vec<Entry>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_time_before_the_epoch_is_written_as_its_distance_from_it() {
+        let t = |s, ns| Time::from((s, ns)).decimal();
+        assert_eq!(t(1_700_000_000, 0), "1700000000");
+        assert_eq!(t(5, 250_000_000), "5.250000000");
+        assert_eq!(t(-2, 750_000_000), "-1.250000000");
+        assert_eq!(t(-1, 500_000_000), "-0.500000000");
+        assert_eq!(t(-3, 0), "-3");
+    }
 
     fn file(name: &str, src: u16) -> Entry {
         Entry {

@@ -140,8 +140,11 @@ pub fn summarize(diffs: &[Difference], n: usize) -> String {
 }
 
 fn fmt_time(t: Time) -> String {
-    let (s, ns) = t.pair();
-    format!("{s}.{ns:09}")
+    let s = t.decimal();
+    match s.contains('.') {
+        true => s,
+        false => format!("{s}.000000000"),
+    }
 }
 
 /// Compare `found` (scanned and hashed) with `expected` (a manifest's tree).

@@ -1349,10 +1349,7 @@ fn write_header(out: &mut Vec<u8>, e: &Entry, size: u64) {
     if !link.is_empty() {
         pax_record(&mut pax, b"linkpath", link);
     }
-    let mtime = match e.mtime.1 {
-        0 => e.mtime.0.to_string(),
-        ns => format!("{}.{ns:09}", e.mtime.0),
-    };
+    let mtime = crate::tree::Time::from(e.mtime).decimal();
     pax_record(&mut pax, b"mtime", mtime.as_bytes());
     pax_record(&mut pax, b"uid", e.uid.to_string().as_bytes());
     pax_record(&mut pax, b"gid", e.gid.to_string().as_bytes());

@@ -830,6 +830,16 @@ pub(crate) mod tests {
         assert_eq!(pax_time("-1.25"), Some((-2, 750_000_000)));
         assert_eq!(pax_time("x"), None);
         assert_eq!(pax_time("1.x"), None);
+        for t in [
+            (-2, 750_000_000),
+            (-1, 1),
+            (0, 999_999_999),
+            (7, 5),
+            (-9, 0),
+        ] {
+            let text = crate::tree::Time::from(t).decimal();
+            assert_eq!(pax_time(&text), Some(t), "{text}");
+        }
     }
 
     /// The paths read, or the error.
