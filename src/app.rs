@@ -181,7 +181,7 @@ fn stays_live(cfg: &SyncConfig, e: anyhow::Error) -> anyhow::Error {
 /// `round`, tried once more where the volume was full and dead writers'
 /// staging could be removed.
 fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
-    let err = match round_with(cfg, pass, true, None) {
+    let err = match round_with(cfg, pass, None) {
         Err(e) if !cfg.dry_run && out_of_space(&e) => e,
         done => return done,
     };
@@ -201,7 +201,7 @@ fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         "the volume was full: removed the staging of {freed} dead writer{} and tried again",
         if freed == 1 { "" } else { "s" }
     );
-    round_with(cfg, pass, true, Some(line))
+    round_with(cfg, pass, Some(line))
 }
 
 /// Whether `e` was caused by a full volume or an exhausted quota.
@@ -212,32 +212,52 @@ fn out_of_space(e: &anyhow::Error) -> bool {
     })
 }
 
-/// `round`; `shortcut`: sources that can tell they are unchanged since the
-/// live generation (an image tag on the same digest, a URL answering 304)
-/// are not fetched, the live manifest's entries standing in for them. If
-/// the live tree drifted from them after all, the round starts again
-/// without the shortcut. `note`: why it starts again, shown as a warning.
-fn round_with(cfg: &SyncConfig, pass: Pass, shortcut: bool, note: Option<String>) -> Result<Round> {
+/// `round`. Sources that can tell they are unchanged since the live
+/// generation (an image tag on the same digest, a URL answering 304) are
+/// first not fetched, the live manifest's entries standing in for them
+/// (the shortcut). If the live tree drifted from them after all, the round
+/// is tried once more without the shortcut: a bounded second try, never a
+/// third. `note`: a warning to show first.
+fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Round> {
     let start = Instant::now();
-    // Validate: nothing is written before the guards have passed.
-    crate::source::spool::limit_entries(cfg.max_entries);
-    let sources = Sources::open(cfg)?;
-    // `--semver` lists tags and `--label auto` reads versions first: the
-    // label (and so the guards) of this round depend on them.
-    let resolved = resolve_label(cfg, &sources)?;
-    let cfg = resolved.as_ref().unwrap_or(cfg);
-    let chosen = chosen_of(&sources)?;
-    let mut round = round_on(cfg, sources, pass, shortcut, note, start)?;
-    round.summary.chosen = chosen;
-    if cfg.label_auto && round.summary.label.is_none() {
-        // Up to date on sources not spooled: the live generation's label.
-        round.summary.label = round
-            .summary
-            .generation
-            .as_deref()
-            .and_then(|gen| recorded_label(cfg, gen));
+    let mut note = note;
+    for shortcut in [true, false] {
+        // Validate: nothing is written before the guards have passed.
+        crate::source::spool::limit_entries(cfg.max_entries);
+        let sources = Sources::open(cfg)?;
+        // `--semver` lists tags and `--label auto` reads versions first: the
+        // label (and so the guards) of this round depend on them.
+        let resolved = resolve_label(cfg, &sources)?;
+        let cfg = resolved.as_ref().unwrap_or(cfg);
+        let chosen = chosen_of(&sources)?;
+        let mut round = match round_on(cfg, sources, pass, shortcut, note.take(), start)? {
+            Attempt::Done(round) => *round,
+            // Drift under the shortcut: why, where it is worth saying.
+            Attempt::Again(why) => {
+                note = why;
+                continue;
+            }
+        };
+        round.summary.chosen = chosen;
+        if cfg.label_auto && round.summary.label.is_none() {
+            // Up to date on sources not spooled: the live generation's label.
+            round.summary.label = round
+                .summary
+                .generation
+                .as_deref()
+                .and_then(|gen| recorded_label(cfg, gen));
+        }
+        return Ok(round);
     }
-    Ok(round)
+    // `round_on` takes no shortcut when told not to, so it never asks twice.
+    anyhow::bail!("the round asked to start again without a shortcut to drop")
+}
+
+/// What one try of a round came to: done, or to be tried again without
+/// the shortcut (a source taken as unchanged was not), with why.
+enum Attempt {
+    Done(Box<Round>),
+    Again(Option<String>),
 }
 
 /// The label generation `gen` of DEST records.
@@ -270,7 +290,7 @@ fn round_on(
     shortcut: bool,
     note: Option<String>,
     start: Instant,
-) -> Result<Round> {
+) -> Result<Attempt> {
     // With --verify-key: every source is verified after its scan, so no
     // shortcut that skips the scan runs, but for sources unchanged since a
     // live generation those same keys verified (`unchanged_live`). An image
@@ -354,7 +374,9 @@ fn round_on(
             live_label: q.header.label.as_deref(),
             up_to_date: true,
         };
-        return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
+        return planned
+            .end(cfg, &vol, state.as_ref(), console, pass, start)
+            .map(|r| Attempt::Done(Box::new(r)));
     }
 
     let streamed = (damage.is_none() && !trusting)
@@ -370,7 +392,7 @@ fn round_on(
             recorded,
         };
         match s.run(console, start)? {
-            Ok(round) => return Ok(round),
+            Ok(round) => return Ok(Attempt::Done(Box::new(round))),
             // The live tree joined files its manifest has apart: the
             // whole-tree path below sees its inodes and copies them apart.
             Err(back) => console = back,
@@ -468,16 +490,16 @@ fn round_on(
     let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
     if noop && !up_to_date(cfg, &plan, &live, &verified) {
         // Drift (or a new label): fetch after all.
-        drop((live, made));
-        return round_with(cfg, pass, false, None);
+        debug_assert!(shortcut);
+        return Ok(Attempt::Again(None));
     }
     if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
         // A file taken from the live generation drifted there (or a new
         // layer needed a lower one's file: that is said): fetch every
         // layer after all.
         let why = sources.all.iter().find_map(|s| s.why_not_intact());
-        drop((live, made, early, scratch));
-        return round_with(cfg, pass, false, why);
+        debug_assert!(shortcut);
+        return Ok(Attempt::Again(why));
     }
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
     let live_names: Option<Vec<&[u8]>> = live
@@ -508,7 +530,9 @@ fn round_on(
             live_label,
             up_to_date,
         };
-        return planned.end(cfg, &vol, state.as_ref(), console, pass, start);
+        return planned
+            .end(cfg, &vol, state.as_ref(), console, pass, start)
+            .map(|r| Attempt::Done(Box::new(r)));
     }
     for w in warnings.take_warnings() {
         console.warn(&w);
@@ -574,7 +598,9 @@ fn round_on(
         spooled: None,
         taken,
     };
-    staged.run(cfg, manifest, summary, console, start)
+    staged
+        .run(cfg, manifest, summary, console, start)
+        .map(|r| Attempt::Done(Box::new(r)))
 }
 
 /// A staged tree and its manifest, to commit (`commit::run`), then retire.
