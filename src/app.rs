@@ -21,6 +21,7 @@ use crate::error;
 use crate::filter::Filter;
 use crate::label::Label;
 use crate::layout;
+use crate::live::LiveGen;
 use crate::manifest::Manifest;
 use crate::ops;
 use crate::plan::{self, Compare, Plan};
@@ -320,7 +321,14 @@ fn round_on(
     // manifest): a sync that finds nothing to do ends here, having held no
     // whole tree.
     let state = vol.state(false)?;
-    early_label_guard(cfg, &vol, state.as_ref(), &dest)?;
+    // The live generation, opened once for the whole round: its root, its
+    // manifest and the manifest's header.
+    let live_gen = match (&dest, state.as_ref()) {
+        (Dest::Live(gen), Some(state)) => Some(LiveGen::open(&vol, state, gen)),
+        _ => None,
+    };
+    let live_gen = live_gen.as_ref();
+    early_label_guard(cfg, &vol, live_gen)?;
     // Files `verify` found damaged: the live manifest is not to be trusted
     // for them, so no shortcut that trusts it (the quick compare, the
     // streamed update, sources unchanged since the live generation) runs,
@@ -333,14 +341,13 @@ fn round_on(
     };
     let shortcut = shortcut && damage.is_none();
     let adjust = Adjust::of(cfg);
-    let same_gen = unchanged_live(cfg, &sources, state.as_ref(), &dest, shortcut)?;
-    let quick = state
-        .as_ref()
+    let same_gen = unchanged_live(cfg, &sources, live_gen, shortcut)?;
+    let quick = live_gen
         .filter(|_| damage.is_none() && !trusting)
-        .and_then(|state| {
-            quick(cfg, &vol, state, &dest, &sources, &adjust).or_else(|| {
-                let gen = same_gen.as_ref()?;
-                recorded_quick(cfg, &vol, state, gen, &adjust)
+        .and_then(|live| {
+            quick(cfg, live, &sources, &adjust).or_else(|| {
+                same_gen.as_ref()?;
+                recorded_quick(cfg, live, &adjust)
             })
         });
     if let Some(q) = quick {
@@ -380,7 +387,7 @@ fn round_on(
     }
 
     let streamed = (damage.is_none() && !trusting)
-        .then(|| streams(cfg, &vol, state.as_ref(), &dest, &sources))
+        .then(|| streams(cfg, live_gen, &dest, &sources))
         .flatten();
     if let Some(recorded) = streamed {
         let s = StreamedRound {
@@ -405,17 +412,17 @@ fn round_on(
     // directory made only for it goes again if the sync stops short of
     // staging (`MadeState`).
     let warnings = Collected::default();
-    let recorded = match (&same_gen, state.as_ref()) {
-        (Some(gen), Some(state)) => recorded_tree(state, gen),
+    let recorded = match (&same_gen, live_gen) {
+        (Some(_), Some(live)) => recorded_tree(live),
         _ => None,
     };
     let noop = recorded.is_some();
     let resumed =
-        !noop && !trusting && resume_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+        !noop && !trusting && resume_live(cfg, &sources, live_gen, shortcut)?;
     // An image's signature covers its manifest, hence the TOC's digest
     // and every file's: lending skips no check, so `--verify-key` keeps it.
     let lent =
-        !noop && !resumed && lend_live(cfg, &vol, &sources, state.as_ref(), &dest, shortcut)?;
+        !noop && !resumed && lend_live(cfg, &sources, live_gen, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.
@@ -455,7 +462,7 @@ fn round_on(
                 },
             ),
         },
-        || load_live(&vol, state.as_ref(), &dest, &warnings, !cfg.checksum),
+        || load_live(&vol, live_gen, &dest, &warnings, !cfg.checksum),
     );
     let ((mut tree, verified), mut live) = (scanned?, live?);
     // Unchanged since the live generation: the keys that verified it then.
@@ -698,8 +705,7 @@ impl Publish<'_> {
 /// groups come from the manifest). `None`: whole trees are compared.
 fn streams(
     cfg: &SyncConfig,
-    vol: &Volume,
-    state: Option<&State>,
+    live: Option<&LiveGen>,
     dest: &Dest,
     sources: &Sources,
 ) -> Option<Option<Recorded>> {
@@ -713,23 +719,20 @@ fn streams(
             .all(|s| s.root().is_some() && s.lists_by_directory());
     match dest {
         Dest::Absent if plain => Some(None),
-        Dest::Live(gen) if plain && !cfg.checksum && cfg.set_mtime.is_none() => {
-            let state = state?;
-            let (mut r, shown) = state.manifest_reader(gen).ok()?;
-            let header = Manifest::read_header(&mut r).ok()?;
+        Dest::Live(_) if plain && !cfg.checksum && cfg.set_mtime.is_none() => {
+            let live = live?;
+            let header = live.header()?.clone();
             if !header.hardlinks {
                 return None;
             }
-            let live = layout::open_generation(vol, state, gen).ok()?;
-            let file = r.get_ref().try_clone().ok()?;
+            let root = live.root_owned()?;
             // A manifest that does not index costs the streaming only.
-            let file = Box::new(std::os::fd::OwnedFd::from(file));
-            let index = crate::index::Index::build(r, file, shown).ok()?;
+            let index = live.index()?;
             Some(Some(Recorded {
-                gen: gen.clone(),
+                gen: live.gen.clone(),
                 header,
                 index,
-                live,
+                live: root,
             }))
         }
         _ => None,
@@ -975,15 +978,10 @@ struct Quick {
 /// error: the full path reports it).
 fn quick(
     cfg: &SyncConfig,
-    vol: &Volume,
-    state: &State,
-    dest: &Dest,
+    live: &LiveGen,
     sources: &Sources,
     adjust: &Adjust<'_>,
 ) -> Option<Quick> {
-    let Dest::Live(gen) = dest else {
-        return None;
-    };
     // A listing of the live tree shows no extended attributes;
     // `--set-mtime` gives every file one mtime: only content tells.
     if cfg.dry_run || cfg.checksum || cfg.filter.xattrs || cfg.set_mtime.is_some() {
@@ -996,12 +994,9 @@ fn quick(
     {
         return None;
     }
-    let header = state
-        .manifest_reader(gen)
-        .ok()
-        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())?;
+    let header = live.header()?.clone();
     // Directories only: compared by metadata, as a directory sync is.
-    compare_quick(cfg, vol, state, gen, header, adjust, &refs, None)
+    compare_quick(cfg, live, header, adjust, &refs, None)
 }
 
 /// `scan::compare_live` of the live generation `gen` (its manifest's
@@ -1009,12 +1004,9 @@ fn quick(
 /// a `Quick` when it is up to date. Files are compared by size, mtime and
 /// mode. `None` where this compare does not apply (a new label, a volume
 /// without hardlinks) or it found a difference.
-#[allow(clippy::too_many_arguments)]
 fn compare_quick(
     cfg: &SyncConfig,
-    vol: &Volume,
-    state: &State,
-    gen: &str,
+    live: &LiveGen,
     header: Manifest,
     adjust: &Adjust<'_>,
     sources: &[&dyn crate::source::Source],
@@ -1028,13 +1020,11 @@ fn compare_quick(
     if header.xattrs && recorded.is_none() {
         return None;
     }
-    let live = layout::open_generation(vol, state, gen).ok()?;
-    let live_label = format!("{}/gen/{gen}", state.path.display());
     let warnings = Collected::default();
     let against = scan::Against {
         sources,
-        live: &live,
-        live_label: &live_label,
+        live: live.root().ok()?,
+        live_label: &live.label,
         filter: &cfg.filter,
         reporter: &warnings,
         adjust: &|m, kind| adjust.meta(m, kind),
@@ -1052,7 +1042,7 @@ fn compare_quick(
     };
     let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
     Some(Quick {
-        gen: gen.to_string(),
+        gen: live.gen.clone(),
         header,
         compared,
         warnings,
@@ -1071,20 +1061,17 @@ fn compare_quick(
 fn unchanged_live(
     cfg: &SyncConfig,
     sources: &Sources,
-    state: Option<&State>,
-    dest: &Dest,
+    live: Option<&LiveGen>,
     shortcut: bool,
 ) -> Result<Option<String>> {
-    let header = match (dest, state) {
-        (Dest::Live(gen), Some(state)) if shortcut && !cfg.checksum => state
-            .manifest_reader(gen)
-            .ok()
-            .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+    let header = match live {
+        Some(live) if shortcut && !cfg.checksum => live
+            .header()
             // Made under another `--set-mtime`: its tree has other mtimes.
             .filter(|h| h.set_mtime == cfg.set_mtime)
             // Under --verify-key: only if these keys verified every source then.
             .filter(|h| trusted_by(cfg, h, sources.all.len()))
-            .map(|h| (gen, h)),
+            .map(|h| (&live.gen, h)),
         _ => None,
     };
     let recorded = header
@@ -1121,25 +1108,17 @@ fn trusted_by(cfg: &SyncConfig, header: &Manifest, n: usize) -> bool {
 /// tree. `None` where it is not (drift: the whole-tree path below fetches
 /// and repairs), or where this compare does not apply (`--dry-run`, a new
 /// label, a volume without hardlinks, a manifest that does not index).
-fn recorded_quick(
-    cfg: &SyncConfig,
-    vol: &Volume,
-    state: &State,
-    gen: &str,
-    adjust: &Adjust<'_>,
-) -> Option<Quick> {
+fn recorded_quick(cfg: &SyncConfig, live: &LiveGen, adjust: &Adjust<'_>) -> Option<Quick> {
     if cfg.dry_run || cfg.checksum {
         return None;
     }
-    let (mut r, shown) = state.manifest_reader(gen).ok()?;
-    let header = Manifest::read_header(&mut r).ok()?;
+    let header = live.header()?.clone();
     if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
         return None;
     }
-    let file = Box::new(std::os::fd::OwnedFd::from(r.get_ref().try_clone().ok()?));
-    let index = crate::index::Index::build(r, file, shown).ok()?;
+    let index = live.index()?;
     // By size, mtime and mode, as the whole-tree drift check is.
-    compare_quick(cfg, vol, state, gen, header, adjust, &[], Some(&index))
+    compare_quick(cfg, live, header, adjust, &[], Some(&index))
 }
 
 /// The live generation `gen`'s tree as its manifest records it, for
@@ -1147,9 +1126,8 @@ fn recorded_quick(
 /// not find it up to date: nothing is fetched, and plan compares the live
 /// tree with it by size, mtime and mode (file hashes left out), the drift
 /// check. `None` if the manifest cannot be read.
-fn recorded_tree(state: &State, gen: &str) -> Option<Tree> {
-    let (mut r, _) = state.manifest_reader(gen).ok()?;
-    let mut m = Manifest::read(&mut r).ok()?;
+fn recorded_tree(live: &LiveGen) -> Option<Tree> {
+    let mut m = live.read()?;
     m.tree.for_each_mut(&mut |_, e| {
         if let Node::File(f) = &mut e.node {
             f.hash = None;
@@ -1170,13 +1148,11 @@ fn recorded_tree(state: &State, gen: &str) -> Option<Tree> {
 /// starts again without the shortcut: a drifted file is repaired.
 fn resume_live(
     cfg: &SyncConfig,
-    vol: &Volume,
     sources: &Sources,
-    state: Option<&State>,
-    dest: &Dest,
+    live: Option<&LiveGen>,
     shortcut: bool,
 ) -> Result<bool> {
-    let (Dest::Live(gen), Some(state)) = (dest, state) else {
+    let Some(live) = live else {
         return Ok(false);
     };
     if !shortcut || cfg.checksum || cfg.dry_run || sources.all.len() != 1 {
@@ -1185,11 +1161,10 @@ fn resume_live(
     let Some(shape) = shape_of(cfg) else {
         return Ok(false);
     };
-    let header = state
-        .manifest_reader(gen)
-        .ok()
-        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok());
-    let Some(header) = header.filter(|h| h.hardlinks && h.sources.len() == 1) else {
+    let Some(header) = live
+        .header()
+        .filter(|h| h.hardlinks && h.sources.len() == 1)
+    else {
         return Ok(false);
     };
     let Some(record) = header.layers_of(0) else {
@@ -1197,11 +1172,7 @@ fn resume_live(
     };
     // The live tree as its manifest records it, and its root: a file a
     // new layer links to is read from there (checked by its hash).
-    let base = || {
-        let (mut r, _) = state.manifest_reader(gen).ok()?;
-        let tree = Manifest::read_checked(&mut r).ok()?.tree;
-        Some((tree, layout::open_generation(vol, state, gen).ok()))
-    };
+    let base = || Some((live.checked()?.tree, live.root_owned()));
     sources.all[0].resume(record, &shape, &base)
 }
 
@@ -1215,13 +1186,11 @@ fn resume_live(
 /// and the plan must reuse each (`Source::intact`).
 fn lend_live(
     cfg: &SyncConfig,
-    vol: &Volume,
     sources: &Sources,
-    state: Option<&State>,
-    dest: &Dest,
+    live: Option<&LiveGen>,
     shortcut: bool,
 ) -> Result<bool> {
-    let (Dest::Live(gen), Some(state)) = (dest, state) else {
+    let Some(live) = live else {
         return Ok(false);
     };
     if !sources.streamed() {
@@ -1232,16 +1201,10 @@ fn lend_live(
         && !cfg.dry_run
         && sources.all.len() == 1
         && shape_of(cfg).is_some()
-        && state
-            .manifest_reader(gen)
-            .ok()
-            .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
+        && live
+            .header()
             .is_some_and(|h| h.hardlinks && h.sources.len() == 1);
-    let base = || {
-        let (mut r, _) = state.manifest_reader(gen).ok()?;
-        let tree = Manifest::read_checked(&mut r).ok()?.tree;
-        Some((tree, layout::open_generation(vol, state, gen).ok()))
-    };
+    let base = || Some((live.checked()?.tree, live.root_owned()));
     for s in sources.all.iter().filter(|s| s.streamed()) {
         s.lend(&base, borrow)?;
     }
@@ -1699,19 +1662,22 @@ impl Live {
 /// where its hardlink groups are needed to compare: `hardlinks 0`).
 fn load_live(
     vol: &Volume,
-    state: Option<&State>,
+    live: Option<&LiveGen>,
     dest: &Dest,
     warn: &Collected,
     lazy: bool,
 ) -> Result<Live> {
     match dest {
         Dest::Live(gen) => {
-            let state = state.with_context(|| {
+            let live = live.with_context(|| {
                 format!("{} points into a missing state directory", vol.display)
             })?;
-            let opened = layout::open_generation(vol, state, gen).and_then(|fd| {
-                let label = format!("{}/gen/{gen}", state.path.display());
-                let dir = source::Dir::new(fd, label);
+            let opened = match live.root() {
+                Ok(fd) => fd.try_clone().map_err(anyhow::Error::from),
+                Err(e) => Err(anyhow::anyhow!("{e:#}")),
+            }
+            .and_then(|fd| {
+                let dir = source::Dir::new(fd, live.label.clone());
                 let tree = dir.scan(0, &Filter::default(), warn)?;
                 Ok((dir, tree))
             });
@@ -1729,8 +1695,8 @@ fn load_live(
             tree.assign_groups_by_inode();
             // A missing or unreadable manifest only costs reuse: every file is copied.
             let mut rest: Option<Box<dyn std::io::BufRead + Send>> = None;
-            let manifest = state.manifest_reader(gen).ok().and_then(|(mut r, _)| {
-                let header = Manifest::read_header(&mut r).ok()?;
+            let manifest = live.header().cloned().and_then(|header| {
+                let mut r = live.body()?;
                 // Attributes are on no listing: they come from the manifest.
                 if lazy && header.hardlinks && !header.xattrs {
                     rest = Some(Box::new(r));
@@ -1974,25 +1940,16 @@ fn guards(
 /// A label the sources gave (`--semver`'s tag, `--label auto`) is known
 /// before anything is fetched: a downgrade is refused then, before a layer
 /// is asked for or a spool made (the guards check again after the scan).
-fn early_label_guard(
-    cfg: &SyncConfig,
-    vol: &Volume,
-    state: Option<&State>,
-    dest: &Dest,
-) -> Result<()> {
-    let (Some(new), Some(state), Dest::Live(gen)) = (cfg.label.as_ref(), state, dest) else {
+fn early_label_guard(cfg: &SyncConfig, vol: &Volume, live: Option<&LiveGen>) -> Result<()> {
+    let (Some(new), Some(live)) = (cfg.label.as_ref(), live) else {
         return Ok(());
     };
     if !new.from_tag && !cfg.label_auto {
         return Ok(());
     }
-    let live_label = state
-        .manifest_reader(gen)
-        .ok()
-        .and_then(|(mut r, _)| Manifest::read_header(&mut r).ok())
-        .and_then(|m| m.label);
-    let new = Some(new).filter(|l| !range_moved(cfg, l, live_label.as_deref()));
-    crate::label::guard(&vol.display, new, Some(gen), live_label.as_deref())
+    let live_label = live.header().and_then(|m| m.label.as_deref());
+    let new = Some(new).filter(|l| !range_moved(cfg, l, live_label));
+    crate::label::guard(&vol.display, new, Some(&live.gen), live_label)
 }
 
 /// Whether the live generation's label is a tag `--semver` no longer

@@ -33,6 +33,7 @@ pub mod fuzzing;
 pub(crate) mod index;
 pub(crate) mod label;
 pub(crate) mod layout;
+pub(crate) mod live;
 pub(crate) mod manifest;
 pub(crate) mod net;
 pub(crate) mod ops;
