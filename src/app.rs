@@ -417,12 +417,10 @@ fn round_on(
         _ => None,
     };
     let noop = recorded.is_some();
-    let resumed =
-        !noop && !trusting && resume_live(cfg, &sources, live_gen, shortcut)?;
+    let resumed = !noop && !trusting && resume_live(cfg, &sources, live_gen, shortcut)?;
     // An image's signature covers its manifest, hence the TOC's digest
     // and every file's: lending skips no check, so `--verify-key` keeps it.
-    let lent =
-        !noop && !resumed && lend_live(cfg, &sources, live_gen, shortcut)?;
+    let lent = !noop && !resumed && lend_live(cfg, &sources, live_gen, shortcut)?;
     let fresh_state = state.is_none();
     let streamed = sources.streamed() && !noop;
     // A dry run writes nothing on the volume: it spools outside it.

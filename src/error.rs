@@ -93,3 +93,12 @@ pub fn refused(msg: impl Into<String>) -> anyhow::Error {
 pub fn untrusted(msg: impl Into<String>) -> anyhow::Error {
     Failure::Untrusted(msg.into()).into()
 }
+
+/// Ok, or the signal (SIGINT, SIGTERM) that asked this process to stop,
+/// as `Failure::Interrupted`: checked by every long walk between entries.
+pub fn check_signal() -> anyhow::Result<()> {
+    match crate::sys::signals::pending() {
+        Some(sig) => Err(Failure::Interrupted(sig).into()),
+        None => Ok(()),
+    }
+}

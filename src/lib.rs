@@ -52,6 +52,7 @@ pub(crate) mod tree;
 pub(crate) mod trust;
 pub(crate) mod verify;
 pub(crate) mod volume;
+pub(crate) mod walk;
 pub(crate) mod xattr;
 
 /// Parse the process's arguments, run the command, show a failure: the

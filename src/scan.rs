@@ -23,8 +23,8 @@ use crate::plan::{self, Compare};
 use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
-use crate::tree::join;
 use crate::tree::{meta_of, Entry, Kind, Meta, Node, Tree};
+use crate::walk::{Sub, Visit};
 
 /// Scan every source and overlay them in order: a later source wins a path
 /// two provide; each entry keeps the index of the source it came from, and
@@ -210,7 +210,7 @@ pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
         links: Mutex::new(plan::Links::default()),
         top: Mutex::new(Vec::new()),
     };
-    walk.dir(&roots, a.live, &[])?;
+    crate::walk::run(&walk, a.sources, &roots, a.live)?;
     let same = !walk.differs.into_inner() && walk.links.into_inner().unwrap().consistent();
     Ok(Compared {
         same,
@@ -231,13 +231,19 @@ struct Paired<'a> {
     top: Mutex<Vec<Vec<u8>>>,
 }
 
-impl Paired<'_> {
+impl Visit for Paired<'_> {
+    /// The live generation's handle on the directory.
+    type Dir = DirFd;
+    type Keep = ();
+
     /// Compare the directory at `rel`: `srcs` holds each source's handle on
     /// it (where that source provides it), `live` the live generation's.
-    fn dir(&self, srcs: &[Option<&DirFd>], live: &DirFd, rel: &[u8]) -> Result<()> {
-        if self.differs.load(Ordering::Relaxed) {
-            return Ok(());
-        }
+    fn visit(
+        &self,
+        srcs: &[Option<&DirFd>],
+        live: &DirFd,
+        rel: &[u8],
+    ) -> Result<(u64, Vec<Sub<()>>)> {
         let a = self.a;
         let mut merged = match a.recorded {
             Some(ix) => recorded_entries(ix, rel)?,
@@ -251,7 +257,7 @@ impl Paired<'_> {
         }
         if !plan::same_dir(&merged, &live_entries, &a.compare) {
             self.differs.store(true, Ordering::Relaxed);
-            return Ok(());
+            return Ok((0, Vec::new()));
         }
         let mut bytes = 0;
         {
@@ -265,7 +271,7 @@ impl Paired<'_> {
             }
             if links.broken() {
                 self.differs.store(true, Ordering::Relaxed);
-                return Ok(());
+                return Ok((0, Vec::new()));
             }
         }
         self.entries
@@ -275,38 +281,27 @@ impl Paired<'_> {
             *self.top.lock().unwrap() = merged.iter().map(|e| e.name.to_vec()).collect();
         }
         // Only the subdirectories' names and sources are held while they are walked.
-        let subdirs: Vec<(crate::tree::Name, u64)> = merged
+        let subdirs = merged
             .into_iter()
             .filter_map(|e| match e.node {
-                Node::Dir(d) => Some((e.name, d.srcs)),
+                Node::Dir(d) => Some(Sub {
+                    name: e.name,
+                    srcs: d.srcs,
+                    keep: (),
+                }),
                 _ => None,
             })
             .collect();
-        drop(live_entries);
-        subdirs.into_par_iter().try_for_each(|(name, bits)| {
-            if self.differs.load(Ordering::Relaxed) {
-                return Ok(());
-            }
-            let path = join(rel, &name);
-            let mut subs = Vec::with_capacity(srcs.len());
-            for (i, fd) in srcs.iter().enumerate() {
-                subs.push(match fd {
-                    Some(fd) if bits & (1 << i) != 0 => {
-                        Some(fd.open_dir(&name).with_context(|| {
-                            format!(
-                                "cannot open directory {}",
-                                display(a.sources[i].label(), &path)
-                            )
-                        })?)
-                    }
-                    _ => None,
-                });
-            }
-            let sub_live = live.open_dir(&name).with_context(|| {
-                format!("cannot open directory {}", display(a.live_label, &path))
-            })?;
-            self.dir(&source::borrow(&subs), &sub_live, &path)
-        })
+        Ok((0, subdirs))
+    }
+
+    fn enter(&self, live: &DirFd, _: &(), name: &[u8], path: &[u8]) -> Result<DirFd> {
+        live.open_dir(name)
+            .with_context(|| format!("cannot open directory {}", display(self.a.live_label, path)))
+    }
+
+    fn stopped(&self) -> bool {
+        self.differs.load(Ordering::Relaxed)
     }
 }
 
@@ -343,7 +338,7 @@ pub fn count_deleted(
         ix,
     };
     let roots: Vec<Option<&DirFd>> = sources.iter().map(|s| s.root()).collect();
-    c.dir(&roots, b"")
+    crate::walk::run(&c, sources, &roots, &())
 }
 
 /// One `count_deleted` walk, shared by its threads.
@@ -353,9 +348,12 @@ struct Counting<'a> {
     ix: &'a crate::index::Index,
 }
 
-impl Counting<'_> {
-    /// What goes at and below the directory at `rel`.
-    fn dir(&self, srcs: &[Option<&DirFd>], rel: &[u8]) -> Result<u64> {
+impl Visit for Counting<'_> {
+    type Dir = ();
+    type Keep = ();
+
+    /// What goes at the directory at `rel` (not below it: the walk sums those).
+    fn visit(&self, srcs: &[Option<&DirFd>], _: &(), rel: &[u8]) -> Result<(u64, Vec<Sub<()>>)> {
         // Names and kinds decide what goes: no stat where the listing tells the kind.
         let mut entries = source::kinds_merged(self.sources, srcs, rel, self.filter)?;
         let live = self.ix.entries(rel)?;
@@ -367,20 +365,19 @@ impl Counting<'_> {
             }
             if let (Some(e), Some(l)) = (e, l) {
                 if let (Node::Dir(d), Node::Dir(_)) = (&e.node, &l.node) {
-                    subdirs.push((e.name.clone(), d.srcs));
+                    subdirs.push(Sub {
+                        name: e.name.clone(),
+                        srcs: d.srcs,
+                        keep: (),
+                    });
                 }
             }
         });
-        drop(live);
-        let below = subdirs
-            .into_par_iter()
-            .map(|(name, bits)| {
-                let path = join(rel, &name);
-                let subs = source::open_dirs(self.sources, srcs, bits, &name, &path)?;
-                self.dir(&source::borrow(&subs), &path)
-            })
-            .try_reduce(|| 0, |a, b| Ok(a + b))?;
-        Ok(deleted + below)
+        Ok((deleted, subdirs))
+    }
+
+    fn enter(&self, _: &(), _: &(), _: &[u8], _: &[u8]) -> Result<()> {
+        Ok(())
     }
 }
 

@@ -46,7 +46,7 @@ use std::sync::OnceLock;
 use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 
-use crate::error::Failure;
+use crate::error::check_signal;
 use crate::escape::c_style;
 use crate::filter::Filter;
 use crate::report::Reporter;
@@ -234,13 +234,6 @@ pub fn max_entries() -> u64 {
 /// Refuse a source of more than `n` entries (`--max-entries`).
 pub fn limit_entries(n: u64) {
     MAX_ENTRIES.store(n, std::sync::atomic::Ordering::Relaxed);
-}
-
-fn check_signal() -> Result<()> {
-    match sys::signals::pending() {
-        Some(sig) => Err(Failure::Interrupted(sig).into()),
-        None => Ok(()),
-    }
 }
 
 impl Spool {
