@@ -275,10 +275,15 @@ pub struct Changes {
 /// with the same metadata is hardlinked from the live generation and keeps
 /// its recorded hash (checked as `run` checks a reuse), anything else is
 /// copied. What is held for the whole tree is one index entry per
-/// directory and one map entry per file of more than one link; the second
-/// and later links of an inode are linked once every directory is done, as
-/// `run` does. The body is then put in pre-order (`body` in staging) and
-/// its digest computed.
+/// directory and one map entry per file of more than one link (or in a
+/// live hardlink group). Whether such files may be hardlinked from the
+/// live generation depends on every path of their inodes on both sides,
+/// so the first path of each that may be is placed once every directory
+/// is done
+/// (`Walker::place_leaders`, deciding and counting as the whole-tree plan
+/// does), and the second and later paths are linked to it then, as `run`
+/// does. The body is then put in pre-order (`body` in staging) and its
+/// digest computed.
 ///
 /// `None` when two files hardlinked from the live generation turned out to
 /// be one inode (a few bits each tell them apart, `distinct::Distinct`):
@@ -304,7 +309,8 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         copies: std::sync::Mutex::new(HashMap::new()),
         followers: std::sync::Mutex::new(Vec::new()),
         late: std::sync::Mutex::new(HashMap::new()),
-        claimed: std::sync::Mutex::new(HashMap::new()),
+        kept: std::sync::Mutex::new(Vec::new()),
+        deferred: std::sync::Mutex::new(Vec::new()),
         reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::default()),
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
@@ -323,6 +329,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     }
     let live = s.recorded.as_ref().and(s.job.live);
     w.dir(&srcs, live, s.recorded.is_some(), &out, &[])?;
+    w.place_leaders(&out, live)?;
     if !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct() {
         return Ok(None);
     }
@@ -385,21 +392,40 @@ struct Walker<'a> {
     /// The spool of fragments and its length.
     spool: std::sync::Mutex<(std::os::fd::OwnedFd, u64)>,
     frags: std::sync::Mutex<crate::manifest::Fragments>,
-    /// Each multiply-linked source inode → the staged path of its copy.
-    copies: std::sync::Mutex<HashMap<crate::manifest::Inode, Vec<u8>>>,
+    /// Each multiply-linked source inode → its first path staged.
+    copies: std::sync::Mutex<HashMap<crate::manifest::Inode, Leader>>,
     /// (path, inode) of every later link of an inode, linked at the end.
     followers: std::sync::Mutex<Vec<(Vec<u8>, crate::manifest::Inode)>>,
-    /// Directories holding such a link (their metadata is set after it), by path.
+    /// Directories holding such a link or a deferred first path (their
+    /// metadata is set after it), by path.
     late: std::sync::Mutex<HashMap<Vec<u8>, Meta>>,
-    /// An update: each live hardlink group reused → the source inode that
-    /// reuses it (one only, or two source inodes would become one).
-    claimed: std::sync::Mutex<HashMap<u32, crate::manifest::Inode>>,
+    /// An update: each file kept equal to the live one that is hardlinked
+    /// on either side, as (its source inode where it has more than one
+    /// link, its live group): whether the hardlinks match is known once
+    /// every directory is listed (`place_leaders`).
+    kept: std::sync::Mutex<Vec<(Option<crate::manifest::Inode>, Option<u32>)>>,
+    /// (path, entry) of the first path of each multiply-linked source
+    /// inode that may be hardlinked from the live generation: placed by
+    /// `place_leaders`.
+    deferred: std::sync::Mutex<Vec<(Vec<u8>, Entry)>>,
     /// The inode of each file hardlinked from the live generation (a
     /// group's first path only: its later links are to the staged copy).
     reused_inodes: std::sync::Mutex<crate::distinct::Distinct>,
     added: AtomicU64,
     changed: AtomicU64,
     deleted: AtomicU64,
+}
+
+/// The first path staged of a multiply-linked source inode: its later
+/// paths are linked to it.
+struct Leader {
+    path: Vec<u8>,
+    size: u64,
+    /// Hardlinked from the live generation (else copied).
+    reused: bool,
+    /// Kept equal with hardlinks that match, but the live file was not as
+    /// recorded (changed on the volume since it was published): copied.
+    drifted: bool,
 }
 
 impl Walker<'_> {
@@ -436,6 +462,11 @@ impl Walker<'_> {
                 Node::Dir(_) => return Ok(()),
                 Node::Symlink(_) => stage_symlink(&self.ctx, e, out, &path).map(|()| 0)?,
                 Node::File(f) => {
+                    // An inode of more than one link: its first path is
+                    // staged here (copied, or left for `place_leaders`
+                    // where it may be hardlinked from the live
+                    // generation), its others linked to it at the end;
+                    // all are counted once the first is placed.
                     if f.nlink > 1 {
                         let key = (f.dev, f.ino);
                         *self.frags.lock().unwrap().links.entry(key).or_default() += 1;
@@ -446,7 +477,19 @@ impl Walker<'_> {
                             holds_follower.store(true, Ordering::Relaxed);
                             return Ok(());
                         }
-                        copies.insert(key, path.clone());
+                        let leader = Leader {
+                            path: path.clone(),
+                            size: e.meta.size,
+                            reused: false,
+                            drifted: false,
+                        };
+                        copies.insert(key, leader);
+                        drop(copies);
+                        if f.reuse {
+                            self.deferred.lock().unwrap().push((path, e.clone()));
+                            holds_follower.store(true, Ordering::Relaxed);
+                            return Ok(());
+                        }
                     }
                     let granularity = self.ctx.job.caps.granularity_ns;
                     let owners = job.owners;
@@ -470,10 +513,12 @@ impl Walker<'_> {
                         }
                         let i = f.src as usize;
                         let (hash, shown) = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
-                        self.ctx.copied.fetch_add(1, Ordering::Relaxed);
-                        self.ctx
-                            .copied_bytes
-                            .fetch_add(e.meta.size, Ordering::Relaxed);
+                        if f.nlink <= 1 {
+                            self.ctx.copied.fetch_add(1, Ordering::Relaxed);
+                            self.ctx
+                                .copied_bytes
+                                .fetch_add(e.meta.size, Ordering::Relaxed);
+                        }
                         (hash, e.meta.size - shown)
                     };
                     if let Node::File(f) = &mut e.node {
@@ -559,6 +604,7 @@ impl Walker<'_> {
         };
         let live = ix.entries(rel)?;
         let (mut added, mut changed, mut deleted) = (0, 0, 0);
+        let mut kept = Vec::new();
         let mut i = 0;
         crate::index::pair(entries, &live, |e, l| {
             if let Some(l) = l {
@@ -578,34 +624,129 @@ impl Walker<'_> {
             changed += u64::from(!same);
             match (&mut e.node, &l.node) {
                 (Node::Dir(_), Node::Dir(_)) => was_dir[i - 1] = true,
-                (Node::File(f), Node::File(lf)) if same && lf.hash.is_some() => {
-                    f.reuse = self.may_reuse(f, lf);
+                (Node::File(f), Node::File(lf)) if same => {
+                    let inode = (f.nlink > 1).then_some((f.dev, f.ino));
+                    if inode.is_some() || lf.group.is_some() {
+                        kept.push((inode, lf.group));
+                    }
+                    // A file of one link never takes a live file that has
+                    // others (the two would share an inode in the new
+                    // tree): equal but for the inodes it shares, a change
+                    // of hardlinks (`plan::broken_links` finds it so).
+                    // Files of more than one link are decided once every
+                    // directory is listed (`place_leaders`).
+                    let apart = inode.is_none() && lf.group.is_some();
+                    changed += u64::from(apart);
+                    f.reuse = lf.hash.is_some() && !apart;
                     f.hash = lf.hash.filter(|_| f.reuse);
-                    // Equal but for the inodes it shares: a change of hardlinks.
-                    changed += u64::from(!f.reuse);
                 }
                 _ => {}
             }
         });
+        if !kept.is_empty() {
+            self.kept.lock().unwrap().append(&mut kept);
+        }
         self.added.fetch_add(added, Ordering::Relaxed);
         self.changed.fetch_add(changed, Ordering::Relaxed);
         self.deleted.fetch_add(deleted, Ordering::Relaxed);
         Ok(was_dir)
     }
 
-    /// Whether a live file recorded as `lf` may be hardlinked for source
-    /// file `f`: a file of one link never takes a live file that has
-    /// others (the two would share an inode in the new tree), and one live
-    /// group goes to one source inode only.
-    fn may_reuse(&self, f: &crate::tree::File, lf: &crate::tree::File) -> bool {
-        match (f.nlink > 1, lf.group) {
-            (_, None) => true,
-            (false, Some(_)) => false,
-            (true, Some(g)) => {
-                let key = (f.dev, f.ino);
-                *self.claimed.lock().unwrap().entry(g).or_insert(key) == key
+    /// Once every directory is listed: whether the hardlinks of the files
+    /// kept equal match the live tree's (`plan::broken_links`, as the
+    /// whole-tree plan decides), then the first path of each
+    /// multiply-linked source inode left for now (`deferred`) hardlinked
+    /// from the live generation where they do (and the link checks out,
+    /// as `run` checks a reuse), copied where not. Every path of such an
+    /// inode is then counted as the whole-tree plan counts it, path by
+    /// path: each reused, or each copied with its bytes; each path kept
+    /// equal whose hardlinks do not match a change.
+    fn place_leaders(&self, out: &DirFd, live: Option<&DirFd>) -> Result<()> {
+        use crate::manifest::Inode;
+        let kept = std::mem::take(&mut *self.kept.lock().unwrap());
+        let paths = |k: &Inode| -> u64 {
+            let frags = self.frags.lock().unwrap();
+            frags.links.get(k).map_or(0, |&n| n.into())
+        };
+        // A source group is an inode with more than one path in the tree.
+        let groups: Vec<crate::plan::Kept<Inode>> = kept
+            .iter()
+            .map(|&(inode, lg)| (inode.filter(|k| paths(k) > 1), lg, inode))
+            .collect();
+        let broken_flags = crate::plan::broken_links(&groups, |k| paths(k) as usize);
+        drop(groups);
+        // Source inode → its paths kept whose hardlinks do not match (a
+        // file of one link taking a live group's inode was counted already).
+        let mut broken: HashMap<Inode, u64> = HashMap::new();
+        for ((inode, _), b) in kept.iter().zip(broken_flags) {
+            if let (Some(k), true) = (inode, b) {
+                *broken.entry(*k).or_default() += 1;
             }
         }
+        drop(kept);
+        let deferred = std::mem::take(&mut *self.deferred.lock().unwrap());
+        let job = self.s.job;
+        deferred
+            .par_iter()
+            .try_for_each(|(path, e)| -> Result<()> {
+                check_signal()?;
+                self.ctx.beat();
+                let Node::File(f) = &e.node else {
+                    unreachable!("only files are deferred")
+                };
+                let key = (f.dev, f.ino);
+                let (dir, _) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
+                let dfd = open_staged(out, dir)?;
+                let matches = !broken.contains_key(&key);
+                let granularity = job.caps.granularity_ns;
+                let linked =
+                    |l: DirFd| match reuse(&l, &dfd, &e.name, &e.meta, granularity, job.owners) {
+                        Ok(Some(ino)) => {
+                            self.reused_inodes.lock().unwrap().insert(ino);
+                            true
+                        }
+                        _ => false,
+                    };
+                let reused = matches
+                    && live
+                        .and_then(|l| l.open_beneath(dir).ok())
+                        .is_some_and(linked);
+                let (hash, bytes) = if reused {
+                    (f.hash.expect("recorded"), 0)
+                } else {
+                    let i = f.src as usize;
+                    let (hash, shown) = copy_file(&self.ctx, i, None, &dfd, e, path)?;
+                    (hash, e.meta.size - shown)
+                };
+                self.frags.lock().unwrap().hashes.insert(key, hash);
+                if let Some(leader) = self.copies.lock().unwrap().get_mut(&key) {
+                    leader.reused = reused;
+                    leader.drifted = matches && !reused;
+                }
+                job.reporter.advance(bytes);
+                Ok(())
+            })?;
+        let (mut reused, mut copied, mut copied_bytes, mut changed) = (0, 0, 0, 0);
+        for (key, leader) in self.copies.lock().unwrap().iter() {
+            let n = paths(key);
+            if leader.reused {
+                reused += n;
+            } else {
+                copied += n;
+                copied_bytes += n * leader.size;
+            }
+            changed += broken.get(key).copied().unwrap_or(0);
+            if leader.drifted {
+                changed += n;
+            }
+        }
+        self.ctx.reused.fetch_add(reused, Ordering::Relaxed);
+        self.ctx.copied.fetch_add(copied, Ordering::Relaxed);
+        self.ctx
+            .copied_bytes
+            .fetch_add(copied_bytes, Ordering::Relaxed);
+        self.changed.fetch_add(changed, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Append the manifest lines of one directory's entries to the spool.
@@ -646,7 +787,7 @@ impl Walker<'_> {
         let followers = std::mem::take(&mut *self.followers.lock().unwrap());
         let copies = self.copies.lock().unwrap();
         for (path, key) in &followers {
-            let leader = &copies[key];
+            let leader = &copies[key].path;
             let (dir, name) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
             let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
             let dfd = open_staged(out, dir)?;
