@@ -200,6 +200,8 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     sys::pause_point("staging");
     let out = staged_root(staging)?;
     let mut ctx = Ctx::new(job);
+    // (follower, leader) of every later path of a hardlink group.
+    let mut links: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     tree.for_each(&mut |path, e| {
         if let Node::File(f) = &e.node {
             if let Some(g) = f.group {
@@ -210,6 +212,7 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
                             .map(|(d, _)| d.to_vec())
                             .unwrap_or_default();
                         ctx.late_dirs.insert(dir);
+                        links.push((path.to_vec(), leader.clone()));
                     }
                 } else {
                     ctx.leaders.insert(g, path.to_vec());
@@ -224,7 +227,13 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
         .map(|(i, s)| s.root().filter(|_| tree.root_srcs & (1 << i) != 0))
         .collect();
     copy_dir(&ctx, &mut tree.entries, &srcs, job.live, &out, &[])?;
-    link_followers(&ctx, tree, &out)?;
+    // The root is finished below, as every sync finishes it.
+    let mut late = Vec::with_capacity(ctx.late_dirs.len());
+    for dir in ctx.late_dirs.iter().filter(|d| !d.is_empty()) {
+        let meta = find_dir(tree, dir).context("hardlink directory vanished from the plan")?;
+        late.push((dir.clone(), meta));
+    }
+    link_followers(&ctx, &out, &links, late)?;
     apply_meta(&ctx, out.as_fd(), &tree.root).context("cannot set metadata of the staged root")?;
     ctx.flush(out.as_fd())
         .context("cannot flush the staged root to disk (nothing was published)")?;
@@ -781,39 +790,18 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// Link every later link of an inode to its copy, then set the
-    /// metadata of the directories that hold one.
+    /// Link every later link of an inode to its first path, then set the
+    /// metadata of the directories that hold one (`link_followers`).
     fn link_followers(&self, out: &DirFd) -> Result<()> {
         let followers = std::mem::take(&mut *self.followers.lock().unwrap());
         let copies = self.copies.lock().unwrap();
-        for (path, key) in &followers {
-            let leader = &copies[key].path;
-            let (dir, name) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
-            let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
-            let dfd = open_staged(out, dir)?;
-            open_staged(out, ldir)?
-                .link(lname, &dfd, name)
-                .with_context(|| {
-                    format!(
-                        "cannot hardlink {} to {} in staging",
-                        c_style(path),
-                        c_style(leader)
-                    )
-                })?;
-            self.s.job.reporter.advance(0);
-        }
-        let mut late: Vec<(Vec<u8>, Meta)> = self.late.lock().unwrap().drain().collect();
-        // Deepest first: setting a directory's metadata does not touch its parent's.
-        late.sort_by(|a, b| b.0.cmp(&a.0));
-        for (dir, meta) in late {
-            let dfd = open_staged(out, &dir)?;
-            apply_meta(&self.ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", c_style(&dir)))?;
-            self.ctx
-                .flush(dfd.as_fd())
-                .with_context(|| format!("cannot flush staged directory {}", c_style(&dir)))?;
-        }
-        Ok(())
+        let links: Vec<(Vec<u8>, Vec<u8>)> = followers
+            .into_iter()
+            .map(|(path, key)| (path, copies[&key].path.clone()))
+            .collect();
+        drop(copies);
+        let late: Vec<(Vec<u8>, Meta)> = self.late.lock().unwrap().drain().collect();
+        link_followers(&self.ctx, out, &links, late)
     }
 }
 
@@ -1292,55 +1280,49 @@ fn hash_range(
     Ok(done)
 }
 
-/// Second pass: link every hardlink follower to its leader, then set the
-/// metadata of the directories that hold followers (linking changed their mtime).
-fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: &DirFd) -> Result<()> {
-    if ctx.late_dirs.is_empty() {
-        return Ok(());
-    }
-    let mut dirs: Vec<&Vec<u8>> = ctx.late_dirs.iter().collect();
-    dirs.sort();
-    for dir in dirs {
-        let (entries, meta) =
-            find_dir(tree, dir).context("hardlink directory vanished from the plan")?;
+/// Second pass, both ways of staging: link every hardlink follower to its
+/// leader (`links`: their staged paths, follower first), then set the
+/// metadata of the directories that hold followers (`late`: linking changed
+/// their mtime; the root is its caller's), deepest first: setting a
+/// directory's metadata does not touch its parent's, and a parent made
+/// unwritable or unsearchable last keeps nothing below it from being done.
+fn link_followers(
+    ctx: &Ctx<'_>,
+    out: &DirFd,
+    links: &[(Vec<u8>, Vec<u8>)],
+    mut late: Vec<(Vec<u8>, Meta)>,
+) -> Result<()> {
+    for (path, leader) in links {
+        let (dir, name) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
+        let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
         let dfd = open_staged(out, dir)?;
-        for e in entries {
-            let Node::File(f) = &e.node else { continue };
-            let Some(g) = f.group else { continue };
-            let leader = &ctx.leaders[&g];
-            let path = join(dir, &e.name);
-            if *leader == path {
-                continue;
-            }
-            let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
-            open_staged(out, ldir)?
-                .link(lname, &dfd, &e.name)
-                .with_context(|| {
-                    format!(
-                        "cannot hardlink {} to {} in staging",
-                        c_style(&path),
-                        c_style(leader)
-                    )
-                })?;
-            ctx.job.reporter.advance(0);
-        }
-        if !dir.is_empty() {
-            apply_meta(ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", c_style(dir)))?;
-        }
+        open_staged(out, ldir)?
+            .link(lname, &dfd, name)
+            .with_context(|| {
+                format!(
+                    "cannot hardlink {} to {} in staging",
+                    c_style(path),
+                    c_style(leader)
+                )
+            })?;
+        ctx.job.reporter.advance(0);
+    }
+    late.sort_by(|a, b| b.0.cmp(&a.0));
+    for (dir, meta) in late {
+        let dfd = open_staged(out, &dir)?;
+        apply_meta(ctx, dfd.as_fd(), &meta)
+            .with_context(|| format!("cannot set metadata of staged {}", c_style(&dir)))?;
         ctx.flush(dfd.as_fd())
-            .with_context(|| format!("cannot flush staged directory {}", c_style(dir)))?;
+            .with_context(|| format!("cannot flush staged directory {}", c_style(&dir)))?;
     }
     Ok(())
 }
 
-fn find_dir<'t>(tree: &'t Tree, path: &[u8]) -> Option<(&'t [Entry], Meta)> {
+/// The metadata of the directory at `path` in `tree`.
+fn find_dir(tree: &Tree, path: &[u8]) -> Option<Meta> {
     let mut entries = &tree.entries[..];
     let mut meta = tree.root;
-    if path.is_empty() {
-        return Some((entries, meta));
-    }
-    for part in path.split(|&b| b == b'/') {
+    for part in path.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
         let i = entries.binary_search_by(|e| (*e.name).cmp(part)).ok()?;
         match &entries[i].node {
             Node::Dir(d) => {
@@ -1350,7 +1332,7 @@ fn find_dir<'t>(tree: &'t Tree, path: &[u8]) -> Option<(&'t [Entry], Meta)> {
             _ => return None,
         }
     }
-    Some((entries, meta))
+    Some(meta)
 }
 
 /// A staged directory by its path, never through a symlink.
