@@ -337,7 +337,7 @@ fn layers_line(v: &str) -> Option<(usize, String)> {
 /// A fragment line is `K LINE`, where `K` is `-` or, for a file of more than
 /// one link, `dev:ino`: whether it is a hardlink group, and which path of
 /// it comes first (and keeps the hash), is known only once every directory
-/// is done.
+/// is done; such a line's hash is the inode's in `hashes`.
 #[derive(Default)]
 pub struct Fragments {
     /// Escaped directory path (empty: the root) → (offset, length).
@@ -470,23 +470,36 @@ impl Assembly<'_> {
             let kind = f[0];
             let mut size: u64 = std::str::from_utf8(f[4])?.parse()?;
             let (group, hash);
-            if let Some(k) = key.filter(|k| self.frags.links.get(k).is_some_and(|n| *n > 1)) {
-                let next = self.groups.len() as u32;
-                let id = *self.groups.entry(k).or_insert(next);
-                if id == next {
-                    let h = self
-                        .frags
-                        .hashes
-                        .get(&k)
-                        .context("a hardlinked file without a hash")?;
-                    hash = hex(h);
-                    f[6] = hash.as_bytes();
-                } else {
-                    f[6] = b"-";
-                    size = 0;
+            let paths = key.map(|k| (k, self.frags.links.get(&k).copied().unwrap_or(0)));
+            match paths {
+                Some((k, n)) if n > 1 => {
+                    let next = self.groups.len() as u32;
+                    let id = *self.groups.entry(k).or_insert(next);
+                    if id == next {
+                        let h = self
+                            .frags
+                            .hashes
+                            .get(&k)
+                            .context("a hardlinked file without a hash")?;
+                        hash = hex(h);
+                        f[6] = hash.as_bytes();
+                    } else {
+                        f[6] = b"-";
+                        size = 0;
+                    }
+                    group = id.to_string();
+                    f[7] = group.as_bytes();
                 }
-                group = id.to_string();
-                f[7] = group.as_bytes();
+                // Its other links are outside the tree: the hash it was
+                // staged with, known after its line was written where it
+                // was placed last (`stage::stream`).
+                Some((k, _)) => {
+                    if let Some(h) = self.frags.hashes.get(&k) {
+                        hash = hex(h);
+                        f[6] = hash.as_bytes();
+                    }
+                }
+                None => {}
             }
             let out = f.join(&b' ');
             self.h.update(&out);

@@ -412,14 +412,29 @@ fn deleted(e: &Entry, prefix: &[u8], plan: &mut Plan) {
     plan.note(Op::Delete, e.kind(), &path);
 }
 
-/// Files equal one by one may still differ in which of them share an inode:
-/// the partition into hardlink groups must match too.
-fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
-    let mut s2l: HashMap<u32, Option<u32>> = HashMap::new();
-    let mut l2s: HashMap<u32, Option<u32>> = HashMap::new();
+/// A file kept equal to the live one (`same_entry`) that is hardlinked on
+/// either side: its source group (`None`: no other path of the tree
+/// shares its inode), its live group, and the source inode where the file
+/// has more than one link (other links outside the tree included).
+pub type Kept<G> = (Option<G>, Option<u32>, Option<(u64, u64)>);
+
+/// Which of the files kept equal (`kept`) must not be hardlinked from the
+/// live tree after all, as their hardlinks differ: a source group whose
+/// paths are not all kept, or kept with different live groups or with
+/// files apart; a live group kept for more than one source inode, or for
+/// files apart (unless they are one source inode with links outside the
+/// tree). `group_size`: the paths of a source group in the whole tree.
+/// The whole-tree plan (`check_groups`) and the streamed stage
+/// (`stage::stream`, its groups keyed by source inode) decide with this.
+pub fn broken_links<G: Copy + Eq + std::hash::Hash>(
+    kept: &[Kept<G>],
+    group_size: impl Fn(&G) -> usize,
+) -> Vec<bool> {
+    let mut s2l: HashMap<G, Option<u32>> = HashMap::new();
+    let mut l2s: HashMap<u32, Option<G>> = HashMap::new();
     let mut bad_src = std::collections::HashSet::new();
     let mut bad_live = std::collections::HashSet::new();
-    for (_, sg, lg, _) in pairs {
+    for (sg, lg, _) in kept {
         if let Some(s) = sg {
             if *s2l.entry(*s).or_insert(*lg) != *lg {
                 bad_src.insert(*s);
@@ -432,33 +447,24 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
         }
     }
     // A group with members that are not all kept equal is broken too.
-    let mut src_sizes: HashMap<u32, usize> = HashMap::new();
-    src.for_each(&mut |_, e| {
-        if let Node::File(f) = &e.node {
-            if let Some(g) = f.group {
-                *src_sizes.entry(g).or_default() += 1;
-            }
-        }
-    });
-    let mut paired: HashMap<u32, usize> = HashMap::new();
-    for (_, sg, _, _) in pairs {
+    let mut paired: HashMap<G, usize> = HashMap::new();
+    for (sg, _, _) in kept {
         if let Some(s) = sg {
             *paired.entry(*s).or_default() += 1;
         }
     }
-    for (g, n) in &src_sizes {
-        if paired.get(g).copied().unwrap_or(0) != *n && paired.contains_key(g) {
+    for (g, n) in &paired {
+        if group_size(g) != *n {
             bad_src.insert(*g);
         }
     }
     // A live group whose paths are kept as files apart in the tree is
     // reused where they are one source inode with links outside the tree
     // (an image layer rewrote the group's other paths: overlayfs copies
-    // one path up alone), as the streamed stage decides (`may_reuse`):
-    // its inode then holds no other source inode's paths. A file of one
-    // link never takes a live group's inode.
+    // one path up alone): its inode then holds no other source inode's
+    // paths. A file of one link never takes a live group's inode.
     let mut apart_ok: HashMap<u32, Option<(u64, u64)>> = HashMap::new();
-    for (_, _, lg, outside) in pairs {
+    for (_, lg, outside) in kept {
         if let Some(l) = lg {
             let slot = apart_ok.entry(*l).or_insert(*outside);
             if *slot != *outside {
@@ -467,10 +473,29 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
         }
     }
     let apart = |l: &u32| l2s.get(l) == Some(&None) && apart_ok.get(l).copied().flatten().is_none();
+    kept.iter()
+        .map(|(sg, lg, _)| {
+            sg.is_some_and(|s| bad_src.contains(&s) || s2l.get(&s) == Some(&None))
+                || lg.is_some_and(|l| bad_live.contains(&l) || apart(&l))
+        })
+        .collect()
+}
+
+/// Files equal one by one may still differ in which of them share an inode:
+/// the partition into hardlink groups must match too.
+fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
+    let mut src_sizes: HashMap<u32, usize> = HashMap::new();
+    src.for_each(&mut |_, e| {
+        if let Node::File(f) = &e.node {
+            if let Some(g) = f.group {
+                *src_sizes.entry(g).or_default() += 1;
+            }
+        }
+    });
+    let kept: Vec<Kept<u32>> = pairs.iter().map(|(_, sg, lg, o)| (*sg, *lg, *o)).collect();
+    let broken = broken_links(&kept, |g| src_sizes.get(g).copied().unwrap_or(0));
     let mut broken_paths = std::collections::HashSet::new();
-    for (path, sg, lg, _) in pairs {
-        let broken = sg.is_some_and(|s| bad_src.contains(&s) || s2l.get(&s) == Some(&None))
-            || lg.is_some_and(|l| bad_live.contains(&l) || apart(&l));
+    for ((path, ..), broken) in pairs.iter().zip(broken) {
         if broken {
             plan.changed += 1;
             plan.note(Op::Change, Kind::File, path);

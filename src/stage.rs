@@ -200,6 +200,8 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     sys::pause_point("staging");
     let out = staged_root(staging)?;
     let mut ctx = Ctx::new(job);
+    // (follower, leader) of every later path of a hardlink group.
+    let mut links: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     tree.for_each(&mut |path, e| {
         if let Node::File(f) = &e.node {
             if let Some(g) = f.group {
@@ -210,6 +212,7 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
                             .map(|(d, _)| d.to_vec())
                             .unwrap_or_default();
                         ctx.late_dirs.insert(dir);
+                        links.push((path.to_vec(), leader.clone()));
                     }
                 } else {
                     ctx.leaders.insert(g, path.to_vec());
@@ -224,7 +227,13 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
         .map(|(i, s)| s.root().filter(|_| tree.root_srcs & (1 << i) != 0))
         .collect();
     copy_dir(&ctx, &mut tree.entries, &srcs, job.live, &out, &[])?;
-    link_followers(&ctx, tree, &out)?;
+    // The root is finished below, as every sync finishes it.
+    let mut late = Vec::with_capacity(ctx.late_dirs.len());
+    for dir in ctx.late_dirs.iter().filter(|d| !d.is_empty()) {
+        let meta = find_dir(tree, dir).context("hardlink directory vanished from the plan")?;
+        late.push((dir.clone(), meta));
+    }
+    link_followers(&ctx, &out, &links, late)?;
     apply_meta(&ctx, out.as_fd(), &tree.root).context("cannot set metadata of the staged root")?;
     ctx.flush(out.as_fd())
         .context("cannot flush the staged root to disk (nothing was published)")?;
@@ -275,10 +284,15 @@ pub struct Changes {
 /// with the same metadata is hardlinked from the live generation and keeps
 /// its recorded hash (checked as `run` checks a reuse), anything else is
 /// copied. What is held for the whole tree is one index entry per
-/// directory and one map entry per file of more than one link; the second
-/// and later links of an inode are linked once every directory is done, as
-/// `run` does. The body is then put in pre-order (`body` in staging) and
-/// its digest computed.
+/// directory and one map entry per file of more than one link (or in a
+/// live hardlink group). Whether such files may be hardlinked from the
+/// live generation depends on every path of their inodes on both sides,
+/// so the first path of each that may be is placed once every directory
+/// is done
+/// (`Walker::place_leaders`, deciding and counting as the whole-tree plan
+/// does), and the second and later paths are linked to it then, as `run`
+/// does. The body is then put in pre-order (`body` in staging) and its
+/// digest computed.
 ///
 /// `None` when two files hardlinked from the live generation turned out to
 /// be one inode (a few bits each tell them apart, `distinct::Distinct`):
@@ -304,7 +318,8 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         copies: std::sync::Mutex::new(HashMap::new()),
         followers: std::sync::Mutex::new(Vec::new()),
         late: std::sync::Mutex::new(HashMap::new()),
-        claimed: std::sync::Mutex::new(HashMap::new()),
+        kept: std::sync::Mutex::new(Vec::new()),
+        deferred: std::sync::Mutex::new(Vec::new()),
         reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::default()),
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
@@ -323,6 +338,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     }
     let live = s.recorded.as_ref().and(s.job.live);
     w.dir(&srcs, live, s.recorded.is_some(), &out, &[])?;
+    w.place_leaders(&out, live)?;
     if !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct() {
         return Ok(None);
     }
@@ -385,21 +401,40 @@ struct Walker<'a> {
     /// The spool of fragments and its length.
     spool: std::sync::Mutex<(std::os::fd::OwnedFd, u64)>,
     frags: std::sync::Mutex<crate::manifest::Fragments>,
-    /// Each multiply-linked source inode → the staged path of its copy.
-    copies: std::sync::Mutex<HashMap<crate::manifest::Inode, Vec<u8>>>,
+    /// Each multiply-linked source inode → its first path staged.
+    copies: std::sync::Mutex<HashMap<crate::manifest::Inode, Leader>>,
     /// (path, inode) of every later link of an inode, linked at the end.
     followers: std::sync::Mutex<Vec<(Vec<u8>, crate::manifest::Inode)>>,
-    /// Directories holding such a link (their metadata is set after it), by path.
+    /// Directories holding such a link or a deferred first path (their
+    /// metadata is set after it), by path.
     late: std::sync::Mutex<HashMap<Vec<u8>, Meta>>,
-    /// An update: each live hardlink group reused → the source inode that
-    /// reuses it (one only, or two source inodes would become one).
-    claimed: std::sync::Mutex<HashMap<u32, crate::manifest::Inode>>,
+    /// An update: each file kept equal to the live one that is hardlinked
+    /// on either side, as (its source inode where it has more than one
+    /// link, its live group): whether the hardlinks match is known once
+    /// every directory is listed (`place_leaders`).
+    kept: std::sync::Mutex<Vec<(Option<crate::manifest::Inode>, Option<u32>)>>,
+    /// (path, entry) of the first path of each multiply-linked source
+    /// inode that may be hardlinked from the live generation: placed by
+    /// `place_leaders`.
+    deferred: std::sync::Mutex<Vec<(Vec<u8>, Entry)>>,
     /// The inode of each file hardlinked from the live generation (a
     /// group's first path only: its later links are to the staged copy).
     reused_inodes: std::sync::Mutex<crate::distinct::Distinct>,
     added: AtomicU64,
     changed: AtomicU64,
     deleted: AtomicU64,
+}
+
+/// The first path staged of a multiply-linked source inode: its later
+/// paths are linked to it.
+struct Leader {
+    path: Vec<u8>,
+    size: u64,
+    /// Hardlinked from the live generation (else copied).
+    reused: bool,
+    /// Kept equal with hardlinks that match, but the live file was not as
+    /// recorded (changed on the volume since it was published): copied.
+    drifted: bool,
 }
 
 impl Walker<'_> {
@@ -436,6 +471,11 @@ impl Walker<'_> {
                 Node::Dir(_) => return Ok(()),
                 Node::Symlink(_) => stage_symlink(&self.ctx, e, out, &path).map(|()| 0)?,
                 Node::File(f) => {
+                    // An inode of more than one link: its first path is
+                    // staged here (copied, or left for `place_leaders`
+                    // where it may be hardlinked from the live
+                    // generation), its others linked to it at the end;
+                    // all are counted once the first is placed.
                     if f.nlink > 1 {
                         let key = (f.dev, f.ino);
                         *self.frags.lock().unwrap().links.entry(key).or_default() += 1;
@@ -446,7 +486,19 @@ impl Walker<'_> {
                             holds_follower.store(true, Ordering::Relaxed);
                             return Ok(());
                         }
-                        copies.insert(key, path.clone());
+                        let leader = Leader {
+                            path: path.clone(),
+                            size: e.meta.size,
+                            reused: false,
+                            drifted: false,
+                        };
+                        copies.insert(key, leader);
+                        drop(copies);
+                        if f.reuse {
+                            self.deferred.lock().unwrap().push((path, e.clone()));
+                            holds_follower.store(true, Ordering::Relaxed);
+                            return Ok(());
+                        }
                     }
                     let granularity = self.ctx.job.caps.granularity_ns;
                     let owners = job.owners;
@@ -470,10 +522,12 @@ impl Walker<'_> {
                         }
                         let i = f.src as usize;
                         let (hash, shown) = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
-                        self.ctx.copied.fetch_add(1, Ordering::Relaxed);
-                        self.ctx
-                            .copied_bytes
-                            .fetch_add(e.meta.size, Ordering::Relaxed);
+                        if f.nlink <= 1 {
+                            self.ctx.copied.fetch_add(1, Ordering::Relaxed);
+                            self.ctx
+                                .copied_bytes
+                                .fetch_add(e.meta.size, Ordering::Relaxed);
+                        }
                         (hash, e.meta.size - shown)
                     };
                     if let Node::File(f) = &mut e.node {
@@ -559,6 +613,7 @@ impl Walker<'_> {
         };
         let live = ix.entries(rel)?;
         let (mut added, mut changed, mut deleted) = (0, 0, 0);
+        let mut kept = Vec::new();
         let mut i = 0;
         crate::index::pair(entries, &live, |e, l| {
             if let Some(l) = l {
@@ -578,34 +633,129 @@ impl Walker<'_> {
             changed += u64::from(!same);
             match (&mut e.node, &l.node) {
                 (Node::Dir(_), Node::Dir(_)) => was_dir[i - 1] = true,
-                (Node::File(f), Node::File(lf)) if same && lf.hash.is_some() => {
-                    f.reuse = self.may_reuse(f, lf);
+                (Node::File(f), Node::File(lf)) if same => {
+                    let inode = (f.nlink > 1).then_some((f.dev, f.ino));
+                    if inode.is_some() || lf.group.is_some() {
+                        kept.push((inode, lf.group));
+                    }
+                    // A file of one link never takes a live file that has
+                    // others (the two would share an inode in the new
+                    // tree): equal but for the inodes it shares, a change
+                    // of hardlinks (`plan::broken_links` finds it so).
+                    // Files of more than one link are decided once every
+                    // directory is listed (`place_leaders`).
+                    let apart = inode.is_none() && lf.group.is_some();
+                    changed += u64::from(apart);
+                    f.reuse = lf.hash.is_some() && !apart;
                     f.hash = lf.hash.filter(|_| f.reuse);
-                    // Equal but for the inodes it shares: a change of hardlinks.
-                    changed += u64::from(!f.reuse);
                 }
                 _ => {}
             }
         });
+        if !kept.is_empty() {
+            self.kept.lock().unwrap().append(&mut kept);
+        }
         self.added.fetch_add(added, Ordering::Relaxed);
         self.changed.fetch_add(changed, Ordering::Relaxed);
         self.deleted.fetch_add(deleted, Ordering::Relaxed);
         Ok(was_dir)
     }
 
-    /// Whether a live file recorded as `lf` may be hardlinked for source
-    /// file `f`: a file of one link never takes a live file that has
-    /// others (the two would share an inode in the new tree), and one live
-    /// group goes to one source inode only.
-    fn may_reuse(&self, f: &crate::tree::File, lf: &crate::tree::File) -> bool {
-        match (f.nlink > 1, lf.group) {
-            (_, None) => true,
-            (false, Some(_)) => false,
-            (true, Some(g)) => {
-                let key = (f.dev, f.ino);
-                *self.claimed.lock().unwrap().entry(g).or_insert(key) == key
+    /// Once every directory is listed: whether the hardlinks of the files
+    /// kept equal match the live tree's (`plan::broken_links`, as the
+    /// whole-tree plan decides), then the first path of each
+    /// multiply-linked source inode left for now (`deferred`) hardlinked
+    /// from the live generation where they do (and the link checks out,
+    /// as `run` checks a reuse), copied where not. Every path of such an
+    /// inode is then counted as the whole-tree plan counts it, path by
+    /// path: each reused, or each copied with its bytes; each path kept
+    /// equal whose hardlinks do not match a change.
+    fn place_leaders(&self, out: &DirFd, live: Option<&DirFd>) -> Result<()> {
+        use crate::manifest::Inode;
+        let kept = std::mem::take(&mut *self.kept.lock().unwrap());
+        let paths = |k: &Inode| -> u64 {
+            let frags = self.frags.lock().unwrap();
+            frags.links.get(k).map_or(0, |&n| n.into())
+        };
+        // A source group is an inode with more than one path in the tree.
+        let groups: Vec<crate::plan::Kept<Inode>> = kept
+            .iter()
+            .map(|&(inode, lg)| (inode.filter(|k| paths(k) > 1), lg, inode))
+            .collect();
+        let broken_flags = crate::plan::broken_links(&groups, |k| paths(k) as usize);
+        drop(groups);
+        // Source inode → its paths kept whose hardlinks do not match (a
+        // file of one link taking a live group's inode was counted already).
+        let mut broken: HashMap<Inode, u64> = HashMap::new();
+        for ((inode, _), b) in kept.iter().zip(broken_flags) {
+            if let (Some(k), true) = (inode, b) {
+                *broken.entry(*k).or_default() += 1;
             }
         }
+        drop(kept);
+        let deferred = std::mem::take(&mut *self.deferred.lock().unwrap());
+        let job = self.s.job;
+        deferred
+            .par_iter()
+            .try_for_each(|(path, e)| -> Result<()> {
+                check_signal()?;
+                self.ctx.beat();
+                let Node::File(f) = &e.node else {
+                    unreachable!("only files are deferred")
+                };
+                let key = (f.dev, f.ino);
+                let (dir, _) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
+                let dfd = open_staged(out, dir)?;
+                let matches = !broken.contains_key(&key);
+                let granularity = job.caps.granularity_ns;
+                let linked =
+                    |l: DirFd| match reuse(&l, &dfd, &e.name, &e.meta, granularity, job.owners) {
+                        Ok(Some(ino)) => {
+                            self.reused_inodes.lock().unwrap().insert(ino);
+                            true
+                        }
+                        _ => false,
+                    };
+                let reused = matches
+                    && live
+                        .and_then(|l| l.open_beneath(dir).ok())
+                        .is_some_and(linked);
+                let (hash, bytes) = if reused {
+                    (f.hash.expect("recorded"), 0)
+                } else {
+                    let i = f.src as usize;
+                    let (hash, shown) = copy_file(&self.ctx, i, None, &dfd, e, path)?;
+                    (hash, e.meta.size - shown)
+                };
+                self.frags.lock().unwrap().hashes.insert(key, hash);
+                if let Some(leader) = self.copies.lock().unwrap().get_mut(&key) {
+                    leader.reused = reused;
+                    leader.drifted = matches && !reused;
+                }
+                job.reporter.advance(bytes);
+                Ok(())
+            })?;
+        let (mut reused, mut copied, mut copied_bytes, mut changed) = (0, 0, 0, 0);
+        for (key, leader) in self.copies.lock().unwrap().iter() {
+            let n = paths(key);
+            if leader.reused {
+                reused += n;
+            } else {
+                copied += n;
+                copied_bytes += n * leader.size;
+            }
+            changed += broken.get(key).copied().unwrap_or(0);
+            if leader.drifted {
+                changed += n;
+            }
+        }
+        self.ctx.reused.fetch_add(reused, Ordering::Relaxed);
+        self.ctx.copied.fetch_add(copied, Ordering::Relaxed);
+        self.ctx
+            .copied_bytes
+            .fetch_add(copied_bytes, Ordering::Relaxed);
+        self.changed.fetch_add(changed, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Append the manifest lines of one directory's entries to the spool.
@@ -640,39 +790,18 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// Link every later link of an inode to its copy, then set the
-    /// metadata of the directories that hold one.
+    /// Link every later link of an inode to its first path, then set the
+    /// metadata of the directories that hold one (`link_followers`).
     fn link_followers(&self, out: &DirFd) -> Result<()> {
         let followers = std::mem::take(&mut *self.followers.lock().unwrap());
         let copies = self.copies.lock().unwrap();
-        for (path, key) in &followers {
-            let leader = &copies[key];
-            let (dir, name) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
-            let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
-            let dfd = open_staged(out, dir)?;
-            open_staged(out, ldir)?
-                .link(lname, &dfd, name)
-                .with_context(|| {
-                    format!(
-                        "cannot hardlink {} to {} in staging",
-                        c_style(path),
-                        c_style(leader)
-                    )
-                })?;
-            self.s.job.reporter.advance(0);
-        }
-        let mut late: Vec<(Vec<u8>, Meta)> = self.late.lock().unwrap().drain().collect();
-        // Deepest first: setting a directory's metadata does not touch its parent's.
-        late.sort_by(|a, b| b.0.cmp(&a.0));
-        for (dir, meta) in late {
-            let dfd = open_staged(out, &dir)?;
-            apply_meta(&self.ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", c_style(&dir)))?;
-            self.ctx
-                .flush(dfd.as_fd())
-                .with_context(|| format!("cannot flush staged directory {}", c_style(&dir)))?;
-        }
-        Ok(())
+        let links: Vec<(Vec<u8>, Vec<u8>)> = followers
+            .into_iter()
+            .map(|(path, key)| (path, copies[&key].path.clone()))
+            .collect();
+        drop(copies);
+        let late: Vec<(Vec<u8>, Meta)> = self.late.lock().unwrap().drain().collect();
+        link_followers(&self.ctx, out, &links, late)
     }
 }
 
@@ -1151,55 +1280,49 @@ fn hash_range(
     Ok(done)
 }
 
-/// Second pass: link every hardlink follower to its leader, then set the
-/// metadata of the directories that hold followers (linking changed their mtime).
-fn link_followers(ctx: &Ctx<'_>, tree: &Tree, out: &DirFd) -> Result<()> {
-    if ctx.late_dirs.is_empty() {
-        return Ok(());
-    }
-    let mut dirs: Vec<&Vec<u8>> = ctx.late_dirs.iter().collect();
-    dirs.sort();
-    for dir in dirs {
-        let (entries, meta) =
-            find_dir(tree, dir).context("hardlink directory vanished from the plan")?;
+/// Second pass, both ways of staging: link every hardlink follower to its
+/// leader (`links`: their staged paths, follower first), then set the
+/// metadata of the directories that hold followers (`late`: linking changed
+/// their mtime; the root is its caller's), deepest first: setting a
+/// directory's metadata does not touch its parent's, and a parent made
+/// unwritable or unsearchable last keeps nothing below it from being done.
+fn link_followers(
+    ctx: &Ctx<'_>,
+    out: &DirFd,
+    links: &[(Vec<u8>, Vec<u8>)],
+    mut late: Vec<(Vec<u8>, Meta)>,
+) -> Result<()> {
+    for (path, leader) in links {
+        let (dir, name) = path.rsplit_once_byte(b'/').unwrap_or((&[], path));
+        let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
         let dfd = open_staged(out, dir)?;
-        for e in entries {
-            let Node::File(f) = &e.node else { continue };
-            let Some(g) = f.group else { continue };
-            let leader = &ctx.leaders[&g];
-            let path = join(dir, &e.name);
-            if *leader == path {
-                continue;
-            }
-            let (ldir, lname) = leader.rsplit_once_byte(b'/').unwrap_or((&[], leader));
-            open_staged(out, ldir)?
-                .link(lname, &dfd, &e.name)
-                .with_context(|| {
-                    format!(
-                        "cannot hardlink {} to {} in staging",
-                        c_style(&path),
-                        c_style(leader)
-                    )
-                })?;
-            ctx.job.reporter.advance(0);
-        }
-        if !dir.is_empty() {
-            apply_meta(ctx, dfd.as_fd(), &meta)
-                .with_context(|| format!("cannot set metadata of staged {}", c_style(dir)))?;
-        }
+        open_staged(out, ldir)?
+            .link(lname, &dfd, name)
+            .with_context(|| {
+                format!(
+                    "cannot hardlink {} to {} in staging",
+                    c_style(path),
+                    c_style(leader)
+                )
+            })?;
+        ctx.job.reporter.advance(0);
+    }
+    late.sort_by(|a, b| b.0.cmp(&a.0));
+    for (dir, meta) in late {
+        let dfd = open_staged(out, &dir)?;
+        apply_meta(ctx, dfd.as_fd(), &meta)
+            .with_context(|| format!("cannot set metadata of staged {}", c_style(&dir)))?;
         ctx.flush(dfd.as_fd())
-            .with_context(|| format!("cannot flush staged directory {}", c_style(dir)))?;
+            .with_context(|| format!("cannot flush staged directory {}", c_style(&dir)))?;
     }
     Ok(())
 }
 
-fn find_dir<'t>(tree: &'t Tree, path: &[u8]) -> Option<(&'t [Entry], Meta)> {
+/// The metadata of the directory at `path` in `tree`.
+fn find_dir(tree: &Tree, path: &[u8]) -> Option<Meta> {
     let mut entries = &tree.entries[..];
     let mut meta = tree.root;
-    if path.is_empty() {
-        return Some((entries, meta));
-    }
-    for part in path.split(|&b| b == b'/') {
+    for part in path.split(|&b| b == b'/').filter(|p| !p.is_empty()) {
         let i = entries.binary_search_by(|e| (*e.name).cmp(part)).ok()?;
         match &entries[i].node {
             Node::Dir(d) => {
@@ -1209,7 +1332,7 @@ fn find_dir<'t>(tree: &'t Tree, path: &[u8]) -> Option<(&'t [Entry], Meta)> {
             _ => return None,
         }
     }
-    Some((entries, meta))
+    Some(meta)
 }
 
 /// A staged directory by its path, never through a symlink.
