@@ -227,6 +227,30 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
         .map(|(i, s)| s.root().filter(|_| tree.root_srcs & (1 << i) != 0))
         .collect();
     copy_dir(&ctx, &mut tree.entries, &srcs, job.live, &out, &[])?;
+    // Every later path of a group counts as its first path went (linked
+    // from the live generation, or copied), path by path as the plan and
+    // the streamed stage count.
+    let mut went: HashMap<&[u8], (bool, u64)> = HashMap::new();
+    tree.for_each(&mut |path, e| {
+        if let Node::File(f) = &e.node {
+            if let Some(leader) = f.group.and_then(|g| ctx.leaders.get(&g)) {
+                if leader.as_slice() == path {
+                    went.insert(leader.as_slice(), (f.reuse, e.meta.size));
+                }
+            }
+        }
+    });
+    for (_, leader) in &links {
+        match went.get(leader.as_slice()) {
+            Some(&(true, _)) => _ = ctx.reused.fetch_add(1, Ordering::Relaxed),
+            Some(&(false, size)) => {
+                ctx.copied.fetch_add(1, Ordering::Relaxed);
+                ctx.copied_bytes.fetch_add(size, Ordering::Relaxed);
+            }
+            None => {}
+        }
+    }
+    drop(went);
     // The root is finished below, as every sync finishes it.
     let mut late = Vec::with_capacity(ctx.late_dirs.len());
     for dir in ctx.late_dirs.iter().filter(|d| !d.is_empty()) {

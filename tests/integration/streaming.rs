@@ -275,6 +275,16 @@ fn a_generation_made_before_streaming_keeps_its_name_and_is_up_to_date() {
 /// stays the previous generation's); unchanged, the three are reused.
 #[test]
 fn hardlinked_files_are_counted_path_by_path_as_the_plan_counts_them() {
+    counted_path_by_path(&[]);
+}
+
+/// `--verify` stages the whole tree at once: it counts as the plan does too.
+#[test]
+fn a_whole_tree_stage_counts_hardlinked_files_path_by_path_too() {
+    counted_path_by_path(&["--verify"]);
+}
+
+fn counted_path_by_path(extra: &[&str]) {
     let f = Fixture::new();
     let t = 1_700_000_000;
     write_at(&f.src().join("a"), b"shared", t, 0);
@@ -293,7 +303,7 @@ fn hardlinked_files_are_counted_path_by_path_as_the_plan_counts_them() {
     };
     let planned_then_synced = || {
         let planned = json(&f.sync(&["--json", "--dry-run"]).ok());
-        let done = synced(&f, &["--json"]);
+        let done = synced(&f, &[&["--json"], extra].concat());
         assert_eq!(done["status"], "synced", "{done}");
         assert_eq!(
             counts(&done),

@@ -394,11 +394,11 @@ fn fidelity(backend: &str, rig: &Rig) {
     let out = ok(sync(&b, &["--json"]));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     // Every unchanged file is hardlinked, not copied: the other FILES - 1,
-    // only-1.txt and d1/hardlink, the second name of d0/f0000.txt. A sync
-    // staged a directory at a time counts each path, as --dry-run does;
-    // sshfs keeps no hardlink groups (the manifest's `hardlinks 0`), so its
-    // update is staged whole, which counts the pair once.
-    let reused = if sshfs { FILES } else { FILES + 1 };
+    // only-1.txt and d1/hardlink, the second name of d0/f0000.txt. Each
+    // path counts, as --dry-run counts them, whether the update is staged
+    // a directory at a time (gluster) or whole (sshfs keeps no hardlink
+    // groups: the manifest's `hardlinks 0`).
+    let reused = FILES + 1;
     assert_eq!(
         (v["copied"].as_u64(), v["reused"].as_u64()),
         (Some(1), Some(reused as u64)),
