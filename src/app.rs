@@ -398,7 +398,7 @@ fn round_on(
             adjust: &adjust,
             recorded,
         };
-        match s.run(console, start)? {
+        match s.run(console, start, None)? {
             Ok(round) => return Ok(Attempt::Done(Box::new(round))),
             // The live tree joined files its manifest has apart: the
             // whole-tree path below sees its inodes and copies them apart.
@@ -446,11 +446,51 @@ fn round_on(
         .as_ref()
         .map(|s| s.dir())
         .or(scratch.as_ref().map(|s| s.dir()));
+    // Spooled, the sources list a directory at a time as a directory does:
+    // then they stream as a directory source would (`StreamedRound`),
+    // never held whole. Not where a spool lists files of the live
+    // generation (`resume`, `lend`: then the plan must reuse each), a
+    // signature is checked over the whole tree, a label is read from the
+    // spool, or on the second try.
+    let mut spooled = false;
+    let spooled_streams =
+        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
+    if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), stage.dir(), &kept)?;
+        spooled = true;
+        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
+            let s = StreamedRound {
+                cfg,
+                vol: &vol,
+                dest: &dest,
+                sources: &sources,
+                adjust: &adjust,
+                recorded,
+            };
+            let early = Early {
+                state: st,
+                stage: early.take().expect("matched"),
+                fresh: fresh_state,
+                made: &mut made,
+                kept: &warnings,
+            };
+            return match s.run(console, start, Some(early))? {
+                Ok(round) => Ok(Attempt::Done(Box::new(round))),
+                // The live tree joined files its manifest has apart, and
+                // the spool's files are moved out: spool again, whole.
+                Err(_) => Ok(Attempt::Again(None)),
+            };
+        }
+    }
     let (scanned, live) = rayon::join(
         || match recorded {
             Some(tree) => Ok((tree, None)),
             None => sources.scan(
-                spool_in,
+                spool_in.filter(|_| !spooled),
                 &cfg.filter,
                 &cfg.verify_keys,
                 cfg.trusting(),
@@ -766,7 +806,12 @@ impl StreamedRound<'_> {
     /// The round, or the console back when the staged tree would have
     /// joined two live files (`stage::stream` gives `None`): its staging
     /// directory is gone by then, and the caller takes the whole-tree path.
-    fn run(self, console: Console, start: Instant) -> Result<Result<Round, Console>> {
+    fn run(
+        self,
+        console: Console,
+        start: Instant,
+        early: Option<Early<'_, '_>>,
+    ) -> Result<Result<Round, Console>> {
         let (cfg, vol) = (self.cfg, self.vol);
         let refs = self.sources.refs();
         let mut top: Vec<crate::tree::Entry> = Vec::new();
@@ -775,11 +820,8 @@ impl StreamedRound<'_> {
         let quiet = Collected::default();
         for (i, s) in refs.iter().enumerate() {
             let r = s.root().expect("streams() checked");
-            let st = r
-                .fstat()
-                .with_context(|| format!("cannot stat {}", s.label()))?;
-            root = crate::tree::meta_of(&st, 0);
-            let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
+            root = s.root_meta()?;
+            let listed = s.list(r, b"", i as u16, &cfg.filter, &quiet)?;
             crate::tree::merge_entries(&mut top, listed);
         }
         self.adjust.meta(&mut root, Kind::Dir);
@@ -808,16 +850,32 @@ impl StreamedRound<'_> {
             guards(cfg, vol, &totals, gen, live_label)?;
         }
         drop(top);
+        if let Some(e) = &early {
+            for w in e.kept.take_warnings() {
+                console.warn(&w);
+            }
+        }
         for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), gen, live_label, true) {
             console.warn(&w);
         }
 
-        // Stage into this writer's own directory, removed whatever happens next.
-        let fresh_state = vol.state(false)?.is_none();
-        let state = vol.state(true)?.expect("created");
-        let mut staging = Stage::new(&state)?;
+        // Stage into this writer's own directory, removed whatever happens
+        // next (made already where a spool is in it).
+        let made;
+        let (state, mut staging, fresh_state) = match early {
+            Some(e) => {
+                e.made.armed = false; // from here on, as for any source (`layout::prepare`)
+                (e.state, e.stage, e.fresh)
+            }
+            None => {
+                let fresh = vol.state(false)?.is_none();
+                made = vol.state(true)?.expect("created");
+                let stage = Stage::new(&made)?;
+                (&made, stage, fresh)
+            }
+        };
         let swap = swap_for(self.dest, cfg);
-        layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
+        layout::prepare(vol, state, &mut staging, fresh_state, swap)?;
         let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
             let at = format!("{}/stage/{}", state.path.display(), staging.name);
             format!("cannot probe the volume at {at}")
@@ -849,7 +907,8 @@ impl StreamedRound<'_> {
                     // Recorded as the source gave them: equal exactly.
                     granularity_ns: 1,
                     link_meta: r.header.link_meta,
-                    by_content: 0,
+                    // A spooled source's files by their content.
+                    by_content: self.sources.by_content(),
                     xattrs: true,
                 };
                 (&r.index, compare)
@@ -890,7 +949,7 @@ impl StreamedRound<'_> {
         drop(staged); // closes the staged tree before it moves into gen/
         let publish = Publish {
             vol,
-            state: &state,
+            state,
             staging,
             was_live: gen,
             caps,
@@ -900,6 +959,18 @@ impl StreamedRound<'_> {
         };
         publish.run(cfg, manifest, summary, console, start).map(Ok)
     }
+}
+
+/// A staging directory made before a round streams, because the spools of
+/// its sources are in it (`source::spool_all`).
+struct Early<'e, 'v> {
+    state: &'e State,
+    stage: Stage,
+    /// The state directory was made for the spool.
+    fresh: bool,
+    made: &'e mut MadeState<'v>,
+    /// What the spools reported, shown after the guards.
+    kept: &'e Collected,
 }
 
 /// A round decided before anything is staged: up to date, or a dry run.

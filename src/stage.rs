@@ -469,7 +469,7 @@ impl Walker<'_> {
                             self.changed.fetch_add(1, Ordering::Relaxed);
                         }
                         let i = f.src as usize;
-                        let (hash, shown) = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
+                        let (hash, shown) = fetch_file(&self.ctx, i, srcs[i], out, e, &path)?;
                         self.ctx.copied.fetch_add(1, Ordering::Relaxed);
                         self.ctx
                             .copied_bytes
@@ -574,13 +574,16 @@ impl Walker<'_> {
                 changed += 1;
                 return;
             }
-            let same = crate::plan::same_entry(e, l, c);
+            // A streamed source's file is the live one only by its content.
+            let same = crate::plan::same_entry(e, l, c) && crate::plan::same_content(e, l, c);
             changed += u64::from(!same);
             match (&mut e.node, &l.node) {
                 (Node::Dir(_), Node::Dir(_)) => was_dir[i - 1] = true,
                 (Node::File(f), Node::File(lf)) if same && lf.hash.is_some() => {
                     f.reuse = self.may_reuse(f, lf);
-                    f.hash = lf.hash.filter(|_| f.reuse);
+                    if f.reuse {
+                        f.hash = lf.hash;
+                    }
                     // Equal but for the inodes it shares: a change of hardlinks.
                     changed += u64::from(!f.reuse);
                 }
@@ -822,12 +825,7 @@ fn stage_file(
         return Ok(Some(0));
     }
     let i = f.src as usize;
-    let (hash, shown) = match (ctx.job.sources[i].owns_root(), srcs[i], f.hash) {
-        (true, Some(dir), Some(hash)) => {
-            move_file(ctx, i, dir, out, e, path).map(|()| (hash, 0))?
-        }
-        _ => copy_file(ctx, i, srcs[i], out, e, path)?,
-    };
+    let (hash, shown) = fetch_file(ctx, i, srcs[i], out, e, path)?;
     if let Node::File(f) = &mut e.node {
         f.hash = Some(hash);
         f.reuse = false;
@@ -835,6 +833,28 @@ fn stage_file(
     ctx.copied.fetch_add(1, Ordering::Relaxed);
     ctx.copied_bytes.fetch_add(e.meta.size, Ordering::Relaxed);
     Ok(Some(e.meta.size - shown))
+}
+
+/// The bytes of file `e` of source `i` into staging: moved from a source
+/// whose files are private to this sync (a spool), with the hash its
+/// stream gave, else copied and hashed (`copy_file`). The hash, and the
+/// bytes the reporter was told of as they were copied.
+fn fetch_file(
+    ctx: &Ctx<'_>,
+    i: usize,
+    dir: Option<&DirFd>,
+    out: &DirFd,
+    e: &Entry,
+    path: &[u8],
+) -> Result<([u8; 32], u64)> {
+    let hash = match &e.node {
+        Node::File(f) => f.hash,
+        _ => None,
+    };
+    match (ctx.job.sources[i].owns_root(), dir, hash) {
+        (true, Some(dir), Some(hash)) => move_file(ctx, i, dir, out, e, path).map(|()| (hash, 0)),
+        _ => copy_file(ctx, i, dir, out, e, path),
+    }
 }
 
 /// Hardlink `name` from the live generation, then check what was linked:

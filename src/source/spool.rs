@@ -1116,6 +1116,65 @@ pub struct Spooled {
 }
 
 impl Spooled {
+    /// `p` (from the scan's root) as a path from the spool's root.
+    fn full(&self, p: &[u8]) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            return p.to_vec();
+        }
+        let mut f = self.prefix.clone();
+        if !p.is_empty() {
+            f.push(b'/');
+            f.extend_from_slice(p);
+        }
+        f
+    }
+
+    /// The root's metadata: what the stream gave it, else 0755 and the
+    /// newest mtime of any entry.
+    fn root_of(&self) -> Meta {
+        self.dirs.get(&self.full(b"")).copied().unwrap_or(Meta {
+            mode: 0o755,
+            mtime: self.newest,
+            ..Meta::default()
+        })
+    }
+
+    /// Give the entry `e` at `p` (listed from the spool) the metadata and
+    /// hash its stream gave; false for a file the spool did not write.
+    fn given(&self, p: &[u8], e: &mut Entry) -> bool {
+        match &mut e.node {
+            Node::Dir(_) => {
+                if let Some(m) = self.dirs.get(&self.full(p)) {
+                    e.meta = *m;
+                }
+            }
+            Node::File(f) => match self.files.get(&f.ino) {
+                Some(m) => {
+                    e.meta = Meta {
+                        mode: m.mode,
+                        uid: m.uid,
+                        gid: m.gid,
+                        mtime: m.mtime,
+                        size: e.meta.size,
+                        xattrs: m.xattrs,
+                    };
+                    f.hash = Some(m.hash);
+                }
+                None => return false,
+            },
+            Node::Symlink(_) => {}
+        }
+        true
+    }
+
+    fn not_written(&self, p: &[u8]) -> anyhow::Error {
+        anyhow!(
+            "{}: {} was not written by the spool",
+            self.label,
+            c_style(p)
+        )
+    }
+
     /// The newest mtime any entry gave (what the root gets where none names it).
     pub fn newest(&self) -> Time {
         self.newest
@@ -1319,51 +1378,15 @@ impl Source for Spooled {
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         let dir = Dir::new(self.root.try_clone()?, self.label.clone());
         let mut tree = dir.scan(src, filter, reporter)?;
-        let full = |p: &[u8]| -> Vec<u8> {
-            if self.prefix.is_empty() {
-                return p.to_vec();
-            }
-            let mut f = self.prefix.clone();
-            if !p.is_empty() {
-                f.push(b'/');
-                f.extend_from_slice(p);
-            }
-            f
-        };
-        tree.root = self.dirs.get(&full(b"")).copied().unwrap_or(Meta {
-            mode: 0o755,
-            mtime: self.newest,
-            ..Meta::default()
-        });
+        tree.root = self.root_of();
         let mut missing = None;
-        tree.for_each_mut(&mut |p, e| match &mut e.node {
-            Node::Dir(_) => {
-                if let Some(m) = self.dirs.get(&full(p)) {
-                    e.meta = *m;
-                }
+        tree.for_each_mut(&mut |p, e| {
+            if !self.given(p, e) {
+                missing = Some(p.to_vec());
             }
-            Node::File(f) => match self.files.get(&f.ino) {
-                Some(m) => {
-                    e.meta = Meta {
-                        mode: m.mode,
-                        uid: m.uid,
-                        gid: m.gid,
-                        mtime: m.mtime,
-                        size: e.meta.size,
-                        xattrs: m.xattrs,
-                    };
-                    f.hash = Some(m.hash);
-                }
-                None => missing = Some(p.to_vec()),
-            },
-            Node::Symlink(_) => {}
         });
         if let Some(p) = missing {
-            bail!(
-                "{}: {} was not written by the spool",
-                self.label,
-                c_style(&p)
-            );
+            return Err(self.not_written(&p));
         }
         if self.seeded {
             let Some(mut borrowed) = self.borrowed.lock().unwrap().take() else {
@@ -1380,6 +1403,37 @@ impl Source for Spooled {
             );
         }
         Ok(tree)
+    }
+
+    /// A spool that was not seeded lists a directory at a time: its
+    /// entries then carry what the stream gave, as `scan` gives them.
+    fn lists_by_directory(&self) -> bool {
+        !self.seeded
+    }
+
+    fn list(
+        &self,
+        fd: &DirFd,
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        if self.seeded {
+            bail!("{}: a seeded spool is scanned whole", self.label);
+        }
+        let mut entries = Dir::list(fd, rel, &self.label, src, filter, reporter)?;
+        for e in entries.iter_mut() {
+            let p = crate::tree::join(rel, &e.name);
+            if !self.given(&p, e) {
+                return Err(self.not_written(&p));
+            }
+        }
+        Ok(entries)
+    }
+
+    fn root_meta(&self) -> Result<Meta> {
+        Ok(self.root_of())
     }
 
     fn root(&self) -> Option<&DirFd> {
@@ -1487,6 +1541,25 @@ impl<S: Stream> Source for Streamed<S> {
 
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         self.spooled()?.scan(src, filter, reporter)
+    }
+
+    fn lists_by_directory(&self) -> bool {
+        self.spooled.get().is_some_and(|s| s.lists_by_directory())
+    }
+
+    fn list(
+        &self,
+        fd: &DirFd,
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        self.spooled()?.list(fd, rel, src, filter, reporter)
+    }
+
+    fn root_meta(&self) -> Result<Meta> {
+        self.spooled()?.root_meta()
     }
 
     fn root(&self) -> Option<&DirFd> {
