@@ -6,6 +6,7 @@ mod converge;
 mod copy;
 mod creds;
 mod delta_pull;
+mod differential;
 mod estargz;
 mod examples;
 mod faults;

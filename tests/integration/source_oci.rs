@@ -117,6 +117,7 @@ fn ino(p: &Path) -> u64 {
 
 /// Writes an OCI layout from a JSON description (stdin): images by tag,
 /// each one platform (the tag names its manifest) or several (an index).
+/// A layer is its "entries", or "tar": the path of a tar file taken as it is.
 /// Prints {tag: {"top": digest, "platforms": [manifest digests]}}.
 const LAYOUT_PY: &str = r#"
 import hashlib, io, json, os, subprocess, sys, tarfile, gzip
@@ -131,7 +132,7 @@ def put(data):
 def layer(l):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as t:
-        for e in l["entries"]:
+        for e in l.get("entries", []):
             ti = tarfile.TarInfo(e["name"])
             ti.mtime = e.get("mtime", 1700000000)
             kind = e.get("type", "file")
@@ -151,7 +152,7 @@ def layer(l):
                 data = e.get("data", "").encode() * e.get("repeat", 1)
                 ti.size = len(data)
             t.addfile(ti, io.BytesIO(data) if data is not None else None)
-    raw = buf.getvalue()
+    raw = open(l["tar"], "rb").read() if "tar" in l else buf.getvalue()
     c = l.get("compression", "gzip")
     if c == "gzip":
         return gzip.compress(raw, mtime=0), "application/vnd.oci.image.layer.v1.tar+gzip"

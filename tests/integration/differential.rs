@@ -1,0 +1,348 @@
+//! The binary under test against an older packsync: `PACKSYNC_OLD` names it
+//! (`.ci/run` builds it from the commit in `tests/differential-base`). Both
+//! sync the same random source histories, each into its own DEST on one
+//! volume with the same flags, and must agree on exit codes, the JSON
+//! summary, stderr, the generation, its manifest, the mirror (hardlink groups
+//! included) and `status --json`; and each must find the DEST the other wrote
+//! up to date. Without `PACKSYNC_OLD` the test is skipped.
+
+use std::cell::RefCell;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use serde_json::Value;
+
+use crate::fixture::{clean_env, mirror, Fixture, Run};
+use crate::property::{apply, op, Op};
+
+/// The two DESTs, side by side in `vol/`: the old binary's and the new one's.
+/// Each name is a token no source path holds; `run` and `snapshot` write
+/// it `DEST`.
+const OLD: &str = "OLDDEST";
+const NEW: &str = "NEWDEST";
+
+#[derive(Clone, Copy)]
+enum Source {
+    Dir,
+    /// `src.tar`, made from `src/` by GNU tar each round.
+    Tar,
+    /// An OCI layout whose tag `1` is one image of one layer, that tar.
+    Oci,
+}
+
+#[derive(Clone, Copy)]
+enum Layout {
+    Symlink,
+    Dir,
+    /// `--layout fanout`, with `--slot` when named.
+    Fanout(Option<&'static str>),
+}
+
+struct Mode {
+    name: &'static str,
+    /// The syncs of a round, each its flags; `{n}` is the round's number.
+    runs: &'static [&'static [&'static str]],
+    source: Source,
+    layout: Layout,
+    /// What some run's JSON must hold over all cases, so that a mode whose
+    /// every run failed alike (a tool missing, a filesystem refusing the
+    /// layout) does not pass for one that was compared.
+    shows: &'static [&'static str],
+}
+
+const SYNCED: &str = r#""status":"synced""#;
+
+const MODES: &[Mode] = &[
+    Mode::new("plain", &[&[]]),
+    Mode::new("dry run", &[&["--dry-run"], &[]]).shows(&[r#""status":"would sync""#, SYNCED]),
+    Mode::new("itemize", &[&["--dry-run", "--itemize"], &["--itemize"]]),
+    Mode::new("checksum", &[&["--checksum"]]),
+    Mode::new("verify", &[&["--verify"]]),
+    // 0 as well as 2: the random trees are small, and a round seldom deletes three entries.
+    Mode::new(
+        "max delete",
+        &[&["--max-delete", "0"], &["--max-delete", "2"]],
+    )
+    .shows(&[SYNCED, "more than --max-delete 0"]),
+    Mode::new("label", &[&["--label", "1.0.{n}"]]),
+    Mode::new("layout dir", &[&[]]).on(Layout::Dir),
+    Mode::new("layout fanout", &[&[]]).on(Layout::Fanout(None)),
+    Mode::new("fanout slot", &[&[]]).on(Layout::Fanout(Some("s1"))),
+    Mode::new("archive", &[&[]]).from(Source::Tar),
+    Mode::new("oci layout", &[&[]]).from(Source::Oci),
+];
+
+impl Mode {
+    const fn new(name: &'static str, runs: &'static [&'static [&'static str]]) -> Mode {
+        Mode {
+            name,
+            runs,
+            source: Source::Dir,
+            layout: Layout::Symlink,
+            shows: &[SYNCED],
+        }
+    }
+
+    const fn on(self, layout: Layout) -> Mode {
+        Mode { layout, ..self }
+    }
+
+    const fn from(self, source: Source) -> Mode {
+        Mode { source, ..self }
+    }
+
+    const fn shows(self, shows: &'static [&'static str]) -> Mode {
+        Mode { shows, ..self }
+    }
+}
+
+impl Layout {
+    fn flags(self) -> Vec<&'static str> {
+        match self {
+            Layout::Symlink => vec![],
+            Layout::Dir => vec!["--layout", "dir"],
+            Layout::Fanout(None) => vec!["--layout", "fanout"],
+            Layout::Fanout(Some(slot)) => vec!["--layout", "fanout", "--slot", slot],
+        }
+    }
+
+    /// The live tree of `dest`, and the link naming its generation (none
+    /// with `--layout dir`, where DEST is the tree).
+    fn live(self, dest: &Path) -> (PathBuf, Option<PathBuf>) {
+        match self {
+            Layout::Symlink => (dest.into(), Some(dest.into())),
+            Layout::Dir => (dest.into(), None),
+            Layout::Fanout(slot) => {
+                let data = dest.join(slot.map_or("..data".into(), |s| format!("..data-{s}")));
+                (data.clone(), Some(data))
+            }
+        }
+    }
+
+    /// The state directory of `dest`, `meta/` inside it.
+    fn state(self, dest: &Path) -> PathBuf {
+        match self {
+            Layout::Symlink | Layout::Dir => {
+                let name = dest.file_name().unwrap().to_str().unwrap();
+                dest.with_file_name(format!(".{name}.packsync"))
+            }
+            Layout::Fanout(None) => dest.join("..packsync"),
+            Layout::Fanout(Some(slot)) => dest.join("..packsync/slots").join(slot),
+        }
+    }
+}
+
+/// `bin ARGS` in `dir` with the fixture's environment: its exit code, its
+/// stdout as JSON (null when empty) and its stderr, with `dest` (the DEST's
+/// name) written `DEST` and the timings taken out (`strip_times`).
+fn run(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, String) {
+    let mut c = Command::new(bin);
+    clean_env(&mut c).args(args).current_dir(dir);
+    // One thread: with more, which link of a source inode of several the
+    // walk reaches first decides whether that inode is hardlinked from the
+    // live generation or copied (`stage::stream`), and so the counts.
+    c.env("RAYON_NUM_THREADS", "1");
+    let out = Run::from(c.output().unwrap());
+    let stdout = out.stdout.replace(dest, "DEST");
+    let mut json = if stdout.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+    };
+    strip_times(&mut json);
+    (out.code, json, out.stderr.replace(dest, "DEST"))
+}
+
+/// Take out what says when, or how long: a sync's `seconds`, and in
+/// `status` each generation's `created` and `retired` (times, and `_unix`
+/// the same in seconds) and each staging directory's `age_seconds`. A
+/// sync's `retired` is the list of generations it removed, and stays; so
+/// does every count.
+fn strip_times(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            for key in [
+                "seconds",
+                "age_seconds",
+                "created",
+                "created_unix",
+                "retired_unix",
+            ] {
+                o.remove(key);
+            }
+            if o.get("retired").is_some_and(|r| !r.is_array()) {
+                o.remove("retired");
+            }
+            o.values_mut().for_each(strip_times);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_times),
+        _ => {}
+    }
+}
+
+/// What a reader and `status` see of `vol/NAME`: the link to the live
+/// generation, its manifest (but its `created` line), DEST's own entries
+/// (fanout's entry links), the mirror, and `status --json`.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    link: Option<String>,
+    manifest: Option<String>,
+    entries: Vec<String>,
+    mirror: Vec<String>,
+    status: (i32, Value, String),
+}
+
+fn snapshot(f: &Fixture, layout: Layout, bin: &Path, name: &str) -> Snapshot {
+    let dest = f.path("vol").join(name);
+    let args = ["status".into(), "--json".into(), format!("vol/{name}")];
+    let status = run(bin, f.dir.path(), &args, name);
+    if fs::symlink_metadata(&dest).is_err() {
+        return Snapshot {
+            link: None,
+            manifest: None,
+            entries: vec![],
+            mirror: vec![],
+            status,
+        };
+    }
+    let (tree, link) = layout.live(&dest);
+    let manifest = status.1["live"]["generation"].as_str().map(|gen| {
+        let path = layout.state(&dest).join(format!("meta/{gen}.manifest"));
+        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let created = |l: &&str| l.starts_with("created ");
+        text.split_inclusive('\n').filter(|l| !created(l)).collect()
+    });
+    let mut entries: Vec<String> = fs::read_dir(&dest)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|e| e != "..packsync")
+        .map(|e| format!("{e} -> {:?}", fs::read_link(dest.join(&e)).ok()))
+        .collect();
+    entries.sort();
+    Snapshot {
+        link: link.map(|l| {
+            fs::read_link(l)
+                .unwrap()
+                .to_string_lossy()
+                .replace(name, "DEST")
+        }),
+        manifest,
+        entries,
+        mirror: mirror(&tree),
+        status,
+    }
+}
+
+/// Make this round's `src.tar` and, for an OCI source, the layout's tag `1`.
+fn make_source(f: &Fixture, source: Source) -> &'static str {
+    if let Source::Dir = source {
+        return "src";
+    }
+    let ok = Command::new("tar")
+        .args(["-C", "src", "--format=pax", "-cf", "src.tar", "."])
+        .current_dir(f.dir.path())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "tar of src/");
+    if let Source::Tar = source {
+        return "src.tar";
+    }
+    let tar = f.path("src.tar").display().to_string();
+    let image = format!(
+        r#"[{{"tag":"1","platforms":[{{"os":"linux","arch":"amd64","layers":[{{"tar":{tar:?}}}]}}]}}]"#
+    );
+    crate::source_oci::write_layout(&f.path("layout"), &image, "1");
+    "oci-layout:layout:1"
+}
+
+/// One random history in `mode`: each round's syncs by both binaries must
+/// agree, and after the round each binary must find the other's DEST up to
+/// date. Each summary is added to `seen`.
+fn history(
+    old: &Path,
+    mode: &Mode,
+    rounds: &[Vec<Op>],
+    seen: &RefCell<String>,
+) -> Result<(), TestCaseError> {
+    let f = Fixture::new();
+    let mut k = 0;
+    for (n, ops) in rounds.iter().enumerate() {
+        for o in ops {
+            k += 1;
+            apply(&f.src(), o, k);
+        }
+        let source = make_source(&f, mode.source);
+        let args = |flags: &[&str], dest: &str| -> Vec<String> {
+            let fixed = ["sync", "--json", "--grace", "0"].into_iter();
+            let flags = flags.iter().map(|s| s.replace("{n}", &n.to_string()));
+            (fixed.chain(mode.layout.flags()).map(String::from))
+                .chain(flags)
+                .chain([source.into(), format!("vol/{dest}")])
+                .collect()
+        };
+        let mut last = 0;
+        for flags in mode.runs {
+            let was = run(old, f.dir.path(), &args(flags, OLD), OLD);
+            let now = run(&crate::fixture::bin(), f.dir.path(), &args(flags, NEW), NEW);
+            seen.borrow_mut().push_str(&now.1.to_string());
+            prop_assert_eq!(&was, &now, "round {}, flags {:?}", n, flags);
+            prop_assert_eq!(
+                snapshot(&f, mode.layout, old, OLD),
+                snapshot(&f, mode.layout, &crate::fixture::bin(), NEW),
+                "round {}, flags {:?}",
+                n,
+                flags
+            );
+            last = now.0;
+        }
+        if last == 0 {
+            // The other way round: each binary syncs the other's DEST again.
+            let flags = mode.runs.last().unwrap();
+            let was = run(old, f.dir.path(), &args(flags, NEW), NEW);
+            let now = run(&crate::fixture::bin(), f.dir.path(), &args(flags, OLD), OLD);
+            prop_assert!(
+                was.1["status"] == "up to date",
+                "round {}: the old binary on the new one's DEST: {:?}",
+                n,
+                was
+            );
+            prop_assert_eq!(&was, &now, "round {}: each on the other's DEST", n);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn the_old_binary_and_this_one_sync_alike() {
+    let Some(old) = std::env::var_os("PACKSYNC_OLD").filter(|o| !o.is_empty()) else {
+        crate::fixture::skip(
+            "PACKSYNC_OLD names no binary (a packsync built from an older commit, \
+             as .ci/run builds from tests/differential-base)",
+        );
+        return;
+    };
+    let old = PathBuf::from(old);
+    assert!(old.is_file(), "PACKSYNC_OLD={old:?} is not a file");
+    let rounds = prop::collection::vec(prop::collection::vec(op(), 1..8), 2..5);
+    for mode in MODES {
+        let mut runner = TestRunner::new(Config {
+            cases: 10,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let seen = RefCell::new(String::new());
+        if let Err(e) = runner.run(&rounds, |r| history(&old, mode, &r, &seen)) {
+            panic!("{}: {e}", mode.name);
+        }
+        for want in mode.shows {
+            assert!(
+                seen.borrow().contains(want),
+                "{}: no run showed {want}",
+                mode.name
+            );
+        }
+    }
+}
