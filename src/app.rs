@@ -351,38 +351,7 @@ fn round_on(
             })
         });
     if let Some(q) = quick {
-        let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
-        let totals = Totals {
-            empty: q.compared.entries == 0,
-            live_nonempty: q.compared.entries != 0,
-            deleted: 0,
-            names: &top,
-            live_names: Some(&top),
-        };
-        let check = guards(cfg, &vol, &totals, Some(&q.gen), q.header.label.as_deref())?;
-        let mut summary = Summary {
-            dest: vol.display.clone(),
-            entries: q.compared.entries,
-            bytes: q.compared.bytes,
-            previous: Some(q.gen.clone()),
-            generation: Some(q.gen.clone()),
-            label: cfg.label_text().map(str::to_string),
-            status: "up to date",
-            ..Default::default()
-        };
-        if cfg.itemize {
-            report::itemize(&Plan::default(), output, &mut summary);
-        }
-        let planned = Planned {
-            summary,
-            check,
-            warnings: q.warnings,
-            gen: Some(&q.gen),
-            live_label: q.header.label.as_deref(),
-            up_to_date: true,
-        };
-        return planned
-            .end(cfg, &vol, state.as_ref(), console, pass, start)
+        return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
             .map(|r| Attempt::Done(Box::new(r)));
     }
 
@@ -463,6 +432,15 @@ fn round_on(
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
         if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
+            let q = spooled_quick(cfg, live_gen, &sources, &adjust, recorded.as_ref())?;
+            if let Some(mut q) = q {
+                for w in q.warnings.take_warnings() {
+                    warnings.warn(&w);
+                }
+                q.warnings = warnings;
+                return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
             let s = StreamedRound {
                 cfg,
                 vol: &vol,
@@ -775,6 +753,93 @@ fn streams(
         }
         _ => None,
     }
+}
+
+/// A round found up to date by a compare a directory at a time (`Quick`):
+/// the guards on the names at the top, then the end of any up-to-date round.
+fn quick_end(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: Option<&State>,
+    q: Quick,
+    console: Console,
+    pass: Pass,
+    start: Instant,
+) -> Result<Round> {
+    let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
+    let totals = Totals {
+        empty: q.compared.entries == 0,
+        live_nonempty: q.compared.entries != 0,
+        deleted: 0,
+        names: &top,
+        live_names: Some(&top),
+    };
+    let check = guards(cfg, vol, &totals, Some(&q.gen), q.header.label.as_deref())?;
+    let mut summary = Summary {
+        dest: vol.display.clone(),
+        entries: q.compared.entries,
+        bytes: q.compared.bytes,
+        previous: Some(q.gen.clone()),
+        generation: Some(q.gen.clone()),
+        label: cfg.label_text().map(str::to_string),
+        status: "up to date",
+        ..Default::default()
+    };
+    if cfg.itemize {
+        report::itemize(
+            &Plan::default(),
+            Output::of(cfg.json, cfg.quiet),
+            &mut summary,
+        );
+    }
+    let planned = Planned {
+        summary,
+        check,
+        warnings: q.warnings,
+        gen: Some(&q.gen),
+        live_label: q.header.label.as_deref(),
+        up_to_date: true,
+    };
+    planned.end(cfg, vol, state, console, pass, start)
+}
+
+/// Spooled sources that hold what the live generation records, by content
+/// (an archive made again with other bytes but the same tree, say), where
+/// the live tree has not drifted from its manifest (`recorded_quick`):
+/// up to date, as the quick compare finds a directory source.
+fn spooled_quick(
+    cfg: &SyncConfig,
+    live: Option<&LiveGen>,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+    recorded: Option<&Recorded>,
+) -> Result<Option<Quick>> {
+    let (Some(live), Some(rec)) = (live, recorded) else {
+        return Ok(None);
+    };
+    // Verified then, not now: the record is news.
+    if !rec.header.verified.is_empty() {
+        return Ok(None);
+    }
+    let compare = Compare {
+        owners: adjust.mirrored,
+        checksum: false,
+        // Recorded as the sources gave them: equal exactly.
+        granularity_ns: 1,
+        link_meta: rec.header.link_meta,
+        by_content: sources.by_content(),
+        xattrs: true,
+    };
+    // What this listing skips is reported by the scan that stages.
+    let same = scan::same_as_recorded(
+        &sources.refs(),
+        &cfg.filter,
+        &Collected::default(),
+        &|m, kind| adjust.meta(m, kind),
+        &rec.index,
+        compare,
+    )?;
+    Ok(same.then(|| recorded_quick(cfg, live, adjust)).flatten())
 }
 
 /// The live generation a streamed update stages against.
