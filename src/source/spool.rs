@@ -84,11 +84,96 @@ struct FileMeta {
     xattrs: Set,
 }
 
+/// Every spooled file's metadata and hash, kept on disk beside the spool
+/// (`spool/<name>.meta` in this writer's staging directory) as records of
+/// `RECORD` bytes, not in memory, so that a spool of any size costs no
+/// memory per file. A file's record is the one whose number the file
+/// carries as its mtime in the spool (whole seconds, which every volume
+/// keeps; the stage gives it its real times), and names the file's inode:
+/// a record of another inode is no record of it.
+struct Metas {
+    /// The records' file, written in order and read at offsets.
+    fd: OwnedFd,
+    read: OwnedFd,
+    next: u64,
+}
+
+const RECORD: usize = 72;
+
+impl Metas {
+    fn new(at: &DirFd, name: &[u8]) -> Result<Metas> {
+        let mut file = name.to_vec();
+        file.extend_from_slice(b".meta");
+        let fd = at
+            .create_excl(&file)
+            .with_context(|| format!("cannot create the spool's record {}", c_style(&file)))?;
+        let read = at
+            .open_read(&file)
+            .with_context(|| format!("cannot open the spool's record {}", c_style(&file)))?;
+        Ok(Metas { fd, read, next: 0 })
+    }
+
+    /// Record `m` for the spooled file `file` (open), and number it.
+    fn put(&mut self, file: BorrowedFd<'_>, m: &FileMeta) -> io::Result<()> {
+        let ino = sys::fstat(file)?.st_ino;
+        let mut r = [0u8; RECORD];
+        r[0..8].copy_from_slice(&ino.to_le_bytes());
+        r[8..40].copy_from_slice(&m.hash);
+        r[40..44].copy_from_slice(&m.mode.to_le_bytes());
+        r[44..48].copy_from_slice(&m.uid.to_le_bytes());
+        r[48..52].copy_from_slice(&m.gid.to_le_bytes());
+        r[52..60].copy_from_slice(&m.mtime.s.to_le_bytes());
+        r[60..64].copy_from_slice(&m.mtime.ns.to_le_bytes());
+        r[64..68].copy_from_slice(&m.xattrs.number().to_le_bytes());
+        sys::write_all(self.fd.as_fd(), &r)?;
+        let n = i64::try_from(self.next).map_err(|_| io::Error::other("too many files"))?;
+        sys::set_meta_fd(file, None, None, (n, 0))?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The record of the file whose mtime in the spool is `at`, if it
+    /// names inode `ino`.
+    fn get(&self, at: Time, ino: u64) -> Option<FileMeta> {
+        let n = u64::try_from(at.s)
+            .ok()
+            .filter(|&n| n < self.next && at.ns == 0)?;
+        let mut r = [0u8; RECORD];
+        let mut got = 0;
+        while got < RECORD {
+            match sys::pread(
+                self.read.as_fd(),
+                &mut r[got..],
+                n * RECORD as u64 + got as u64,
+            ) {
+                Ok(0) | Err(_) => return None,
+                Ok(k) => got += k,
+            }
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().expect("4 bytes"));
+        if u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")) != ino {
+            return None;
+        }
+        Some(FileMeta {
+            hash: r[8..40].try_into().expect("32 bytes"),
+            mode: u32_at(40),
+            uid: u32_at(44),
+            gid: u32_at(48),
+            mtime: Time {
+                s: i64::from_le_bytes(r[52..60].try_into().expect("8 bytes")),
+                ns: u32_at(60),
+            },
+            xattrs: Set::from_number(u32_at(64))?,
+        })
+    }
+}
+
 /// A private directory being filled from one or more tar streams.
 pub struct Spool {
     root: DirFd,
-    /// By inode: every link of a hardlinked file shares it.
-    files: HashMap<u64, FileMeta>,
+    /// On disk, by the number each file carries as its mtime: every link
+    /// of a hardlinked file shares it.
+    files: Metas,
     /// By path from the spool's root (`""`: the root itself).
     dirs: BTreeMap<Vec<u8>, Meta>,
     /// The newest mtime seen: the root's, where no entry gives one.
@@ -250,9 +335,10 @@ impl Spool {
         let root = at
             .open_dir(name)
             .with_context(|| format!("cannot open the spool {}", c_style(name)))?;
+        let files = Metas::new(&at, name)?;
         Ok(Spool {
             root,
-            files: HashMap::new(),
+            files,
             dirs: BTreeMap::new(),
             newest: Time::default(),
             cached: None,
@@ -601,20 +687,17 @@ impl Spool {
                 }
                 .with_context(|| format!("cannot create {} in the spool", shown()))?;
                 let (hash, n) = self.write_data(reader, fd.as_fd())?;
-                let ino = sys::fstat(fd.as_fd())
-                    .with_context(|| format!("cannot stat {} in the spool", shown()))?
-                    .st_ino;
-                self.files.insert(
-                    ino,
-                    FileMeta {
-                        hash,
-                        mode: h.mode,
-                        uid: h.uid,
-                        gid: h.gid,
-                        mtime: h.mtime.into(),
-                        xattrs: Set::of(h.xattrs.clone()),
-                    },
-                );
+                let meta = FileMeta {
+                    hash,
+                    mode: h.mode,
+                    uid: h.uid,
+                    gid: h.gid,
+                    mtime: h.mtime.into(),
+                    xattrs: Set::of(h.xattrs.clone()),
+                };
+                self.files
+                    .put(fd.as_fd(), &meta)
+                    .with_context(|| format!("cannot record {} in the spool", shown()))?;
                 stats.files += 1;
                 stats.bytes += n;
             }
@@ -802,20 +885,17 @@ impl Spool {
             let _ = at.unlink(name);
             return Ok(Taken::Drifted);
         }
-        let new_ino = sys::fstat(fd.as_fd())
-            .with_context(|| format!("cannot stat {} in the spool", c_style(path)))?
-            .st_ino;
-        self.files.insert(
-            new_ino,
-            FileMeta {
-                hash,
-                mode: meta.mode,
-                uid: meta.uid,
-                gid: meta.gid,
-                mtime: meta.mtime,
-                xattrs: meta.xattrs,
-            },
-        );
+        let taken = FileMeta {
+            hash,
+            mode: meta.mode,
+            uid: meta.uid,
+            gid: meta.gid,
+            mtime: meta.mtime,
+            xattrs: meta.xattrs,
+        };
+        self.files
+            .put(fd.as_fd(), &taken)
+            .with_context(|| format!("cannot record {} in the spool", c_style(path)))?;
         self.forget(path);
         for m in members.iter().filter(|m| m.as_slice() != path) {
             let mparts = components(m)?;
@@ -1102,7 +1182,7 @@ pub struct Spooled {
     root: DirFd,
     /// The `//PATH` taken, as a path from the spool's root.
     prefix: Vec<u8>,
-    files: HashMap<u64, FileMeta>,
+    files: Metas,
     dirs: BTreeMap<Vec<u8>, Meta>,
     newest: Time,
     label: String,
@@ -1148,7 +1228,7 @@ impl Spooled {
                     e.meta = *m;
                 }
             }
-            Node::File(f) => match self.files.get(&f.ino) {
+            Node::File(f) => match self.files.get(e.meta.mtime, f.ino) {
                 Some(m) => {
                     e.meta = Meta {
                         mode: m.mode,
