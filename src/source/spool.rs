@@ -1099,6 +1099,7 @@ impl Spool {
             root,
             prefix,
             files: self.files,
+            linked: Default::default(),
             dirs: self.dirs,
             newest: self.newest,
             label,
@@ -1183,6 +1184,8 @@ pub struct Spooled {
     /// The `//PATH` taken, as a path from the spool's root.
     prefix: Vec<u8>,
     files: Metas,
+    /// The number each file of several links carries (`numbered`), by inode.
+    linked: std::sync::Mutex<HashMap<u64, Time>>,
     dirs: BTreeMap<Vec<u8>, Meta>,
     newest: Time,
     label: String,
@@ -1228,7 +1231,7 @@ impl Spooled {
                     e.meta = *m;
                 }
             }
-            Node::File(f) => match self.files.get(e.meta.mtime, f.ino) {
+            Node::File(f) => match self.files.get(self.numbered(f, e.meta.mtime), f.ino) {
                 Some(m) => {
                     e.meta = Meta {
                         mode: m.mode,
@@ -1245,6 +1248,17 @@ impl Spooled {
             Node::Symlink(_) => {}
         }
         true
+    }
+
+    /// The number a file listed with mtime `at` carries: `at`, but for a
+    /// file of several links, whose number is the one it had when it was
+    /// first listed (a stage that moved one of its links out gave the
+    /// inode its real times).
+    fn numbered(&self, f: &crate::tree::File, at: Time) -> Time {
+        if f.nlink <= 1 {
+            return at;
+        }
+        *self.linked.lock().unwrap().entry(f.ino).or_insert(at)
     }
 
     fn not_written(&self, p: &[u8]) -> anyhow::Error {
