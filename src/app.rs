@@ -351,38 +351,7 @@ fn round_on(
             })
         });
     if let Some(q) = quick {
-        let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
-        let totals = Totals {
-            empty: q.compared.entries == 0,
-            live_nonempty: q.compared.entries != 0,
-            deleted: 0,
-            names: &top,
-            live_names: Some(&top),
-        };
-        let check = guards(cfg, &vol, &totals, Some(&q.gen), q.header.label.as_deref())?;
-        let mut summary = Summary {
-            dest: vol.display.clone(),
-            entries: q.compared.entries,
-            bytes: q.compared.bytes,
-            previous: Some(q.gen.clone()),
-            generation: Some(q.gen.clone()),
-            label: cfg.label_text().map(str::to_string),
-            status: "up to date",
-            ..Default::default()
-        };
-        if cfg.itemize {
-            report::itemize(&Plan::default(), output, &mut summary);
-        }
-        let planned = Planned {
-            summary,
-            check,
-            warnings: q.warnings,
-            gen: Some(&q.gen),
-            live_label: q.header.label.as_deref(),
-            up_to_date: true,
-        };
-        return planned
-            .end(cfg, &vol, state.as_ref(), console, pass, start)
+        return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
             .map(|r| Attempt::Done(Box::new(r)));
     }
 
@@ -398,7 +367,7 @@ fn round_on(
             adjust: &adjust,
             recorded,
         };
-        match s.run(console, start)? {
+        match s.run(console, start, None)? {
             Ok(round) => return Ok(Attempt::Done(Box::new(round))),
             // The live tree joined files its manifest has apart: the
             // whole-tree path below sees its inodes and copies them apart.
@@ -446,11 +415,60 @@ fn round_on(
         .as_ref()
         .map(|s| s.dir())
         .or(scratch.as_ref().map(|s| s.dir()));
+    // Spooled, the sources list a directory at a time as a directory does:
+    // then they stream as a directory source would (`StreamedRound`),
+    // never held whole. Not where a spool lists files of the live
+    // generation (`resume`, `lend`: then the plan must reuse each), a
+    // signature is checked over the whole tree, a label is read from the
+    // spool, or on the second try.
+    let mut spooled = false;
+    let spooled_streams =
+        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
+    if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), stage.dir(), &kept)?;
+        spooled = true;
+        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
+            let q = spooled_quick(cfg, live_gen, &sources, &adjust, recorded.as_ref())?;
+            if let Some(mut q) = q {
+                for w in q.warnings.take_warnings() {
+                    warnings.warn(&w);
+                }
+                q.warnings = warnings;
+                return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
+            let s = StreamedRound {
+                cfg,
+                vol: &vol,
+                dest: &dest,
+                sources: &sources,
+                adjust: &adjust,
+                recorded,
+            };
+            let early = Early {
+                state: st,
+                stage: early.take().expect("matched"),
+                fresh: fresh_state,
+                made: &mut made,
+                kept: &warnings,
+            };
+            return match s.run(console, start, Some(early))? {
+                Ok(round) => Ok(Attempt::Done(Box::new(round))),
+                // The live tree joined files its manifest has apart, and
+                // the spool's files are moved out: spool again, whole.
+                Err(_) => Ok(Attempt::Again(None)),
+            };
+        }
+    }
     let (scanned, live) = rayon::join(
         || match recorded {
             Some(tree) => Ok((tree, None)),
             None => sources.scan(
-                spool_in,
+                spool_in.filter(|_| !spooled),
                 &cfg.filter,
                 &cfg.verify_keys,
                 cfg.trusting(),
@@ -737,6 +755,93 @@ fn streams(
     }
 }
 
+/// A round found up to date by a compare a directory at a time (`Quick`):
+/// the guards on the names at the top, then the end of any up-to-date round.
+fn quick_end(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    state: Option<&State>,
+    q: Quick,
+    console: Console,
+    pass: Pass,
+    start: Instant,
+) -> Result<Round> {
+    let top: Vec<&[u8]> = q.compared.top.iter().map(Vec::as_slice).collect();
+    let totals = Totals {
+        empty: q.compared.entries == 0,
+        live_nonempty: q.compared.entries != 0,
+        deleted: 0,
+        names: &top,
+        live_names: Some(&top),
+    };
+    let check = guards(cfg, vol, &totals, Some(&q.gen), q.header.label.as_deref())?;
+    let mut summary = Summary {
+        dest: vol.display.clone(),
+        entries: q.compared.entries,
+        bytes: q.compared.bytes,
+        previous: Some(q.gen.clone()),
+        generation: Some(q.gen.clone()),
+        label: cfg.label_text().map(str::to_string),
+        status: "up to date",
+        ..Default::default()
+    };
+    if cfg.itemize {
+        report::itemize(
+            &Plan::default(),
+            Output::of(cfg.json, cfg.quiet),
+            &mut summary,
+        );
+    }
+    let planned = Planned {
+        summary,
+        check,
+        warnings: q.warnings,
+        gen: Some(&q.gen),
+        live_label: q.header.label.as_deref(),
+        up_to_date: true,
+    };
+    planned.end(cfg, vol, state, console, pass, start)
+}
+
+/// Spooled sources that hold what the live generation records, by content
+/// (an archive made again with other bytes but the same tree, say), where
+/// the live tree has not drifted from its manifest (`recorded_quick`):
+/// up to date, as the quick compare finds a directory source.
+fn spooled_quick(
+    cfg: &SyncConfig,
+    live: Option<&LiveGen>,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+    recorded: Option<&Recorded>,
+) -> Result<Option<Quick>> {
+    let (Some(live), Some(rec)) = (live, recorded) else {
+        return Ok(None);
+    };
+    // Verified then, not now: the record is news.
+    if !rec.header.verified.is_empty() {
+        return Ok(None);
+    }
+    let compare = Compare {
+        owners: adjust.mirrored,
+        checksum: false,
+        // Recorded as the sources gave them: equal exactly.
+        granularity_ns: 1,
+        link_meta: rec.header.link_meta,
+        by_content: sources.by_content(),
+        xattrs: true,
+    };
+    // What this listing skips is reported by the scan that stages.
+    let same = scan::same_as_recorded(
+        &sources.refs(),
+        &cfg.filter,
+        &Collected::default(),
+        &|m, kind| adjust.meta(m, kind),
+        &rec.index,
+        compare,
+    )?;
+    Ok(same.then(|| recorded_quick(cfg, live, adjust)).flatten())
+}
+
 /// The live generation a streamed update stages against.
 struct Recorded {
     gen: String,
@@ -766,7 +871,12 @@ impl StreamedRound<'_> {
     /// The round, or the console back when the staged tree would have
     /// joined two live files (`stage::stream` gives `None`): its staging
     /// directory is gone by then, and the caller takes the whole-tree path.
-    fn run(self, console: Console, start: Instant) -> Result<Result<Round, Console>> {
+    fn run(
+        self,
+        console: Console,
+        start: Instant,
+        early: Option<Early<'_, '_>>,
+    ) -> Result<Result<Round, Console>> {
         let (cfg, vol) = (self.cfg, self.vol);
         let refs = self.sources.refs();
         let mut top: Vec<crate::tree::Entry> = Vec::new();
@@ -775,11 +885,8 @@ impl StreamedRound<'_> {
         let quiet = Collected::default();
         for (i, s) in refs.iter().enumerate() {
             let r = s.root().expect("streams() checked");
-            let st = r
-                .fstat()
-                .with_context(|| format!("cannot stat {}", s.label()))?;
-            root = crate::tree::meta_of(&st, 0);
-            let listed = source::Dir::list(r, b"", s.label(), i as u16, &cfg.filter, &quiet)?;
+            root = s.root_meta()?;
+            let listed = s.list(r, b"", i as u16, &cfg.filter, &quiet)?;
             crate::tree::merge_entries(&mut top, listed);
         }
         self.adjust.meta(&mut root, Kind::Dir);
@@ -808,16 +915,32 @@ impl StreamedRound<'_> {
             guards(cfg, vol, &totals, gen, live_label)?;
         }
         drop(top);
+        if let Some(e) = &early {
+            for w in e.kept.take_warnings() {
+                console.warn(&w);
+            }
+        }
         for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), gen, live_label, true) {
             console.warn(&w);
         }
 
-        // Stage into this writer's own directory, removed whatever happens next.
-        let fresh_state = vol.state(false)?.is_none();
-        let state = vol.state(true)?.expect("created");
-        let mut staging = Stage::new(&state)?;
+        // Stage into this writer's own directory, removed whatever happens
+        // next (made already where a spool is in it).
+        let made;
+        let (state, mut staging, fresh_state) = match early {
+            Some(e) => {
+                e.made.armed = false; // from here on, as for any source (`layout::prepare`)
+                (e.state, e.stage, e.fresh)
+            }
+            None => {
+                let fresh = vol.state(false)?.is_none();
+                made = vol.state(true)?.expect("created");
+                let stage = Stage::new(&made)?;
+                (&made, stage, fresh)
+            }
+        };
         let swap = swap_for(self.dest, cfg);
-        layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
+        layout::prepare(vol, state, &mut staging, fresh_state, swap)?;
         let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
             let at = format!("{}/stage/{}", state.path.display(), staging.name);
             format!("cannot probe the volume at {at}")
@@ -849,7 +972,8 @@ impl StreamedRound<'_> {
                     // Recorded as the source gave them: equal exactly.
                     granularity_ns: 1,
                     link_meta: r.header.link_meta,
-                    by_content: 0,
+                    // A spooled source's files by their content.
+                    by_content: self.sources.by_content(),
                     xattrs: true,
                 };
                 (&r.index, compare)
@@ -890,7 +1014,7 @@ impl StreamedRound<'_> {
         drop(staged); // closes the staged tree before it moves into gen/
         let publish = Publish {
             vol,
-            state: &state,
+            state,
             staging,
             was_live: gen,
             caps,
@@ -900,6 +1024,18 @@ impl StreamedRound<'_> {
         };
         publish.run(cfg, manifest, summary, console, start).map(Ok)
     }
+}
+
+/// A staging directory made before a round streams, because the spools of
+/// its sources are in it (`source::spool_all`).
+struct Early<'e, 'v> {
+    state: &'e State,
+    stage: Stage,
+    /// The state directory was made for the spool.
+    fresh: bool,
+    made: &'e mut MadeState<'v>,
+    /// What the spools reported, shown after the guards.
+    kept: &'e Collected,
 }
 
 /// A round decided before anything is staged: up to date, or a dry run.

@@ -147,7 +147,7 @@ pub fn same_entry(src: &Entry, live: &Entry, c: &Compare) -> bool {
 /// file as it arrived) is the live one only if the live file's hash is
 /// known and equal: never by size and mtime alone, as reproducible
 /// builds give every file one mtime and a same-size edit would go stale.
-fn same_content(src: &Entry, live: &Entry, c: &Compare) -> bool {
+pub fn same_content(src: &Entry, live: &Entry, c: &Compare) -> bool {
     match (&src.node, &live.node) {
         (Node::File(a), Node::File(b))
             if c.by_content & 1u64.checked_shl(a.src.into()).unwrap_or(0) != 0 =>

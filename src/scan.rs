@@ -255,25 +255,10 @@ impl Visit for Paired<'_> {
             let kind = e.kind();
             (a.adjust)(&mut e.meta, kind);
         }
-        if !plan::same_dir(&merged, &live_entries, &a.compare) {
+        let Some(bytes) = same_here(&merged, &live_entries, &a.compare, &self.links) else {
             self.differs.store(true, Ordering::Relaxed);
             return Ok((0, Vec::new()));
-        }
-        let mut bytes = 0;
-        {
-            let mut links = self.links.lock().unwrap();
-            for (s, l) in merged.iter().zip(&live_entries) {
-                if let (Node::File(sf), Node::File(lf)) = (&s.node, &l.node) {
-                    if links.pair(sf, lf) {
-                        bytes += s.meta.size;
-                    }
-                }
-            }
-            if links.broken() {
-                self.differs.store(true, Ordering::Relaxed);
-                return Ok((0, Vec::new()));
-            }
-        }
+        };
         self.entries
             .fetch_add(merged.len() as u64, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -298,6 +283,129 @@ impl Visit for Paired<'_> {
     fn enter(&self, live: &DirFd, _: &(), name: &[u8], path: &[u8]) -> Result<DirFd> {
         live.open_dir(name)
             .with_context(|| format!("cannot open directory {}", display(self.a.live_label, path)))
+    }
+
+    fn stopped(&self) -> bool {
+        self.differs.load(Ordering::Relaxed)
+    }
+}
+
+/// Whether one directory's entries equal the other side's, name by name,
+/// by content where `c.by_content` says, and their hardlinks with what
+/// `links` saw so far: the bytes of content counted here (each inode
+/// once), or `None` at a difference.
+fn same_here(
+    src: &[Entry],
+    other: &[Entry],
+    c: &Compare,
+    links: &Mutex<plan::Links>,
+) -> Option<u64> {
+    if !plan::same_dir(src, other, c)
+        || !src
+            .iter()
+            .zip(other)
+            .all(|(s, o)| plan::same_content(s, o, c))
+    {
+        return None;
+    }
+    let mut bytes = 0;
+    let mut links = links.lock().unwrap();
+    for (s, o) in src.iter().zip(other) {
+        if let (Node::File(sf), Node::File(of)) = (&s.node, &o.node) {
+            if links.pair(sf, of) {
+                bytes += s.meta.size;
+            }
+        }
+    }
+    (!links.broken()).then_some(bytes)
+}
+
+/// Whether the sources hold what the live manifest `ix` records, entry by
+/// entry (metadata exactly, as the manifest keeps what the sources gave),
+/// by content where `compare.by_content` says (a spooled source's files
+/// carry the hashes their stream gave), hardlinks included: a directory
+/// at a time, stopping at the first difference. The sources of a sync
+/// whose archive or image changed its bytes but not its tree are found
+/// unchanged this way, as the whole-tree plan finds them.
+pub fn same_as_recorded(
+    sources: &[&dyn Source],
+    filter: &Filter,
+    reporter: &dyn Reporter,
+    adjust: &(dyn Fn(&mut Meta, Kind) + Sync),
+    ix: &crate::index::Index,
+    compare: Compare,
+) -> Result<bool> {
+    let mut root = Meta::default();
+    for s in sources {
+        root = s.root_meta()?;
+    }
+    adjust(&mut root, Kind::Dir);
+    let dir = |meta| Entry {
+        name: Default::default(),
+        meta,
+        node: Node::Dir(Default::default()),
+    };
+    if !plan::same_entry(&dir(root), &dir(ix.root), &compare) {
+        return Ok(false);
+    }
+    let v = Recorded {
+        sources,
+        filter,
+        reporter,
+        adjust,
+        ix,
+        compare,
+        differs: AtomicBool::new(false),
+        links: Mutex::new(plan::Links::default()),
+    };
+    let roots: Vec<Option<&DirFd>> = sources.iter().map(|s| s.root()).collect();
+    crate::walk::run(&v, sources, &roots, &())?;
+    Ok(!v.differs.into_inner() && v.links.into_inner().unwrap().consistent())
+}
+
+/// One `same_as_recorded` walk, shared by its threads.
+struct Recorded<'a> {
+    sources: &'a [&'a dyn Source],
+    filter: &'a Filter,
+    reporter: &'a dyn Reporter,
+    adjust: &'a (dyn Fn(&mut Meta, Kind) + Sync),
+    ix: &'a crate::index::Index,
+    compare: Compare,
+    differs: AtomicBool,
+    links: Mutex<plan::Links>,
+}
+
+impl Visit for Recorded<'_> {
+    type Dir = ();
+    type Keep = ();
+
+    fn visit(&self, srcs: &[Option<&DirFd>], _: &(), rel: &[u8]) -> Result<(u64, Vec<Sub<()>>)> {
+        let mut merged = source::list_merged(self.sources, srcs, rel, self.filter, self.reporter)?;
+        for e in merged.iter_mut() {
+            let kind = e.kind();
+            (self.adjust)(&mut e.meta, kind);
+        }
+        let recorded = recorded_entries(self.ix, rel)?;
+        if same_here(&merged, &recorded, &self.compare, &self.links).is_none() {
+            self.differs.store(true, Ordering::Relaxed);
+            return Ok((0, Vec::new()));
+        }
+        let subdirs = merged
+            .into_iter()
+            .filter_map(|e| match e.node {
+                Node::Dir(d) => Some(Sub {
+                    name: e.name,
+                    srcs: d.srcs,
+                    keep: (),
+                }),
+                _ => None,
+            })
+            .collect();
+        Ok((0, subdirs))
+    }
+
+    fn enter(&self, _: &(), _: &(), _: &[u8], _: &[u8]) -> Result<()> {
+        Ok(())
     }
 
     fn stopped(&self) -> bool {

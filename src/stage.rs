@@ -545,7 +545,7 @@ impl Walker<'_> {
                             self.changed.fetch_add(1, Ordering::Relaxed);
                         }
                         let i = f.src as usize;
-                        let (hash, shown) = copy_file(&self.ctx, i, srcs[i], out, e, &path)?;
+                        let (hash, shown) = fetch_file(&self.ctx, i, srcs[i], out, e, &path)?;
                         if f.nlink <= 1 {
                             self.ctx.copied.fetch_add(1, Ordering::Relaxed);
                             self.ctx
@@ -653,7 +653,8 @@ impl Walker<'_> {
                 changed += 1;
                 return;
             }
-            let same = crate::plan::same_entry(e, l, c);
+            // A streamed source's file is the live one only by its content.
+            let same = crate::plan::same_entry(e, l, c) && crate::plan::same_content(e, l, c);
             changed += u64::from(!same);
             match (&mut e.node, &l.node) {
                 (Node::Dir(_), Node::Dir(_)) => was_dir[i - 1] = true,
@@ -671,7 +672,11 @@ impl Walker<'_> {
                     let apart = inode.is_none() && lf.group.is_some();
                     changed += u64::from(apart);
                     f.reuse = lf.hash.is_some() && !apart;
-                    f.hash = lf.hash.filter(|_| f.reuse);
+                    // A spooled file keeps the hash its stream gave where
+                    // it is not taken from the live generation.
+                    if f.reuse {
+                        f.hash = lf.hash;
+                    }
                 }
                 _ => {}
             }
@@ -975,12 +980,7 @@ fn stage_file(
         return Ok(Some(0));
     }
     let i = f.src as usize;
-    let (hash, shown) = match (ctx.job.sources[i].owns_root(), srcs[i], f.hash) {
-        (true, Some(dir), Some(hash)) => {
-            move_file(ctx, i, dir, out, e, path).map(|()| (hash, 0))?
-        }
-        _ => copy_file(ctx, i, srcs[i], out, e, path)?,
-    };
+    let (hash, shown) = fetch_file(ctx, i, srcs[i], out, e, path)?;
     if let Node::File(f) = &mut e.node {
         f.hash = Some(hash);
         f.reuse = false;
@@ -988,6 +988,28 @@ fn stage_file(
     ctx.copied.fetch_add(1, Ordering::Relaxed);
     ctx.copied_bytes.fetch_add(e.meta.size, Ordering::Relaxed);
     Ok(Some(e.meta.size - shown))
+}
+
+/// The bytes of file `e` of source `i` into staging: moved from a source
+/// whose files are private to this sync (a spool), with the hash its
+/// stream gave, else copied and hashed (`copy_file`). The hash, and the
+/// bytes the reporter was told of as they were copied.
+fn fetch_file(
+    ctx: &Ctx<'_>,
+    i: usize,
+    dir: Option<&DirFd>,
+    out: &DirFd,
+    e: &Entry,
+    path: &[u8],
+) -> Result<([u8; 32], u64)> {
+    let hash = match &e.node {
+        Node::File(f) => f.hash,
+        _ => None,
+    };
+    match (ctx.job.sources[i].owns_root(), dir, hash) {
+        (true, Some(dir), Some(hash)) => move_file(ctx, i, dir, out, e, path).map(|()| (hash, 0)),
+        _ => copy_file(ctx, i, dir, out, e, path),
+    }
 }
 
 /// Hardlink `name` from the live generation, then check what was linked:

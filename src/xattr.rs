@@ -52,6 +52,17 @@ fn table() -> &'static Mutex<Table> {
 }
 
 impl Set {
+    /// The number this process's table knows the set by (`from_number`).
+    pub fn number(self) -> u32 {
+        self.0
+    }
+
+    /// The set `number` gave, where this process's table has one.
+    pub fn from_number(n: u32) -> Option<Set> {
+        let t = table().lock().unwrap_or_else(|e| e.into_inner());
+        ((n as usize) < t.sets.len()).then_some(Set(n))
+    }
+
     /// The set of these pairs: sorted by name; a name given twice keeps its
     /// last value (as a later PAX record replaces an earlier one).
     pub fn of(mut pairs: Vec<(Vec<u8>, Vec<u8>)>) -> Set {

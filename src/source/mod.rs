@@ -39,7 +39,7 @@ use crate::error;
 use crate::filter::Filter;
 use crate::report::Reporter;
 use crate::sys::{self, DirFd};
-use crate::tree::{Entry, Tree};
+use crate::tree::{Entry, Meta, Tree};
 
 pub use archive::Archive;
 pub use decode::decoded;
@@ -86,6 +86,32 @@ pub trait Source: Send + Sync {
     /// default: its tree is scanned whole.
     fn lists_by_directory(&self) -> bool {
         false
+    }
+
+    /// The entries of the directory at `rel`, `fd` this source's handle on
+    /// it, as `scan` gives them (each directory without its children), for
+    /// a kind that `lists_by_directory`.
+    fn list(
+        &self,
+        fd: &DirFd,
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        Dir::list(fd, rel, self.label(), src, filter, reporter)
+    }
+
+    /// The metadata of the tree's root, as `scan` gives it, for a kind
+    /// that `lists_by_directory`.
+    fn root_meta(&self) -> Result<Meta> {
+        let root = self
+            .root()
+            .with_context(|| format!("{}: has no directory to list", self.label()))?;
+        let st = root
+            .fstat()
+            .with_context(|| format!("cannot stat {}", self.label()))?;
+        Ok(crate::tree::meta_of(&st, 0))
     }
 
     /// Whether `fd` still holds the file the scan saw as `seen`: checked
@@ -324,7 +350,7 @@ pub fn list_merged(
     reporter: &dyn Reporter,
 ) -> Result<Vec<Entry>> {
     overlaid(dirs, |i, fd| {
-        Dir::list(fd, rel, sources[i].label(), i as u16, filter, reporter)
+        sources[i].list(fd, rel, i as u16, filter, reporter)
     })
 }
 

@@ -36,7 +36,7 @@ use crate::escape::{percent, unpercent};
 use crate::filter::Filter;
 use crate::report::Reporter;
 use crate::sys::DirFd;
-use crate::tree::{Time, Tree};
+use crate::tree::{Entry, Meta, Time, Tree};
 
 /// A stream that names its content (an image digest, a URL's validators,
 /// an archive's SHA-256) and can tell, with one request or one read of the
@@ -365,6 +365,25 @@ impl<S: Named> Source for Fetched<S> {
 
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         self.inner.scan(src, filter, reporter)
+    }
+
+    fn lists_by_directory(&self) -> bool {
+        self.inner.lists_by_directory()
+    }
+
+    fn list(
+        &self,
+        fd: &DirFd,
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        self.inner.list(fd, rel, src, filter, reporter)
+    }
+
+    fn root_meta(&self) -> Result<Meta> {
+        self.inner.root_meta()
     }
 
     fn root(&self) -> Option<&DirFd> {

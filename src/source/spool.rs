@@ -84,11 +84,96 @@ struct FileMeta {
     xattrs: Set,
 }
 
+/// Every spooled file's metadata and hash, kept on disk beside the spool
+/// (`spool/<name>.meta` in this writer's staging directory) as records of
+/// `RECORD` bytes, not in memory, so that a spool of any size costs no
+/// memory per file. A file's record is the one whose number the file
+/// carries as its mtime in the spool (whole seconds, which every volume
+/// keeps; the stage gives it its real times), and names the file's inode:
+/// a record of another inode is no record of it.
+struct Metas {
+    /// The records' file, written in order and read at offsets.
+    fd: OwnedFd,
+    read: OwnedFd,
+    next: u64,
+}
+
+const RECORD: usize = 72;
+
+impl Metas {
+    fn new(at: &DirFd, name: &[u8]) -> Result<Metas> {
+        let mut file = name.to_vec();
+        file.extend_from_slice(b".meta");
+        let fd = at
+            .create_excl(&file)
+            .with_context(|| format!("cannot create the spool's record {}", c_style(&file)))?;
+        let read = at
+            .open_read(&file)
+            .with_context(|| format!("cannot open the spool's record {}", c_style(&file)))?;
+        Ok(Metas { fd, read, next: 0 })
+    }
+
+    /// Record `m` for the spooled file `file` (open), and number it.
+    fn put(&mut self, file: BorrowedFd<'_>, m: &FileMeta) -> io::Result<()> {
+        let ino = sys::fstat(file)?.st_ino;
+        let mut r = [0u8; RECORD];
+        r[0..8].copy_from_slice(&ino.to_le_bytes());
+        r[8..40].copy_from_slice(&m.hash);
+        r[40..44].copy_from_slice(&m.mode.to_le_bytes());
+        r[44..48].copy_from_slice(&m.uid.to_le_bytes());
+        r[48..52].copy_from_slice(&m.gid.to_le_bytes());
+        r[52..60].copy_from_slice(&m.mtime.s.to_le_bytes());
+        r[60..64].copy_from_slice(&m.mtime.ns.to_le_bytes());
+        r[64..68].copy_from_slice(&m.xattrs.number().to_le_bytes());
+        sys::write_all(self.fd.as_fd(), &r)?;
+        let n = i64::try_from(self.next).map_err(|_| io::Error::other("too many files"))?;
+        sys::set_meta_fd(file, None, None, (n, 0))?;
+        self.next += 1;
+        Ok(())
+    }
+
+    /// The record of the file whose mtime in the spool is `at`, if it
+    /// names inode `ino`.
+    fn get(&self, at: Time, ino: u64) -> Option<FileMeta> {
+        let n = u64::try_from(at.s)
+            .ok()
+            .filter(|&n| n < self.next && at.ns == 0)?;
+        let mut r = [0u8; RECORD];
+        let mut got = 0;
+        while got < RECORD {
+            match sys::pread(
+                self.read.as_fd(),
+                &mut r[got..],
+                n * RECORD as u64 + got as u64,
+            ) {
+                Ok(0) | Err(_) => return None,
+                Ok(k) => got += k,
+            }
+        }
+        let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().expect("4 bytes"));
+        if u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")) != ino {
+            return None;
+        }
+        Some(FileMeta {
+            hash: r[8..40].try_into().expect("32 bytes"),
+            mode: u32_at(40),
+            uid: u32_at(44),
+            gid: u32_at(48),
+            mtime: Time {
+                s: i64::from_le_bytes(r[52..60].try_into().expect("8 bytes")),
+                ns: u32_at(60),
+            },
+            xattrs: Set::from_number(u32_at(64))?,
+        })
+    }
+}
+
 /// A private directory being filled from one or more tar streams.
 pub struct Spool {
     root: DirFd,
-    /// By inode: every link of a hardlinked file shares it.
-    files: HashMap<u64, FileMeta>,
+    /// On disk, by the number each file carries as its mtime: every link
+    /// of a hardlinked file shares it.
+    files: Metas,
     /// By path from the spool's root (`""`: the root itself).
     dirs: BTreeMap<Vec<u8>, Meta>,
     /// The newest mtime seen: the root's, where no entry gives one.
@@ -250,9 +335,10 @@ impl Spool {
         let root = at
             .open_dir(name)
             .with_context(|| format!("cannot open the spool {}", c_style(name)))?;
+        let files = Metas::new(&at, name)?;
         Ok(Spool {
             root,
-            files: HashMap::new(),
+            files,
             dirs: BTreeMap::new(),
             newest: Time::default(),
             cached: None,
@@ -601,20 +687,17 @@ impl Spool {
                 }
                 .with_context(|| format!("cannot create {} in the spool", shown()))?;
                 let (hash, n) = self.write_data(reader, fd.as_fd())?;
-                let ino = sys::fstat(fd.as_fd())
-                    .with_context(|| format!("cannot stat {} in the spool", shown()))?
-                    .st_ino;
-                self.files.insert(
-                    ino,
-                    FileMeta {
-                        hash,
-                        mode: h.mode,
-                        uid: h.uid,
-                        gid: h.gid,
-                        mtime: h.mtime.into(),
-                        xattrs: Set::of(h.xattrs.clone()),
-                    },
-                );
+                let meta = FileMeta {
+                    hash,
+                    mode: h.mode,
+                    uid: h.uid,
+                    gid: h.gid,
+                    mtime: h.mtime.into(),
+                    xattrs: Set::of(h.xattrs.clone()),
+                };
+                self.files
+                    .put(fd.as_fd(), &meta)
+                    .with_context(|| format!("cannot record {} in the spool", shown()))?;
                 stats.files += 1;
                 stats.bytes += n;
             }
@@ -802,20 +885,17 @@ impl Spool {
             let _ = at.unlink(name);
             return Ok(Taken::Drifted);
         }
-        let new_ino = sys::fstat(fd.as_fd())
-            .with_context(|| format!("cannot stat {} in the spool", c_style(path)))?
-            .st_ino;
-        self.files.insert(
-            new_ino,
-            FileMeta {
-                hash,
-                mode: meta.mode,
-                uid: meta.uid,
-                gid: meta.gid,
-                mtime: meta.mtime,
-                xattrs: meta.xattrs,
-            },
-        );
+        let taken = FileMeta {
+            hash,
+            mode: meta.mode,
+            uid: meta.uid,
+            gid: meta.gid,
+            mtime: meta.mtime,
+            xattrs: meta.xattrs,
+        };
+        self.files
+            .put(fd.as_fd(), &taken)
+            .with_context(|| format!("cannot record {} in the spool", c_style(path)))?;
         self.forget(path);
         for m in members.iter().filter(|m| m.as_slice() != path) {
             let mparts = components(m)?;
@@ -1019,6 +1099,7 @@ impl Spool {
             root,
             prefix,
             files: self.files,
+            linked: Default::default(),
             dirs: self.dirs,
             newest: self.newest,
             label,
@@ -1102,7 +1183,9 @@ pub struct Spooled {
     root: DirFd,
     /// The `//PATH` taken, as a path from the spool's root.
     prefix: Vec<u8>,
-    files: HashMap<u64, FileMeta>,
+    files: Metas,
+    /// The number each file of several links carries (`numbered`), by inode.
+    linked: std::sync::Mutex<HashMap<u64, Time>>,
     dirs: BTreeMap<Vec<u8>, Meta>,
     newest: Time,
     label: String,
@@ -1116,6 +1199,76 @@ pub struct Spooled {
 }
 
 impl Spooled {
+    /// `p` (from the scan's root) as a path from the spool's root.
+    fn full(&self, p: &[u8]) -> Vec<u8> {
+        if self.prefix.is_empty() {
+            return p.to_vec();
+        }
+        let mut f = self.prefix.clone();
+        if !p.is_empty() {
+            f.push(b'/');
+            f.extend_from_slice(p);
+        }
+        f
+    }
+
+    /// The root's metadata: what the stream gave it, else 0755 and the
+    /// newest mtime of any entry.
+    fn root_of(&self) -> Meta {
+        self.dirs.get(&self.full(b"")).copied().unwrap_or(Meta {
+            mode: 0o755,
+            mtime: self.newest,
+            ..Meta::default()
+        })
+    }
+
+    /// Give the entry `e` at `p` (listed from the spool) the metadata and
+    /// hash its stream gave; false for a file the spool did not write.
+    fn given(&self, p: &[u8], e: &mut Entry) -> bool {
+        match &mut e.node {
+            Node::Dir(_) => {
+                if let Some(m) = self.dirs.get(&self.full(p)) {
+                    e.meta = *m;
+                }
+            }
+            Node::File(f) => match self.files.get(self.numbered(f, e.meta.mtime), f.ino) {
+                Some(m) => {
+                    e.meta = Meta {
+                        mode: m.mode,
+                        uid: m.uid,
+                        gid: m.gid,
+                        mtime: m.mtime,
+                        size: e.meta.size,
+                        xattrs: m.xattrs,
+                    };
+                    f.hash = Some(m.hash);
+                }
+                None => return false,
+            },
+            Node::Symlink(_) => {}
+        }
+        true
+    }
+
+    /// The number a file listed with mtime `at` carries: `at`, but for a
+    /// file of several links, whose number is the one it had when it was
+    /// first listed (a stage that moved one of its links out gave the
+    /// inode its real times).
+    fn numbered(&self, f: &crate::tree::File, at: Time) -> Time {
+        if f.nlink <= 1 {
+            return at;
+        }
+        *self.linked.lock().unwrap().entry(f.ino).or_insert(at)
+    }
+
+    fn not_written(&self, p: &[u8]) -> anyhow::Error {
+        anyhow!(
+            "{}: {} was not written by the spool",
+            self.label,
+            c_style(p)
+        )
+    }
+
     /// The newest mtime any entry gave (what the root gets where none names it).
     pub fn newest(&self) -> Time {
         self.newest
@@ -1319,51 +1472,15 @@ impl Source for Spooled {
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         let dir = Dir::new(self.root.try_clone()?, self.label.clone());
         let mut tree = dir.scan(src, filter, reporter)?;
-        let full = |p: &[u8]| -> Vec<u8> {
-            if self.prefix.is_empty() {
-                return p.to_vec();
-            }
-            let mut f = self.prefix.clone();
-            if !p.is_empty() {
-                f.push(b'/');
-                f.extend_from_slice(p);
-            }
-            f
-        };
-        tree.root = self.dirs.get(&full(b"")).copied().unwrap_or(Meta {
-            mode: 0o755,
-            mtime: self.newest,
-            ..Meta::default()
-        });
+        tree.root = self.root_of();
         let mut missing = None;
-        tree.for_each_mut(&mut |p, e| match &mut e.node {
-            Node::Dir(_) => {
-                if let Some(m) = self.dirs.get(&full(p)) {
-                    e.meta = *m;
-                }
+        tree.for_each_mut(&mut |p, e| {
+            if !self.given(p, e) {
+                missing = Some(p.to_vec());
             }
-            Node::File(f) => match self.files.get(&f.ino) {
-                Some(m) => {
-                    e.meta = Meta {
-                        mode: m.mode,
-                        uid: m.uid,
-                        gid: m.gid,
-                        mtime: m.mtime,
-                        size: e.meta.size,
-                        xattrs: m.xattrs,
-                    };
-                    f.hash = Some(m.hash);
-                }
-                None => missing = Some(p.to_vec()),
-            },
-            Node::Symlink(_) => {}
         });
         if let Some(p) = missing {
-            bail!(
-                "{}: {} was not written by the spool",
-                self.label,
-                c_style(&p)
-            );
+            return Err(self.not_written(&p));
         }
         if self.seeded {
             let Some(mut borrowed) = self.borrowed.lock().unwrap().take() else {
@@ -1380,6 +1497,37 @@ impl Source for Spooled {
             );
         }
         Ok(tree)
+    }
+
+    /// A spool that was not seeded lists a directory at a time: its
+    /// entries then carry what the stream gave, as `scan` gives them.
+    fn lists_by_directory(&self) -> bool {
+        !self.seeded
+    }
+
+    fn list(
+        &self,
+        fd: &DirFd,
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        if self.seeded {
+            bail!("{}: a seeded spool is scanned whole", self.label);
+        }
+        let mut entries = Dir::list(fd, rel, &self.label, src, filter, reporter)?;
+        for e in entries.iter_mut() {
+            let p = crate::tree::join(rel, &e.name);
+            if !self.given(&p, e) {
+                return Err(self.not_written(&p));
+            }
+        }
+        Ok(entries)
+    }
+
+    fn root_meta(&self) -> Result<Meta> {
+        Ok(self.root_of())
     }
 
     fn root(&self) -> Option<&DirFd> {
@@ -1487,6 +1635,25 @@ impl<S: Stream> Source for Streamed<S> {
 
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         self.spooled()?.scan(src, filter, reporter)
+    }
+
+    fn lists_by_directory(&self) -> bool {
+        self.spooled.get().is_some_and(|s| s.lists_by_directory())
+    }
+
+    fn list(
+        &self,
+        fd: &DirFd,
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+        reporter: &dyn Reporter,
+    ) -> Result<Vec<Entry>> {
+        self.spooled()?.list(fd, rel, src, filter, reporter)
+    }
+
+    fn root_meta(&self) -> Result<Meta> {
+        self.spooled()?.root_meta()
     }
 
     fn root(&self) -> Option<&DirFd> {
