@@ -24,7 +24,7 @@ use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
 use crate::tree::{meta_of, Entry, Kind, Meta, Node, Tree};
-use crate::walk::{Sub, Visit};
+use crate::walk::{Sub, Visit, Visited};
 
 /// Scan every source and overlay them in order: a later source wins a path
 /// two provide; each entry keeps the index of the source it came from, and
@@ -238,12 +238,7 @@ impl Visit for Paired<'_> {
 
     /// Compare the directory at `rel`: `srcs` holds each source's handle on
     /// it (where that source provides it), `live` the live generation's.
-    fn visit(
-        &self,
-        srcs: &[Option<&DirFd>],
-        live: &DirFd,
-        rel: &[u8],
-    ) -> Result<(u64, Vec<Sub<()>>)> {
+    fn visit(&self, srcs: &[Option<&DirFd>], live: &DirFd, rel: &[u8]) -> Result<Visited<()>> {
         let a = self.a;
         let mut merged = match a.recorded {
             Some(ix) => recorded_entries(ix, rel)?,
@@ -379,7 +374,7 @@ impl Visit for Recorded<'_> {
     type Dir = ();
     type Keep = ();
 
-    fn visit(&self, srcs: &[Option<&DirFd>], _: &(), rel: &[u8]) -> Result<(u64, Vec<Sub<()>>)> {
+    fn visit(&self, srcs: &[Option<&DirFd>], _: &(), rel: &[u8]) -> Result<Visited<()>> {
         let mut merged = source::list_merged(self.sources, srcs, rel, self.filter, self.reporter)?;
         for e in merged.iter_mut() {
             let kind = e.kind();
@@ -461,7 +456,7 @@ impl Visit for Counting<'_> {
     type Keep = ();
 
     /// What goes at the directory at `rel` (not below it: the walk sums those).
-    fn visit(&self, srcs: &[Option<&DirFd>], _: &(), rel: &[u8]) -> Result<(u64, Vec<Sub<()>>)> {
+    fn visit(&self, srcs: &[Option<&DirFd>], _: &(), rel: &[u8]) -> Result<Visited<()>> {
         // Names and kinds decide what goes: no stat where the listing tells the kind.
         let mut entries = source::kinds_merged(self.sources, srcs, rel, self.filter)?;
         let live = self.ix.entries(rel)?;

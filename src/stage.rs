@@ -36,13 +36,14 @@ use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use crate::caps::{Caps, Flush};
-use crate::error::Failure;
+use crate::error::check_signal;
 use crate::escape::{c_style, display};
 use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
 use crate::tree::join;
 use crate::tree::{Entry, Meta, Node, Tree};
+use crate::walk::{Sub, Visit, Visited};
 
 /// What the stage needs besides the tree.
 pub struct Job<'a> {
@@ -361,7 +362,13 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         }
     }
     let live = s.recorded.as_ref().and(s.job.live);
-    w.dir(&srcs, live, s.recorded.is_some(), &out, &[])?;
+    let root = Staging {
+        out: out.try_clone().context("cannot open the staged root")?,
+        live: live.map(DirFd::try_clone).transpose()?,
+        recorded: s.recorded.is_some(),
+    };
+    crate::walk::run(&w, s.job.sources, &srcs, &root)?;
+    drop(root);
     w.place_leaders(&out, live)?;
     if !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct() {
         return Ok(None);
@@ -461,19 +468,91 @@ struct Leader {
     drifted: bool,
 }
 
+/// One directory of a streamed stage: made already in staging (`out`),
+/// the live generation's handle on it where it has one, and whether the
+/// live manifest lists a directory here (an update).
+struct Staging {
+    out: DirFd,
+    live: Option<DirFd>,
+    recorded: bool,
+}
+
+impl Visit for Walker<'_> {
+    type Dir = Staging;
+    /// A subdirectory's metadata, set once its entries are in, and whether
+    /// the live manifest has a directory of its name.
+    type Keep = (Meta, bool);
+
+    /// Stage the directory at `rel`: `srcs` holds each source's handle on
+    /// it, where that source provides it. Its own number: 1 where it holds
+    /// an entry linked at the end (its metadata is set then).
+    fn visit(
+        &self,
+        srcs: &[Option<&DirFd>],
+        at: &Staging,
+        rel: &[u8],
+    ) -> Result<Visited<(Meta, bool)>> {
+        self.stage_dir(srcs, at, rel)
+    }
+
+    fn enter(
+        &self,
+        at: &Staging,
+        keep: &(Meta, bool),
+        name: &[u8],
+        path: &[u8],
+    ) -> Result<Staging> {
+        let shown = || c_style(path);
+        at.out
+            .mkdir(name, 0o700)
+            .with_context(|| format!("cannot create directory {} in staging", shown()))?;
+        let out = at
+            .out
+            .open_dir(name)
+            .with_context(|| format!("cannot open staged directory {}", shown()))?;
+        // Gone or replaced on the volume: nothing to reuse below.
+        let was_dir = keep.1;
+        let live = at
+            .live
+            .as_ref()
+            .filter(|_| was_dir)
+            .and_then(|l| l.open_dir(name).ok());
+        Ok(Staging {
+            out,
+            live,
+            recorded: was_dir,
+        })
+    }
+
+    fn leave(&self, at: Staging, keep: (Meta, bool), path: &[u8], late: u64) -> Result<()> {
+        let meta = keep.0;
+        if late != 0 {
+            self.late.lock().unwrap().insert(path.to_vec(), meta);
+        } else {
+            let shown = || c_style(path);
+            apply_meta(&self.ctx, at.out.as_fd(), &meta)
+                .with_context(|| format!("cannot set metadata of staged {}", shown()))?;
+            self.ctx
+                .flush(at.out.as_fd())
+                .with_context(|| format!("cannot flush staged directory {}", shown()))?;
+        }
+        self.s.job.reporter.advance(0);
+        Ok(())
+    }
+}
+
 impl Walker<'_> {
     /// Stage the directory at `rel` (made already, open as `out`): `srcs`
     /// holds each source's handle on it, where that source provides it;
     /// `live` the live generation's, where it has one; `recorded`: the live
     /// manifest lists a directory here (an update).
-    fn dir(
+    fn stage_dir(
         &self,
         srcs: &[Option<&DirFd>],
-        live: Option<&DirFd>,
-        recorded: bool,
-        out: &DirFd,
+        at: &Staging,
         rel: &[u8],
-    ) -> Result<bool> {
+    ) -> Result<Visited<(Meta, bool)>> {
+        let (live, recorded, out) = (at.live.as_ref(), at.recorded, &at.out);
         let job = self.s.job;
         let mut entries = source::list_merged(job.sources, srcs, rel, self.s.filter, job.reporter)?;
         if rel.is_empty() {
@@ -570,50 +649,19 @@ impl Walker<'_> {
         })?;
         self.fragment(rel, &entries)?;
         // Then the subdirectories, holding only their names, sources and metadata.
-        let subdirs: Vec<(crate::tree::Name, u64, Meta, bool)> = entries
+        let subdirs = entries
             .into_iter()
             .zip(was_dir)
             .filter_map(|(e, was_dir)| match e.node {
-                Node::Dir(d) => Some((e.name, d.srcs, e.meta, was_dir)),
+                Node::Dir(d) => Some(Sub {
+                    name: e.name,
+                    srcs: d.srcs,
+                    keep: (e.meta, was_dir),
+                }),
                 _ => None,
             })
             .collect();
-        subdirs
-            .into_par_iter()
-            .try_for_each(|(name, bits, meta, was_dir)| -> Result<()> {
-                check_signal()?;
-                let path = join(rel, &name);
-                let shown = || c_style(&path);
-                out.mkdir(&name, 0o700)
-                    .with_context(|| format!("cannot create directory {} in staging", shown()))?;
-                let sub_out = out
-                    .open_dir(&name)
-                    .with_context(|| format!("cannot open staged directory {}", shown()))?;
-                let sub_srcs = source::open_dirs(job.sources, srcs, bits, &name, &path)?;
-                // Gone or replaced on the volume: nothing to reuse below.
-                let sub_live = live
-                    .filter(|_| was_dir)
-                    .and_then(|l| l.open_dir(&name).ok());
-                let late = self.dir(
-                    &source::borrow(&sub_srcs),
-                    sub_live.as_ref(),
-                    was_dir,
-                    &sub_out,
-                    &path,
-                )?;
-                if late {
-                    self.late.lock().unwrap().insert(path, meta);
-                } else {
-                    apply_meta(&self.ctx, sub_out.as_fd(), &meta)
-                        .with_context(|| format!("cannot set metadata of staged {}", shown()))?;
-                    self.ctx
-                        .flush(sub_out.as_fd())
-                        .with_context(|| format!("cannot flush staged directory {}", shown()))?;
-                }
-                job.reporter.advance(0);
-                Ok(())
-            })?;
-        Ok(holds_follower.into_inner())
+        Ok((u64::from(holds_follower.into_inner()), subdirs))
     }
 
     /// An update: compare one directory's entries with the live manifest's
@@ -842,13 +890,6 @@ impl SplitByte for [u8] {
     fn rsplit_once_byte(&self, b: u8) -> Option<(&[u8], &[u8])> {
         let i = self.iter().rposition(|&c| c == b)?;
         Some((&self[..i], &self[i + 1..]))
-    }
-}
-
-fn check_signal() -> Result<()> {
-    match sys::signals::pending() {
-        Some(sig) => Err(Failure::Interrupted(sig).into()),
-        None => Ok(()),
     }
 }
 

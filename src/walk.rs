@@ -30,6 +30,10 @@ pub struct Sub<N> {
     pub keep: N,
 }
 
+/// What a visit of one directory gives: its own number and the
+/// subdirectories to walk.
+pub type Visited<K> = (u64, Vec<Sub<K>>);
+
 /// What the walk asks of a visitor, a directory at a time.
 pub trait Visit: Sync {
     /// What the visitor holds open for one directory besides the sources'
@@ -47,7 +51,7 @@ pub trait Visit: Sync {
         srcs: &[Option<&DirFd>],
         dir: &Self::Dir,
         rel: &[u8],
-    ) -> Result<(u64, Vec<Sub<Self::Keep>>)>;
+    ) -> Result<Visited<Self::Keep>>;
 
     /// The visitor's `Dir` for the subdirectory `name` of `parent` (at
     /// `path`), on the thread that walks it.

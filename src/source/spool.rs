@@ -642,7 +642,11 @@ impl Spool {
         let res = self.make(&dir, name, &path, &h, reader, stats);
         self.put_back(parents, dir);
         res?;
-        layer.insert(path);
+        // What this layer made, which its own whiteouts leave alone: an
+        // archive has none, so keeps no list.
+        if whiteouts {
+            layer.insert(path);
+        }
         stats.entries += 1;
         Ok(())
     }
