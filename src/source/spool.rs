@@ -168,6 +168,15 @@ impl Metas {
     }
 }
 
+/// What the layer being applied made: its regular files by the number each
+/// carries (`first` and above, but for a lower layer's file made a file of
+/// the spool meanwhile, `Spool::taken`), the rest by path (directories,
+/// symlinks, hardlinks, files listed from the live generation: few).
+struct Made {
+    first: u64,
+    paths: HashSet<Vec<u8>>,
+}
+
 /// A private directory being filled from one or more tar streams.
 pub struct Spool {
     root: DirFd,
@@ -201,6 +210,9 @@ pub struct Spool {
     /// borrowed when their entry comes, their content not written.
     lent: HashMap<Vec<u8>, Entry>,
     lent_count: u64,
+    /// Numbers of lower layers' files copied in from the live generation
+    /// (`materialise`).
+    taken: HashSet<u64>,
 }
 
 /// The device number the scan gives borrowed files: no filesystem has it,
@@ -352,6 +364,7 @@ impl Spool {
             within: None,
             lent: HashMap::new(),
             lent_count: 0,
+            taken: HashSet::new(),
         })
     }
 
@@ -512,7 +525,10 @@ impl Spool {
         {
             let (format, decoded) = super::decode::decoded(&mut *r)?;
             let mut reader = tar::Reader::new(decoded);
-            let mut layer: HashSet<Vec<u8>> = HashSet::new();
+            let mut layer = Made {
+                first: self.files.next,
+                paths: HashSet::new(),
+            };
             let mut first = true;
             loop {
                 check_signal()?;
@@ -564,7 +580,7 @@ impl Spool {
         h: tar::Header,
         whiteouts: bool,
         what: &str,
-        layer: &mut HashSet<Vec<u8>>,
+        layer: &mut Made,
         stats: &mut LayerStats,
         reporter: &dyn Reporter,
     ) -> Result<()> {
@@ -609,7 +625,7 @@ impl Spool {
                     target.push(b'/');
                 }
                 target.extend_from_slice(gone);
-                if layer.contains(&target) {
+                if self.made_here(layer, &dir, gone, &target) {
                     Ok(())
                 } else {
                     self.remove(&dir, gone, &target)
@@ -639,13 +655,16 @@ impl Spool {
         }
         let dir = self.parent(parents, mtime)?;
         self.forget(&path);
+        // A file this layer writes is told by its number; a listed one
+        // (`lend`) has no file to carry it.
+        let numbered = h.kind == Kind::File && !self.lent.contains_key(&path);
         let res = self.make(&dir, name, &path, &h, reader, stats);
         self.put_back(parents, dir);
         res?;
         // What this layer made, which its own whiteouts leave alone: an
         // archive has none, so keeps no list.
-        if whiteouts {
-            layer.insert(path);
+        if whiteouts && !numbered {
+            layer.paths.insert(path);
         }
         stats.entries += 1;
         Ok(())
@@ -900,6 +919,8 @@ impl Spool {
         self.files
             .put(fd.as_fd(), &taken)
             .with_context(|| format!("cannot record {} in the spool", c_style(path)))?;
+        // A lower layer's file, though numbered now.
+        self.taken.insert(self.files.next - 1);
         self.forget(path);
         for m in members.iter().filter(|m| m.as_slice() != path) {
             let mparts = components(m)?;
@@ -964,14 +985,34 @@ impl Spool {
         Ok(())
     }
 
+    /// Whether the layer being applied made `name` in `dir` (at `path`):
+    /// its whiteouts hide lower layers' entries only.
+    fn made_here(&self, layer: &Made, dir: &DirFd, name: &[u8], path: &[u8]) -> bool {
+        if layer.paths.contains(path) {
+            return true;
+        }
+        match dir.stat(name) {
+            Ok(st) if sys::kind_of(&st) == StatKind::File => {
+                let at: Time = sys::mtime_of(&st).into();
+                u64::try_from(at.s).is_ok_and(|n| {
+                    at.ns == 0
+                        && n >= layer.first
+                        && n < self.files.next
+                        && !self.taken.contains(&n)
+                })
+            }
+            _ => false,
+        }
+    }
+
     /// `.wh..wh..opq` in `dir` (at `path`): remove what earlier layers put there.
-    fn opaque(&mut self, dir: &DirFd, path: &[u8], layer: &HashSet<Vec<u8>>) -> Result<()> {
+    fn opaque(&mut self, dir: &DirFd, path: &[u8], layer: &Made) -> Result<()> {
         let listed = dir
             .list()
             .with_context(|| format!("cannot list {} in the spool", c_style(path)))?;
         for l in listed {
             let p = crate::tree::join(path, &l.name);
-            if !layer.contains(&p) {
+            if !self.made_here(layer, dir, &l.name, &p) {
                 self.remove(dir, &l.name, &p)?;
             }
         }
@@ -1813,6 +1854,45 @@ mod tests {
         apply(&mut s, &upper, false).unwrap();
         let got: Vec<String> = paths(s).into_iter().map(|p| p.0).collect();
         assert!(got.contains(&"a/.wh.gone".to_string()), "{got:?}");
+    }
+
+    #[test]
+    fn a_layers_own_whiteouts_leave_what_it_made() {
+        let (_t, mut s) = spool();
+        let lower = archive(&[
+            (header(b"x/low", b'0', 1, b""), b"l"),
+            (header(b"lowlinked", b'0', 1, b""), b"k"),
+        ]);
+        apply(&mut s, &lower, true).unwrap();
+        // A file, a directory, a symlink and a hardlink to a lower file,
+        // each made by the layer that then whites it out, stay (whiteouts
+        // hide lower layers' entries); the lower file below `x` goes.
+        let upper = archive(&[
+            (header(b"up/file", b'0', 1, b""), b"f"),
+            (header(b"up/dir/", b'5', 0, b""), b""),
+            (header(b"up/sym", b'2', 0, b"file"), b""),
+            (header(b"hl", b'1', 0, b"lowlinked"), b""),
+            (header(b"x/mine", b'0', 1, b""), b"m"),
+            (header(b"up/.wh.file", b'0', 0, b""), b""),
+            (header(b"up/.wh.dir", b'0', 0, b""), b""),
+            (header(b"up/.wh.sym", b'0', 0, b""), b""),
+            (header(b".wh.hl", b'0', 0, b""), b""),
+            (header(b"x/.wh..wh..opq", b'0', 0, b""), b""),
+        ]);
+        let stats = apply(&mut s, &upper, true).unwrap();
+        assert_eq!(stats.whiteouts, 5);
+        let got: Vec<String> = paths(s).into_iter().map(|p| p.0).collect();
+        let want = [
+            "hl",
+            "lowlinked",
+            "up",
+            "up/dir",
+            "up/file",
+            "up/sym",
+            "x",
+            "x/mine",
+        ];
+        assert_eq!(got, want);
     }
 
     #[test]
