@@ -355,19 +355,19 @@ fn round_on(
             .map(|r| Attempt::Done(Box::new(r)));
     }
 
+    let streamed_round = |recorded| StreamedRound {
+        cfg,
+        vol: &vol,
+        dest: &dest,
+        sources: &sources,
+        adjust: &adjust,
+        recorded,
+    };
     let streamed = (damage.is_none() && !trusting)
         .then(|| streams(cfg, live_gen, &dest, &sources))
         .flatten();
     if let Some(recorded) = streamed {
-        let s = StreamedRound {
-            cfg,
-            vol: &vol,
-            dest: &dest,
-            sources: &sources,
-            adjust: &adjust,
-            recorded,
-        };
-        match s.run(console, start, None)? {
+        match streamed_round(recorded).run(console, start, None)? {
             Ok(round) => return Ok(Attempt::Done(Box::new(round))),
             // The live tree joined files its manifest has apart: the
             // whole-tree path below sees its inodes and copies them apart.
@@ -441,14 +441,7 @@ fn round_on(
                 return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            let s = StreamedRound {
-                cfg,
-                vol: &vol,
-                dest: &dest,
-                sources: &sources,
-                adjust: &adjust,
-                recorded,
-            };
+            let s = streamed_round(recorded);
             let early = Early {
                 state: st,
                 stage: early.take().expect("matched"),

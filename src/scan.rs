@@ -261,18 +261,7 @@ impl Visit for Paired<'_> {
             *self.top.lock().unwrap() = merged.iter().map(|e| e.name.to_vec()).collect();
         }
         // Only the subdirectories' names and sources are held while they are walked.
-        let subdirs = merged
-            .into_iter()
-            .filter_map(|e| match e.node {
-                Node::Dir(d) => Some(Sub {
-                    name: e.name,
-                    srcs: d.srcs,
-                    keep: (),
-                }),
-                _ => None,
-            })
-            .collect();
-        Ok((0, subdirs))
+        Ok((0, crate::walk::subdirs(merged)))
     }
 
     fn enter(&self, live: &DirFd, _: &(), name: &[u8], path: &[u8]) -> Result<DirFd> {
@@ -385,18 +374,7 @@ impl Visit for Recorded<'_> {
             self.differs.store(true, Ordering::Relaxed);
             return Ok((0, Vec::new()));
         }
-        let subdirs = merged
-            .into_iter()
-            .filter_map(|e| match e.node {
-                Node::Dir(d) => Some(Sub {
-                    name: e.name,
-                    srcs: d.srcs,
-                    keep: (),
-                }),
-                _ => None,
-            })
-            .collect();
-        Ok((0, subdirs))
+        Ok((0, crate::walk::subdirs(merged)))
     }
 
     fn enter(&self, _: &(), _: &(), _: &[u8], _: &[u8]) -> Result<()> {

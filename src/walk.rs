@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::error::check_signal;
 use crate::source::{self, Source};
 use crate::sys::DirFd;
-use crate::tree::{join, Name};
+use crate::tree::{join, Entry, Name, Node};
 
 /// A subdirectory to walk: its name, which sources hold it (a bit per
 /// source index, as `DirNode::srcs`), and what the visitor keeps of it
@@ -28,6 +28,22 @@ pub struct Sub<N> {
     pub name: Name,
     pub srcs: u64,
     pub keep: N,
+}
+
+/// The subdirectories among one directory's `entries`, to walk with
+/// nothing kept of them but their names and sources.
+pub fn subdirs(entries: Vec<Entry>) -> Vec<Sub<()>> {
+    entries
+        .into_iter()
+        .filter_map(|e| match e.node {
+            Node::Dir(d) => Some(Sub {
+                name: e.name,
+                srcs: d.srcs,
+                keep: (),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// What a visit of one directory gives: its own number and the
