@@ -96,7 +96,13 @@ struct Metas {
     fd: OwnedFd,
     read: OwnedFd,
     next: u64,
+    /// Records not written yet (`flush`: at `BATCH`, and when the spool is
+    /// filled, before any is read).
+    pending: Vec<u8>,
 }
+
+/// Bytes of records written, or read for one directory, at once.
+const BATCH: usize = 64 * 1024;
 
 const RECORD: usize = 72;
 
@@ -110,7 +116,12 @@ impl Metas {
         let read = at
             .open_read(&file)
             .with_context(|| format!("cannot open the spool's record {}", c_style(&file)))?;
-        Ok(Metas { fd, read, next: 0 })
+        Ok(Metas {
+            fd,
+            read,
+            next: 0,
+            pending: Vec::new(),
+        })
     }
 
     /// Record `m` for the spooled file `file` (open), and number it.
@@ -125,47 +136,101 @@ impl Metas {
         r[52..60].copy_from_slice(&m.mtime.s.to_le_bytes());
         r[60..64].copy_from_slice(&m.mtime.ns.to_le_bytes());
         r[64..68].copy_from_slice(&m.xattrs.number().to_le_bytes());
-        sys::write_all(self.fd.as_fd(), &r)?;
+        self.pending.extend_from_slice(&r);
+        if self.pending.len() >= BATCH {
+            self.flush()?;
+        }
         let n = i64::try_from(self.next).map_err(|_| io::Error::other("too many files"))?;
         sys::set_meta_fd(file, None, None, (n, 0))?;
         self.next += 1;
         Ok(())
     }
 
-    /// The record of the file whose mtime in the spool is `at`, if it
-    /// names inode `ino`.
-    fn get(&self, at: Time, ino: u64) -> Option<FileMeta> {
-        let n = u64::try_from(at.s)
+    fn flush(&mut self) -> io::Result<()> {
+        sys::write_all(self.fd.as_fd(), &self.pending)?;
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// The number a file whose mtime in the spool is `at` carries.
+    fn number(&self, at: Time) -> Option<u64> {
+        u64::try_from(at.s)
             .ok()
-            .filter(|&n| n < self.next && at.ns == 0)?;
-        let mut r = [0u8; RECORD];
+            .filter(|&n| n < self.next && at.ns == 0)
+    }
+
+    /// Records `from..to` read at once (`None` where the file is short).
+    fn read(&self, from: u64, to: u64) -> Option<Vec<u8>> {
+        let mut buf = vec![0u8; ((to - from) as usize) * RECORD];
         let mut got = 0;
-        while got < RECORD {
+        while got < buf.len() {
             match sys::pread(
                 self.read.as_fd(),
-                &mut r[got..],
-                n * RECORD as u64 + got as u64,
+                &mut buf[got..],
+                from * RECORD as u64 + got as u64,
             ) {
                 Ok(0) | Err(_) => return None,
                 Ok(k) => got += k,
             }
         }
-        let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().expect("4 bytes"));
-        if u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")) != ino {
-            return None;
-        }
-        Some(FileMeta {
-            hash: r[8..40].try_into().expect("32 bytes"),
-            mode: u32_at(40),
-            uid: u32_at(44),
-            gid: u32_at(48),
-            mtime: Time {
-                s: i64::from_le_bytes(r[52..60].try_into().expect("8 bytes")),
-                ns: u32_at(60),
-            },
-            xattrs: Set::from_number(u32_at(64))?,
-        })
+        Some(buf)
     }
+
+    /// The record of the file whose mtime in the spool is `at`, if it
+    /// names inode `ino`.
+    fn get(&self, at: Time, ino: u64) -> Option<FileMeta> {
+        let n = self.number(at)?;
+        decode(&self.read(n, n + 1)?, ino)
+    }
+
+    /// `get` for each of one directory's files (`None` for an entry that
+    /// is no file), their records read in one piece where they lie
+    /// together, as the files of one directory of an archive do.
+    fn get_all(&self, wants: &[Option<(Time, u64)>]) -> Vec<Option<FileMeta>> {
+        let numbers: Vec<Option<u64>> = wants
+            .iter()
+            .map(|w| w.and_then(|(at, _)| self.number(at)))
+            .collect();
+        let (lo, hi) = numbers
+            .iter()
+            .flatten()
+            .fold((u64::MAX, 0), |(lo, hi), &n| (lo.min(n), hi.max(n + 1)));
+        let together = lo < hi && ((hi - lo) as usize) * RECORD <= BATCH;
+        let block = together.then(|| self.read(lo, hi)).flatten();
+        wants
+            .iter()
+            .zip(&numbers)
+            .map(|(w, n)| {
+                let ((at, ino), n) = (w.as_ref()?, (*n)?);
+                match &block {
+                    Some(b) => {
+                        let i = ((n - lo) as usize) * RECORD;
+                        decode(&b[i..i + RECORD], *ino)
+                    }
+                    None => self.get(*at, *ino),
+                }
+            })
+            .collect()
+    }
+}
+
+/// One record, if it names inode `ino`.
+fn decode(r: &[u8], ino: u64) -> Option<FileMeta> {
+    let u32_at = |i: usize| u32::from_le_bytes(r[i..i + 4].try_into().expect("4 bytes"));
+    if u64::from_le_bytes(r[0..8].try_into().expect("8 bytes")) != ino {
+        return None;
+    }
+    Some(FileMeta {
+        hash: r[8..40].try_into().expect("32 bytes"),
+        mode: u32_at(40),
+        uid: u32_at(44),
+        gid: u32_at(48),
+        mtime: Time {
+            s: i64::from_le_bytes(r[52..60].try_into().expect("8 bytes")),
+            ns: u32_at(60),
+        },
+        xattrs: Set::from_number(u32_at(64))?,
+    })
 }
 
 /// What the layer being applied made: its regular files by the number each
@@ -1120,6 +1185,10 @@ impl Spool {
         subpath: Option<&[u8]>,
     ) -> Result<Spooled> {
         let incomplete = self.incomplete();
+        let mut files = self.files;
+        files
+            .flush()
+            .context("cannot write the spool's records in staging")?;
         let seeded = self.borrowed.is_some();
         let why = self.borrowed.as_ref().and_then(|b| b.why.clone());
         let (root, prefix) = match subpath {
@@ -1143,7 +1212,7 @@ impl Spool {
         Ok(Spooled {
             root,
             prefix,
-            files: self.files,
+            files,
             linked: Default::default(),
             dirs: self.dirs,
             newest: self.newest,
@@ -1270,13 +1339,22 @@ impl Spooled {
     /// Give the entry `e` at `p` (listed from the spool) the metadata and
     /// hash its stream gave; false for a file the spool did not write.
     fn given(&self, p: &[u8], e: &mut Entry) -> bool {
+        let read = match &e.node {
+            Node::File(f) => self.files.get(self.numbered(f, e.meta.mtime), f.ino),
+            _ => None,
+        };
+        self.given_as(p, e, read)
+    }
+
+    /// `given`, with the file's record read already (`Metas::get_all`).
+    fn given_as(&self, p: &[u8], e: &mut Entry, read: Option<FileMeta>) -> bool {
         match &mut e.node {
             Node::Dir(_) => {
                 if let Some(m) = self.dirs.get(&self.full(p)) {
                     e.meta = *m;
                 }
             }
-            Node::File(f) => match self.files.get(self.numbered(f, e.meta.mtime), f.ino) {
+            Node::File(f) => match read {
                 Some(m) => {
                     e.meta = Meta {
                         mode: m.mode,
@@ -1562,9 +1640,17 @@ impl Source for Spooled {
             bail!("{}: a seeded spool is scanned whole", self.label);
         }
         let mut entries = Dir::list(fd, rel, &self.label, src, filter, reporter)?;
-        for e in entries.iter_mut() {
+        let wants: Vec<Option<(Time, u64)>> = entries
+            .iter()
+            .map(|e| match &e.node {
+                Node::File(f) => Some((self.numbered(f, e.meta.mtime), f.ino)),
+                _ => None,
+            })
+            .collect();
+        let read = self.files.get_all(&wants);
+        for (e, m) in entries.iter_mut().zip(read) {
             let p = crate::tree::join(rel, &e.name);
-            if !self.given(&p, e) {
+            if !self.given_as(&p, e, m) {
                 return Err(self.not_written(&p));
             }
         }
