@@ -141,10 +141,6 @@ impl Layout {
 fn run(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, String) {
     let mut c = Command::new(bin);
     clean_env(&mut c).args(args).current_dir(dir);
-    // One thread: with more, which link of a source inode of several the
-    // walk reaches first decides whether that inode is hardlinked from the
-    // live generation or copied (`stage::stream`), and so the counts.
-    c.env("RAYON_NUM_THREADS", "1");
     let out = Run::from(c.output().unwrap());
     let stdout = out.stdout.replace(dest, "DEST");
     let mut json = if stdout.trim().is_empty() {
