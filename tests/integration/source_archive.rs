@@ -7,7 +7,7 @@ use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::fixture::{links, snapshot, Fixture, Run};
+use crate::fixture::{json, links, snapshot, Fixture, Run};
 
 /// One entry of an archive the test builds.
 #[derive(Clone)]
@@ -243,6 +243,47 @@ fn a_changed_bundle_updates_and_unchanged_files_are_hardlinked() {
     assert!(fs::read_to_string(f.dest().join(".manifest"))
         .unwrap()
         .contains("\"2\""));
+}
+
+/// An archive made again (other bytes: here plain tar, then zstd) with the
+/// same tree is up to date, compared by content with the live manifest,
+/// and publishes nothing; one whose only change is a file of the same size
+/// and mtime with other bytes is synced, that file copied anew and every
+/// other hardlinked from the live generation.
+#[test]
+fn an_archive_made_again_is_up_to_date_by_content_and_a_same_size_edit_alone_is_not() {
+    let f = Fixture::new();
+    let entries = bundle("1", r#"{"users":["a"]}"#);
+    let a = f.archive("b.tar", &tar(&entries));
+    let first = json(&f.sync_from(&[&a], &["--json"]).ok());
+    assert_eq!(first["status"], "synced", "{first}");
+    let y = ino(&f.dest().join("authz/y.rego"));
+    let gens = || fs::read_dir(f.state().join("gen")).unwrap().count();
+
+    let again = f.archive("b.tar", &zstd(&tar(&entries)));
+    let v = json(&f.sync_from(&[&again], &["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+    assert_eq!(v["generation"], first["generation"], "{v}");
+    assert_eq!(gens(), 1);
+
+    let edited = bundle("1", r#"{"users":["b"]}"#);
+    let b = f.archive("b.tar", &tar(&edited));
+    let v = json(&f.sync_from(&[&b], &["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(
+        (v["changed"].as_u64(), v["copied"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
+    assert_eq!(
+        fs::read_to_string(f.dest().join("data.json")).unwrap(),
+        r#"{"users":["b"]}"#
+    );
+    assert_eq!(
+        ino(&f.dest().join("authz/y.rego")),
+        y,
+        "hardlinked, not copied"
+    );
 }
 
 #[test]
