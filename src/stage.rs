@@ -232,15 +232,18 @@ pub fn run(job: &Job<'_>, tree: &mut Tree, staging: &DirFd) -> Result<Staged> {
     // from the live generation, or copied), path by path as the plan and
     // the streamed stage count.
     let mut went: HashMap<&[u8], (bool, u64)> = HashMap::new();
-    tree.for_each(&mut |path, e| {
-        if let Node::File(f) = &e.node {
-            if let Some(leader) = f.group.and_then(|g| ctx.leaders.get(&g)) {
-                if leader.as_slice() == path {
-                    went.insert(leader.as_slice(), (f.reuse, e.meta.size));
+    // One more pass over the tree, only where it holds a group.
+    if !links.is_empty() {
+        tree.for_each(&mut |path, e| {
+            if let Node::File(f) = &e.node {
+                if let Some(leader) = f.group.and_then(|g| ctx.leaders.get(&g)) {
+                    if leader.as_slice() == path {
+                        went.insert(leader.as_slice(), (f.reuse, e.meta.size));
+                    }
                 }
             }
-        }
-    });
+        });
+    }
     for (_, leader) in &links {
         match went.get(leader.as_slice()) {
             Some(&(true, _)) => _ = ctx.reused.fetch_add(1, Ordering::Relaxed),
