@@ -375,6 +375,45 @@ fn round_on(
         }
     }
 
+    // A dry run of directories, planned a directory at a time: only the
+    // changes are held (where `--itemize` lists them).
+    let surveyed = (damage.is_none() && !trusting && same_gen.is_none())
+        .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
+        .flatten();
+    if let Some((sv, warnings, header)) = surveyed {
+        let gen = live_gen.map(|l| l.gen.as_str());
+        let live_label = header.as_ref().and_then(|h| h.label.as_deref());
+        let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
+        let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
+        let totals = Totals {
+            empty: sv.top.is_empty(),
+            live_nonempty: !sv.live_top.is_empty(),
+            deleted: sv.plan.deleted,
+            names: &names,
+            live_names: gen.map(|_| &live_names[..]),
+        };
+        let check = guards(cfg, &vol, &totals, gen, live_label)?;
+        let up_to_date = sv.plan.up_to_date()
+            && gen.is_some()
+            && (cfg.label.is_none() || cfg.label_text() == live_label);
+        let counts = (sv.entries, sv.bytes);
+        let mut summary = summary_of(cfg, &vol, counts, &sv.plan, gen, up_to_date);
+        if cfg.itemize {
+            report::itemize(&sv.plan, output, &mut summary);
+        }
+        let planned = Planned {
+            summary,
+            check,
+            warnings,
+            gen,
+            live_label,
+            up_to_date,
+        };
+        return planned
+            .end(cfg, &vol, state.as_ref(), console, pass, start)
+            .map(|r| Attempt::Done(Box::new(r)));
+    }
+
     // Scan the sources and the live generation at the same time. A
     // streamed source (an archive) is first read into a spool inside this
     // writer's staging directory, so that comes first then; a state
@@ -533,7 +572,8 @@ fn round_on(
     let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
     let check = guards(cfg, &vol, &totals, live.gen.as_deref(), live_label)?;
     let up_to_date = up_to_date(cfg, &plan, &live, &verified);
-    let mut summary = summary_of(cfg, &vol, &tree, &plan, &live, up_to_date);
+    let counts = (tree.count(), tree.bytes());
+    let mut summary = summary_of(cfg, &vol, counts, &plan, live.gen.as_deref(), up_to_date);
     if cfg.itemize {
         report::itemize(&plan, output, &mut summary);
     }
@@ -746,6 +786,88 @@ fn streams(
         }
         _ => None,
     }
+}
+
+/// A dry run planned a directory at a time (`scan::plan_live`), with what
+/// its listings reported and the live manifest's header: for directory
+/// sources onto nothing or onto a live generation whose manifest indexes
+/// and whose volume shows hardlinks, without `--checksum`, `--set-mtime`,
+/// `--xattrs` or `--label auto` (those compare or read whole trees).
+/// `None` where it does not apply, where either side holds a hardlink
+/// group, or at any error: the whole-tree path then plans (and says what
+/// failed, as it always has).
+fn survey(
+    cfg: &SyncConfig,
+    dest: &Dest,
+    live: Option<&LiveGen>,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+) -> Option<(scan::Surveyed, Collected, Option<Manifest>)> {
+    let applies = cfg.dry_run
+        && !cfg.checksum
+        && cfg.set_mtime.is_none()
+        && !cfg.filter.xattrs
+        && (!cfg.label_auto || cfg.label.is_some())
+        && !sources.streamed()
+        && sources
+            .all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory());
+    if !applies {
+        return None;
+    }
+    let (live, header, index) = match dest {
+        Dest::Absent => (None, None, None),
+        Dest::Live(_) => {
+            let live = live?;
+            let header = live.header()?.clone();
+            if !header.hardlinks {
+                return None;
+            }
+            // A manifest that does not index leaves the plan to whole trees.
+            let index = live.index()?;
+            (Some(live), Some(header), Some(index))
+        }
+        _ => return None,
+    };
+    let side = match (live, &header, &index) {
+        (Some(live), Some(header), Some(index)) => {
+            let side = scan::LiveSide {
+                root: live.root().ok()?,
+                label: &live.label,
+                index,
+                recorded: Compare {
+                    owners: header.owners,
+                    checksum: false,
+                    granularity_ns: header.granularity_ns,
+                    link_meta: header.link_meta,
+                    by_content: 0,
+                    xattrs: false,
+                },
+            };
+            Some(side)
+        }
+        _ => None,
+    };
+    let warnings = Collected::default();
+    let survey = scan::Survey {
+        sources: &sources.refs(),
+        filter: &cfg.filter,
+        reporter: &warnings,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        compare: Compare {
+            owners: adjust.mirrored,
+            checksum: false,
+            granularity_ns: header.as_ref().map_or(1, |m| m.granularity_ns),
+            link_meta: header.as_ref().is_none_or(|m| m.link_meta),
+            by_content: sources.by_content(),
+            xattrs: true,
+        },
+        live: side,
+        list: cfg.itemize,
+    };
+    let surveyed = scan::plan_live(&survey).ok().flatten()?;
+    Some((surveyed, warnings, header))
 }
 
 /// A round found up to date by a compare a directory at a time (`Quick`):
@@ -1372,22 +1494,24 @@ fn up_to_date(cfg: &SyncConfig, plan: &Plan, live: &Live, verified: &[(usize, St
 
 /// The summary as planned: "up to date", or what a dry run would do, or
 /// counts that staging completes (`note_staged`).
+/// `entries` and `bytes`: the new tree's (`Tree::count`, `Tree::bytes`);
+/// `gen`: the live generation.
 fn summary_of(
     cfg: &SyncConfig,
     vol: &Volume,
-    tree: &Tree,
+    (entries, bytes): (u64, u64),
     plan: &Plan,
-    live: &Live,
+    gen: Option<&str>,
     up_to_date: bool,
 ) -> Summary {
     let mut s = Summary {
         dest: vol.display.clone(),
-        entries: tree.count(),
-        bytes: tree.bytes(),
+        entries,
+        bytes,
         added: plan.added,
         changed: plan.changed,
         deleted: plan.deleted,
-        previous: live.gen.clone(),
+        previous: gen.map(str::to_string),
         label: cfg.label_text().map(str::to_string),
         dry_run: cfg.dry_run,
         ..Default::default()
@@ -1398,7 +1522,7 @@ fn summary_of(
         } else {
             "would sync"
         };
-        s.generation = live.gen.clone();
+        s.generation = gen.map(str::to_string);
     }
     if cfg.dry_run {
         (s.copied, s.copied_bytes, s.reused) = (plan.copied, plan.copied_bytes, plan.reused);

@@ -80,6 +80,37 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// An empty plan that lists its changes (`list`) or only counts them.
+    pub fn new(list: bool) -> Plan {
+        Plan {
+            listed: list,
+            ..Plan::default()
+        }
+    }
+
+    /// Add what `other` found (a plan of other directories).
+    pub fn absorb(&mut self, other: Plan) {
+        self.changes.extend(other.changes);
+        self.found += other.found;
+        self.added += other.added;
+        self.changed += other.changed;
+        self.deleted += other.deleted;
+        self.reused += other.reused;
+        self.copied += other.copied;
+        self.copied_bytes += other.copied_bytes;
+    }
+
+    /// The changes in path order, each once: what `--itemize` shows, however
+    /// the directories were compared.
+    pub fn sort(&mut self) {
+        if self.changes.len() > 1 {
+            self.changes
+                .sort_by(|a, b| a.path.cmp(&b.path).then((a.op as u8).cmp(&(b.op as u8))));
+            self.changes
+                .dedup_by(|a, b| a.path == b.path && a.op == b.op);
+        }
+    }
+
     /// Nothing to do: the live tree already equals the source.
     pub fn up_to_date(&self) -> bool {
         self.found == 0
@@ -250,30 +281,10 @@ pub fn build_counted(src: &mut Tree, live: Option<&Tree>, c: &Compare) -> Plan {
 }
 
 fn build_with(src: &mut Tree, live: Option<&Tree>, c: &Compare, list: bool) -> Plan {
-    let mut plan = Plan {
-        listed: list,
-        ..Plan::default()
-    };
+    let mut plan = Plan::new(list);
     let empty = Vec::new();
     let live_entries = live.map(|l| &l.entries).unwrap_or(&empty);
-    if let Some(l) = live {
-        let root_src = Entry {
-            name: Default::default(),
-            meta: src.root,
-            node: Node::Dir(Default::default()),
-        };
-        let root_live = Entry {
-            name: Default::default(),
-            meta: l.root,
-            node: Node::Dir(Default::default()),
-        };
-        if !same_entry(&root_src, &root_live, c) {
-            plan.changed += 1;
-            plan.note(Op::Change, Kind::Dir, b".");
-        }
-    } else {
-        plan.note(Op::Add, Kind::Dir, b".");
-    }
+    root(&mut plan, src.root, live.map(|l| l.root), c);
     let mut pairs = Vec::new();
     diff(
         &mut src.entries,
@@ -287,10 +298,29 @@ fn build_with(src: &mut Tree, live: Option<&Tree>, c: &Compare, list: bool) -> P
     plan
 }
 
+/// The root directory's change: its metadata against the live root's, or
+/// added where nothing is live.
+pub fn root(plan: &mut Plan, src: Meta, live: Option<Meta>, c: &Compare) {
+    let dir = |meta| Entry {
+        name: Default::default(),
+        meta,
+        node: Node::Dir(Default::default()),
+    };
+    match live {
+        Some(l) if !same_entry(&dir(src), &dir(l), c) => {
+            plan.changed += 1;
+            plan.note(Op::Change, Kind::Dir, b".");
+        }
+        Some(_) => {}
+        None => plan.note(Op::Add, Kind::Dir, b"."),
+    }
+}
+
 /// (path, source group, live group, the source inode where the file has
 /// links outside the tree) of every file kept equal, to check hardlinks.
-type Pair = (Vec<u8>, Option<u32>, Option<u32>, Option<(u64, u64)>);
+pub type Pair = (Vec<u8>, Option<u32>, Option<u32>, Option<(u64, u64)>);
 
+/// The whole trees compared: `dir` at every directory, folded.
 fn diff(
     src: &mut [Entry],
     live: &[Entry],
@@ -299,54 +329,119 @@ fn diff(
     plan: &mut Plan,
     pairs: &mut Vec<Pair>,
 ) {
-    let mut li = 0;
-    for s in src.iter_mut() {
-        while li < live.len() && live[li].name < s.name {
-            deleted(&live[li], prefix, plan);
-            li += 1;
-        }
+    for below in dir(src, live, prefix, c, plan, pairs) {
         let base = prefix.len();
+        let name = match below.src {
+            Some(i) => &src[i].name,
+            None => &live[below.live.expect("one side")].name,
+        };
         if base > 0 {
             prefix.push(b'/');
         }
-        prefix.extend_from_slice(&s.name);
+        prefix.extend_from_slice(name);
+        let live_children = match below.live.map(|i| &live[i].node) {
+            Some(Node::Dir(d)) => &d.entries[..],
+            _ => &[],
+        };
+        let src_children = match below.src.map(|i| &mut src[i].node) {
+            Some(Node::Dir(d)) => &mut d.entries[..],
+            _ => &mut [],
+        };
+        diff(src_children, live_children, prefix, c, plan, pairs);
+        prefix.truncate(base);
+    }
+}
+
+/// A subdirectory one `dir` leaves to compare: its index among the
+/// source entries where the sources hold it as a directory (its children
+/// are then added or compared), among the live entries where the live
+/// tree does (its children are then deleted or compared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Below {
+    pub src: Option<usize>,
+    pub live: Option<usize>,
+}
+
+/// Compare one directory: the sources' entries `src` (sorted by name)
+/// with the live tree's `live` at the same path (`prefix`, empty at the
+/// root), their children aside. Counts and notes each change in `plan`,
+/// marks the files to reuse from the live tree (`File::reuse`, taking its
+/// hash), keeps in `pairs` the files kept equal that are hardlinked on
+/// either side, and returns the subdirectories to compare next. The one
+/// comparer: the whole-tree plan folds it over both trees (`diff`); a walk
+/// a directory at a time calls it on each directory's listings
+/// (`scan::plan_live`).
+pub fn dir(
+    src: &mut [Entry],
+    live: &[Entry],
+    prefix: &[u8],
+    c: &Compare,
+    plan: &mut Plan,
+    pairs: &mut Vec<Pair>,
+) -> Vec<Below> {
+    let mut below = Vec::new();
+    let mut path = prefix.to_vec();
+    let base = path.len();
+    let at = |path: &mut Vec<u8>, name: &[u8]| {
+        path.truncate(base);
+        if base > 0 {
+            path.push(b'/');
+        }
+        path.extend_from_slice(name);
+    };
+    let is_dir = |e: &Entry| matches!(e.node, Node::Dir(_));
+    let mut li = 0;
+    for (si, s) in src.iter_mut().enumerate() {
+        while li < live.len() && live[li].name < s.name {
+            at(&mut path, &live[li].name);
+            deleted(&live[li], &path, plan);
+            if is_dir(&live[li]) {
+                below.push(Below {
+                    src: None,
+                    live: Some(li),
+                });
+            }
+            li += 1;
+        }
+        at(&mut path, &s.name);
         let l = (li < live.len() && live[li].name == s.name).then(|| {
             li += 1;
-            &live[li - 1]
+            (li - 1, &live[li - 1])
         });
         match l {
-            None => added(s, prefix, plan),
-            Some(l) if l.kind() != s.kind() => {
-                // A file became a directory or the like: the old one goes, the new one comes.
-                if let Node::Dir(d) = &l.node {
-                    for child in &d.entries {
-                        deleted(child, prefix, plan);
-                    }
-                }
-                plan.changed += 1;
-                plan.note(Op::Change, s.kind(), prefix);
-                if let Node::Dir(d) = &mut s.node {
-                    for child in d.entries.iter_mut() {
-                        let b2 = prefix.len();
-                        prefix.push(b'/');
-                        prefix.extend_from_slice(&child.name);
-                        added(child, prefix, plan);
-                        prefix.truncate(b2);
-                    }
-                } else {
-                    count_copy(s, plan);
+            None => {
+                added(s, &path, plan);
+                if is_dir(s) {
+                    below.push(Below {
+                        src: Some(si),
+                        live: None,
+                    });
                 }
             }
-            Some(l) => {
+            Some((lj, l)) if l.kind() != s.kind() => {
+                // A file became a directory or the like: the old one goes
+                // (its children below), the new one comes.
+                plan.changed += 1;
+                plan.note(Op::Change, s.kind(), &path);
+                count_copy(s, plan);
+                if is_dir(s) || is_dir(l) {
+                    below.push(Below {
+                        src: is_dir(s).then_some(si),
+                        live: is_dir(l).then_some(lj),
+                    });
+                }
+            }
+            Some((lj, l)) => {
                 let same = same_entry(s, l, c) && same_content(s, l, c);
                 if !same {
                     plan.changed += 1;
-                    plan.note(Op::Change, s.kind(), prefix);
+                    plan.note(Op::Change, s.kind(), &path);
                 }
                 match (&mut s.node, &l.node) {
-                    (Node::Dir(sd), Node::Dir(ld)) => {
-                        diff(&mut sd.entries, &ld.entries, prefix, c, plan, pairs)
-                    }
+                    (Node::Dir(_), Node::Dir(_)) => below.push(Below {
+                        src: Some(si),
+                        live: Some(lj),
+                    }),
                     (Node::File(sf), Node::File(lf)) => {
                         if same && lf.hash.is_some() && (!c.checksum || sf.hash == lf.hash) {
                             sf.reuse = true;
@@ -359,7 +454,7 @@ fn diff(
                             if let (Node::File(sf), Node::File(lf)) = (&s.node, &l.node) {
                                 if sf.group.is_some() || lf.group.is_some() {
                                     let outside = (sf.nlink > 1).then_some((sf.dev, sf.ino));
-                                    pairs.push((prefix.clone(), sf.group, lf.group, outside));
+                                    pairs.push((path.clone(), sf.group, lf.group, outside));
                                 }
                             }
                         }
@@ -368,11 +463,18 @@ fn diff(
                 }
             }
         }
-        prefix.truncate(base);
     }
-    for l in &live[li..] {
-        deleted(l, prefix, plan);
+    for (lj, l) in live.iter().enumerate().skip(li) {
+        at(&mut path, &l.name);
+        deleted(l, &path, plan);
+        if is_dir(l) {
+            below.push(Below {
+                src: None,
+                live: Some(lj),
+            });
+        }
     }
+    below
 }
 
 fn count_copy(e: &Entry, plan: &mut Plan) {
@@ -382,34 +484,17 @@ fn count_copy(e: &Entry, plan: &mut Plan) {
     }
 }
 
-fn added(e: &mut Entry, path: &mut Vec<u8>, plan: &mut Plan) {
+/// `e` at `path` is new (its children are compared as `dir` says).
+fn added(e: &Entry, path: &[u8], plan: &mut Plan) {
     plan.added += 1;
     plan.note(Op::Add, e.kind(), path);
     count_copy(e, plan);
-    if let Node::Dir(d) = &mut e.node {
-        for child in d.entries.iter_mut() {
-            let base = path.len();
-            path.push(b'/');
-            path.extend_from_slice(&child.name);
-            added(child, path, plan);
-            path.truncate(base);
-        }
-    }
 }
 
-fn deleted(e: &Entry, prefix: &[u8], plan: &mut Plan) {
-    let mut path = prefix.to_vec();
-    if !path.is_empty() {
-        path.push(b'/');
-    }
-    path.extend_from_slice(&e.name);
-    if let Node::Dir(d) = &e.node {
-        for child in &d.entries {
-            deleted(child, &path, plan);
-        }
-    }
+/// The live `e` at `path` goes (its children are compared as `dir` says).
+fn deleted(e: &Entry, path: &[u8], plan: &mut Plan) {
     plan.deleted += 1;
-    plan.note(Op::Delete, e.kind(), &path);
+    plan.note(Op::Delete, e.kind(), path);
 }
 
 /// A file kept equal to the live one (`same_entry`) that is hardlinked on
@@ -517,12 +602,7 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
             }
         });
     }
-    if plan.changes.len() > 1 {
-        plan.changes
-            .sort_by(|a, b| a.path.cmp(&b.path).then((a.op as u8).cmp(&(b.op as u8))));
-        plan.changes
-            .dedup_by(|a, b| a.path == b.path && a.op == b.op);
-    }
+    plan.sort();
 }
 
 #[cfg(test)]

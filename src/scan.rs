@@ -462,6 +462,270 @@ impl Visit for Counting<'_> {
     }
 }
 
+/// What `plan_live` compares: the sources with the live generation, as
+/// a dry run sees them.
+pub struct Survey<'a> {
+    /// Every SOURCE, in order; each `lists_by_directory`.
+    pub sources: &'a [&'a dyn Source],
+    pub filter: &'a Filter,
+    /// Where skipped entries (of either side) are reported.
+    pub reporter: &'a dyn Reporter,
+    /// What the sync does to a source entry's owner and mode.
+    pub adjust: &'a (dyn Fn(&mut Meta, Kind) + Sync),
+    pub compare: Compare,
+    /// The live generation (none on a first sync).
+    pub live: Option<LiveSide<'a>>,
+    /// List the changes (`--itemize`), not only count them.
+    pub list: bool,
+}
+
+/// The live generation as a dry run compares with it: its listing, with
+/// the hashes and attributes its manifest records for entries the listing
+/// still shows as recorded (how the whole-tree path attaches them).
+pub struct LiveSide<'a> {
+    pub root: &'a DirFd,
+    pub label: &'a str,
+    pub index: &'a crate::index::Index,
+    /// How the manifest's entries are matched with the listing's.
+    pub recorded: Compare,
+}
+
+/// What `plan_live` found.
+pub struct Surveyed {
+    pub plan: plan::Plan,
+    /// The sources' entries below the root, and bytes of file content.
+    pub entries: u64,
+    pub bytes: u64,
+    /// The names at the top of the sources, and of the live listing.
+    pub top: Vec<Vec<u8>>,
+    pub live_top: Vec<Vec<u8>>,
+}
+
+/// The plan of a sync, made a directory at a time (`plan::dir` on each
+/// directory's listings, in parallel across directories) with no tree
+/// held whole: only the changes are kept, and only where they are listed.
+/// `None` where either side shares an inode between two of its paths (a
+/// hardlink group, whose files the whole-tree plan pairs across
+/// directories) or the manifest records one: the whole trees decide then.
+pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
+    let mut root = Meta::default();
+    for src in s.sources {
+        root = src.root_meta()?;
+    }
+    (s.adjust)(&mut root, Kind::Dir);
+    let mut plan = plan::Plan::new(s.list);
+    let live_root = match &s.live {
+        Some(l) => {
+            let st = l
+                .root
+                .fstat()
+                .with_context(|| format!("cannot stat {}", l.label))?;
+            let mut m = meta_of(&st, 0);
+            let dir = |meta| Entry {
+                name: Default::default(),
+                meta,
+                node: Node::Dir(Default::default()),
+            };
+            if plan::same_entry(&dir(l.index.root), &dir(m), &l.recorded) {
+                m.xattrs = l.index.root.xattrs;
+            }
+            Some(m)
+        }
+        None => None,
+    };
+    plan::root(&mut plan, root, live_root, &s.compare);
+    let v = Surveying {
+        s,
+        plan: Mutex::new(plan),
+        entries: AtomicU64::new(0),
+        bytes: AtomicU64::new(0),
+        top: Mutex::new([Vec::new(), Vec::new()]),
+        shared: AtomicBool::new(false),
+        src_inodes: Mutex::new(crate::distinct::Distinct::default()),
+        live_inodes: Mutex::new(crate::distinct::Distinct::default()),
+    };
+    let roots: Vec<Option<&DirFd>> = s.sources.iter().map(|src| src.root()).collect();
+    let live = s.live.as_ref().map(|l| l.root.try_clone()).transpose()?;
+    crate::walk::run(&v, s.sources, &roots, &live)?;
+    if v.shared.into_inner()
+        || !v.src_inodes.into_inner().unwrap().all_distinct()
+        || !v.live_inodes.into_inner().unwrap().all_distinct()
+    {
+        return Ok(None);
+    }
+    let mut plan = v.plan.into_inner().unwrap();
+    plan.sort();
+    let [top, live_top] = v.top.into_inner().unwrap();
+    Ok(Some(Surveyed {
+        plan,
+        entries: v.entries.into_inner(),
+        bytes: v.bytes.into_inner(),
+        top,
+        live_top,
+    }))
+}
+
+/// One `plan_live` walk, shared by its threads.
+struct Surveying<'a> {
+    s: &'a Survey<'a>,
+    plan: Mutex<plan::Plan>,
+    entries: AtomicU64,
+    bytes: AtomicU64,
+    /// The names at the top: the sources', the live listing's.
+    top: Mutex<[Vec<Vec<u8>>; 2]>,
+    /// A hardlink group: the manifest records one, or two paths of either
+    /// side share an inode. The walk stops.
+    shared: AtomicBool,
+    /// The inodes of source files of more than one link, and of every
+    /// live file: none may be two paths'.
+    src_inodes: Mutex<crate::distinct::Distinct>,
+    live_inodes: Mutex<crate::distinct::Distinct>,
+}
+
+/// One number for a file's (device, inode): two that collide only cost
+/// the whole-tree plan.
+fn inode_key(dev: u64, ino: u64) -> u64 {
+    ino ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+impl Surveying<'_> {
+    /// The live directory at `rel`, with what its manifest records.
+    fn live_entries(&self, live: &DirFd, rel: &[u8]) -> Result<Vec<Entry>> {
+        let l = self.s.live.as_ref().expect("a live handle");
+        let mut listed =
+            source::Dir::list(live, rel, l.label, 0, &Filter::default(), self.s.reporter)?;
+        let recorded = l.index.entries(rel)?;
+        for e in listed.iter_mut() {
+            let Ok(i) = recorded.binary_search_by(|r| r.name.cmp(&e.name)) else {
+                continue;
+            };
+            let me = &recorded[i];
+            if let Node::File(mf) = &me.node {
+                if mf.group.is_some() {
+                    self.shared.store(true, Ordering::Relaxed);
+                }
+            }
+            if !plan::same_entry(me, e, &l.recorded) {
+                continue;
+            }
+            e.meta.xattrs = me.meta.xattrs;
+            if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
+                f.hash = mf.hash;
+            }
+        }
+        Ok(listed)
+    }
+}
+
+impl Visit for Surveying<'_> {
+    /// The live generation's handle on the directory, where it has one.
+    type Dir = Option<DirFd>;
+    /// Whether the live generation has the subdirectory.
+    type Keep = bool;
+
+    fn visit(
+        &self,
+        srcs: &[Option<&DirFd>],
+        live: &Option<DirFd>,
+        rel: &[u8],
+    ) -> Result<Visited<bool>> {
+        let s = self.s;
+        let mut merged = source::list_merged(s.sources, srcs, rel, s.filter, s.reporter)?;
+        for e in merged.iter_mut() {
+            let kind = e.kind();
+            (s.adjust)(&mut e.meta, kind);
+        }
+        let live_entries = match live {
+            Some(fd) => self.live_entries(fd, rel)?,
+            None => Vec::new(),
+        };
+        let (mut src_keys, mut live_keys, mut bytes) = (Vec::new(), Vec::new(), 0);
+        for e in &merged {
+            if let Node::File(f) = &e.node {
+                bytes += e.meta.size;
+                if f.nlink > 1 {
+                    src_keys.push(inode_key(f.dev, f.ino));
+                }
+            }
+        }
+        for e in &live_entries {
+            if let Node::File(f) = &e.node {
+                live_keys.push(inode_key(f.dev, f.ino));
+            }
+        }
+        for (keys, set) in [(src_keys, &self.src_inodes), (live_keys, &self.live_inodes)] {
+            if !keys.is_empty() {
+                let mut d = set.lock().unwrap();
+                keys.into_iter().for_each(|k| d.insert(k));
+                if d.seen_twice() {
+                    self.shared.store(true, Ordering::Relaxed);
+                }
+            }
+        }
+        self.entries
+            .fetch_add(merged.len() as u64, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        if rel.is_empty() {
+            let names = |es: &[Entry]| es.iter().map(|e| e.name.to_vec()).collect();
+            *self.top.lock().unwrap() = [names(&merged), names(&live_entries)];
+        }
+        let mut here = plan::Plan::new(s.list);
+        let mut pairs = Vec::new();
+        let below = plan::dir(
+            &mut merged,
+            &live_entries,
+            rel,
+            &s.compare,
+            &mut here,
+            &mut pairs,
+        );
+        // No listing names a group: files kept equal pair with nothing.
+        debug_assert!(pairs.is_empty());
+        self.plan.lock().unwrap().absorb(here);
+        let subs = below
+            .into_iter()
+            .map(|b| {
+                let (name, srcs) = match b.src.map(|i| &merged[i]) {
+                    Some(Entry {
+                        name,
+                        node: Node::Dir(d),
+                        ..
+                    }) => (name.clone(), d.srcs),
+                    _ => (live_entries[b.live.expect("one side")].name.clone(), 0),
+                };
+                Sub {
+                    name,
+                    srcs,
+                    keep: b.live.is_some(),
+                }
+            })
+            .collect();
+        Ok((0, subs))
+    }
+
+    fn enter(
+        &self,
+        live: &Option<DirFd>,
+        keep: &bool,
+        name: &[u8],
+        path: &[u8],
+    ) -> Result<Option<DirFd>> {
+        match (live, keep) {
+            (Some(fd), true) => {
+                let label = self.s.live.as_ref().map_or("", |l| l.label);
+                fd.open_dir(name)
+                    .map(Some)
+                    .with_context(|| format!("cannot open directory {}", display(label, path)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        self.shared.load(Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
