@@ -1221,10 +1221,10 @@ struct Quick {
 /// Whether the live generation already is what the sources give, decided
 /// a directory at a time (`scan::compare_live`) with nothing whole held:
 /// `None` where it is not, or where this compare does not apply and the
-/// whole trees are compared (`--dry-run` and `--checksum`, a DEST that is
-/// not a generation, a manifest that is missing or gives the hardlink
-/// groups itself, a label to change, a source that is not a directory, any
-/// error: the full path reports it).
+/// sync goes on to plan (`--dry-run`, which plans a directory at a time
+/// itself; a DEST that is not a generation, a manifest that is missing or
+/// gives the hardlink groups itself, a label to change, a source that is
+/// not a directory, any error: the full path reports it).
 fn quick(
     cfg: &SyncConfig,
     live: &LiveGen,
@@ -1233,7 +1233,7 @@ fn quick(
 ) -> Option<Quick> {
     // A listing of the live tree shows no extended attributes;
     // `--set-mtime` gives every file one mtime: only content tells.
-    if cfg.dry_run || cfg.checksum || cfg.filter.xattrs || cfg.set_mtime.is_some() {
+    if cfg.dry_run || cfg.filter.xattrs || cfg.set_mtime.is_some() {
         return None;
     }
     let refs = sources.refs();
@@ -1244,14 +1244,15 @@ fn quick(
         return None;
     }
     let header = live.header()?.clone();
-    // Directories only: compared by metadata, as a directory sync is.
+    // Directories only: compared by metadata, as a directory sync is (and
+    // with `--checksum`, by both sides' bytes too).
     compare_quick(cfg, live, header, adjust, &refs, None)
 }
 
 /// `scan::compare_live` of the live generation `gen` (its manifest's
 /// `header`) against `sources`, or against its own manifest (`recorded`):
 /// a `Quick` when it is up to date. Files are compared by size, mtime and
-/// mode. `None` where this compare does not apply (a new label, a volume
+/// mode (and, with `--checksum`, against the sources by their bytes). `None` where this compare does not apply (a new label, a volume
 /// without hardlinks) or it found a difference.
 fn compare_quick(
     cfg: &SyncConfig,
@@ -1288,7 +1289,15 @@ fn compare_quick(
             xattrs: false,
         },
         recorded,
+        // The live generation against its own manifest takes no `--checksum`.
+        hash: cfg.checksum && recorded.is_none(),
     };
+    // `--checksum` trusts no record: a manifest that does not read to its
+    // end is written again, as the whole-tree path, reading every entry,
+    // finds it must be.
+    if against.hash && !reads_whole(live) {
+        return None;
+    }
     let compared = scan::compare_live(&against).ok().filter(|c| c.same)?;
     Some(Quick {
         gen: live.gen.clone(),
@@ -1296,6 +1305,21 @@ fn compare_quick(
         compared,
         warnings,
     })
+}
+
+/// Whether every entry of the live manifest parses, read one at a time.
+fn reads_whole(live: &LiveGen) -> bool {
+    let Some(mut r) = live.body() else {
+        return false;
+    };
+    let mut entries = crate::manifest::Entries::new(&mut r);
+    loop {
+        match entries.next_entry() {
+            Ok(Some(_)) => {}
+            Ok(None) => return true,
+            Err(_) => return false,
+        }
+    }
 }
 
 /// Ask every SOURCE whether it still holds what the live generation's

@@ -149,6 +149,9 @@ pub struct Against<'a> {
     /// sources (`sources` then unused): the drift check of sources that
     /// are unchanged since it (`Source::unchanged_since`).
     pub recorded: Option<&'a crate::index::Index>,
+    /// `--checksum`: files equal by their metadata are read on both sides
+    /// and equal only with the same SHA-256.
+    pub hash: bool,
 }
 
 /// What `compare_live` found.
@@ -231,6 +234,35 @@ struct Paired<'a> {
     top: Mutex<Vec<Vec<u8>>>,
 }
 
+impl Paired<'_> {
+    /// Whether every file of the directory at `rel` (`merged`, equal by
+    /// name to the live directory's entries) has the live file's SHA-256.
+    /// `srcs`: each source's handle on the directory; `live`: the live one.
+    /// A file that cannot be read, or changes size as it is, is a
+    /// difference: the whole-tree path reads it again and says why.
+    fn same_bytes(&self, srcs: &[Option<&DirFd>], live: &DirFd, merged: &[Entry]) -> bool {
+        let digest = |dir: Option<&DirFd>, e: &Entry| -> Option<[u8; 32]> {
+            let fd = dir?.open_read(&e.name).ok()?;
+            let (h, n) = hash_fd(fd.as_fd()).ok()?;
+            (n == e.meta.size).then_some(h)
+        };
+        merged.iter().all(|e| {
+            let Node::File(f) = &e.node else {
+                return true;
+            };
+            // A signal ends the walk (it checks before each directory).
+            if self.stopped() || sys::signals::pending().is_some() {
+                return false;
+            }
+            let src = srcs.get(f.src as usize).copied().flatten();
+            match (digest(src, e), digest(Some(live), e)) {
+                (Some(a), Some(b)) => a == b,
+                _ => false,
+            }
+        })
+    }
+}
+
 impl Visit for Paired<'_> {
     /// The live generation's handle on the directory.
     type Dir = DirFd;
@@ -250,7 +282,9 @@ impl Visit for Paired<'_> {
             let kind = e.kind();
             (a.adjust)(&mut e.meta, kind);
         }
-        let Some(bytes) = same_here(&merged, &live_entries, &a.compare, &self.links) else {
+        let same = same_here(&merged, &live_entries, &a.compare, &self.links)
+            .filter(|_| !a.hash || self.same_bytes(srcs, live, &merged));
+        let Some(bytes) = same else {
             self.differs.store(true, Ordering::Relaxed);
             return Ok((0, Vec::new()));
         };

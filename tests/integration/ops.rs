@@ -1262,3 +1262,51 @@ fn gc_leaves_nfs_silly_renames_and_their_generation_waits_in_trash() {
     assert_eq!(fs::read_dir(f.state().join("trash")).unwrap().count(), 0);
     assert_eq!(fs::read_to_string(f.dest().join("a.txt")).unwrap(), "2");
 }
+
+/// `--checksum` decides an up-to-date tree a directory at a time, reading
+/// both sides: an edit that kept size and mtime, on either side and deep
+/// in the tree, is found and copied; an untouched tree is up to date
+/// with nothing written.
+#[test]
+fn checksum_reads_both_sides_of_every_directory_before_calling_a_tree_up_to_date() {
+    let f = Fixture::new();
+    for d in 0..4 {
+        for i in 0..5 {
+            f.file(&format!("d{d}/sub/f{i}"), &format!("{d}-{i}"));
+        }
+    }
+    f.sync(&[]).ok();
+    let out = f.unchanged_by(|| f.sync(&["--checksum"]).ok());
+    assert!(out.stdout.contains("up to date"), "{}", out.stdout);
+
+    // One edit in the source, one in the live tree: neither changes size nor mtime.
+    corrupt_keeping_mtime(&f.src().join("d3/sub/f4"), "3-X");
+    let out = f.sync(&[]).ok();
+    assert!(
+        out.stdout.contains("up to date"),
+        "the quick check cannot tell"
+    );
+    let out = f.sync(&["--checksum", "--itemize"]).ok();
+    assert_eq!(changes_as_lines_text(&out.stdout), ["~ d3/sub/f4"]);
+    corrupt_keeping_mtime(&f.dest().join("d1/sub/f0"), "1-Y");
+    let out = f.sync(&["--checksum", "--itemize"]).ok();
+    assert_eq!(changes_as_lines_text(&out.stdout), ["~ d1/sub/f0"]);
+    assert_eq!(
+        fs::read_to_string(f.dest().join("d1/sub/f0")).unwrap(),
+        "1-0"
+    );
+    assert_eq!(
+        fs::read_to_string(f.dest().join("d3/sub/f4")).unwrap(),
+        "3-X"
+    );
+    let out = f.unchanged_by(|| f.sync(&["--checksum"]).ok());
+    assert!(out.stdout.contains("up to date"), "{}", out.stdout);
+}
+
+/// The `--itemize` lines of a text run (the summary line left out).
+fn changes_as_lines_text(stdout: &str) -> Vec<&str> {
+    stdout
+        .lines()
+        .filter(|l| !l.starts_with("packsync:"))
+        .collect()
+}
