@@ -745,10 +745,11 @@ impl Publish<'_> {
     }
 }
 
-/// Whether a sync can be staged a directory at a time (`stage::stream`):
-/// sources that are all directories, without `--verify` (it compares with
-/// a whole manifest), `--itemize` (it lists every path), `--dry-run` or
-/// `--checksum` (both compare whole trees), onto nothing (a first sync:
+/// Whether a sync can be staged a directory at a time (`stage::stream`;
+/// `--verify` then reads the staged tree back a directory at a time too):
+/// sources that all list a directory at a time, without `--itemize` (it
+/// lists every path), `--dry-run` (planned by `survey`) or `--checksum`
+/// (it reads both trees), onto nothing (a first sync:
 /// `Some(None)`) or a live generation whose manifest indexes (an update:
 /// `Some(Some(..))`; not where the volume does not show hardlinks, whose
 /// groups come from the manifest). `None`: whole trees are compared.
@@ -758,8 +759,7 @@ fn streams(
     dest: &Dest,
     sources: &Sources,
 ) -> Option<Option<Recorded>> {
-    let plain = !cfg.verify
-        && !cfg.itemize
+    let plain = !cfg.itemize
         && !cfg.dry_run
         && !cfg.filter.xattrs
         && sources
@@ -1113,6 +1113,11 @@ impl StreamedRound<'_> {
             Tree::default(),
             Vec::new(),
         );
+        if cfg.verify {
+            // Against the body the stage wrote, a directory at a time.
+            let rules = verify::Rules::of(&manifest);
+            verify::staged_by_directory(&streamed.staged.tree, staging.dir(), rules)?;
+        }
         let mut summary = Summary {
             dest: vol.display.clone(),
             entries: streamed.body.entries,

@@ -239,6 +239,13 @@ impl Manifest {
         Ok(m)
     }
 
+    /// A manifest's body alone (its entries, the root's line first) as a tree.
+    pub fn read_body(r: &mut dyn BufRead) -> Result<Tree> {
+        let mut tree = Tree::default();
+        for_each_entry(r, &mut |path, e| insert(&mut tree, path, e))?;
+        Ok(tree)
+    }
+
     /// Read a whole manifest and check it against its own digest: one cut
     /// short (a power loss after a `--no-fsync` sync leaves it empty) or
     /// edited is refused, never taken for the tree it names.

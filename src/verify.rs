@@ -8,6 +8,8 @@
 //! writes.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use anyhow::{Context, Result};
 
@@ -115,14 +117,228 @@ pub fn read(root: &DirFd, label: &str, hardlinks: bool) -> Result<(Tree, Collect
 /// Fails (nothing published) with the first differences in the message.
 pub fn staged(out: &DirFd, tree: &Tree, rules: Rules) -> Result<()> {
     let fd = out.reopen().context("cannot reopen the staged tree")?;
-    let diffs = run(&fd, "staging", tree, rules)?;
+    refuse(&run(&fd, "staging", tree, rules)?)
+}
+
+/// `sync --verify` of a tree staged a directory at a time: the staged
+/// tree in `out` against the manifest body the stage wrote (`body` in
+/// `staging`), read back a directory at a time (`by_directory`) with no
+/// tree held whole. Fails as `staged` does.
+pub fn staged_by_directory(out: &DirFd, staging: &DirFd, rules: Rules) -> Result<()> {
+    let shown = "the staged manifest body";
+    let open = || -> Result<std::fs::File> {
+        let fd = staging
+            .open_read(b"body")
+            .with_context(|| format!("cannot read {shown}"))?;
+        Ok(std::fs::File::from(fd))
+    };
+    let file = open()?;
+    let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
+    let ix = crate::index::Index::build(std::io::BufReader::new(file), reread, shown.into())?;
+    let fd = out.reopen().context("cannot reopen the staged tree")?;
+    let diffs = match by_directory(&fd, "staging", &ix, rules)? {
+        Some(diffs) => diffs,
+        // Hardlinks the manifest does not have: the whole walk says where.
+        None => {
+            let tree = crate::manifest::Manifest::read_body(&mut std::io::BufReader::new(open()?))?;
+            run(&fd, "staging", &tree, rules)?
+        }
+    };
+    refuse(&diffs)
+}
+
+/// Fail with the first differences, nothing published.
+fn refuse(diffs: &[Difference]) -> Result<()> {
     if diffs.is_empty() {
         return Ok(());
     }
     anyhow::bail!(
         "--verify: the staged tree differs from the source: {}; nothing was published",
-        summarize(&diffs, 3)
+        summarize(diffs, 3)
     )
+}
+
+/// The tree below `root` (named `label` in messages) compared with the
+/// manifest `ix` indexes, a directory at a time in parallel, every file
+/// hashed: the differences `run` finds, in the order it gives them.
+/// `None` where files share an inode the manifest has apart, or a group is
+/// split (`hardlink joined`, `hardlink broken`): which path of such a set
+/// the whole walk names depends on its order, so it is left to `run`.
+pub fn by_directory(
+    root: &DirFd,
+    label: &str,
+    ix: &crate::index::Index,
+    rules: Rules,
+) -> Result<Option<Vec<Difference>>> {
+    let st = root
+        .fstat()
+        .with_context(|| format!("cannot stat {label}"))?;
+    let mut first = Vec::new();
+    meta_diffs(
+        b".",
+        Kind::Dir,
+        &ix.root,
+        &crate::tree::meta_of(&st, 0),
+        rules,
+        &mut first,
+    );
+    let v = Checking {
+        label,
+        ix,
+        rules,
+        seen: Collected::default(),
+        links: Mutex::new(Links::default()),
+        diffs: Mutex::new(Vec::new()),
+        apart: Mutex::new(crate::distinct::Distinct::default()),
+        grouped: Mutex::new(HashMap::new()),
+        shared: AtomicBool::new(false),
+    };
+    crate::walk::run(&v, &[], &[], &root.try_clone()?)?;
+    if v.shared.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let mut apart = v.apart.into_inner().unwrap();
+    for inode in v.grouped.into_inner().unwrap().into_keys() {
+        apart.insert(inode_key(inode));
+    }
+    if !apart.all_distinct() {
+        return Ok(None);
+    }
+    let mut diffs = v.diffs.into_inner().unwrap();
+    if diffs.iter().any(|d| d.what == "hardlink broken") {
+        return Ok(None);
+    }
+    first.append(&mut diffs);
+    in_walk_order(&mut first);
+    // What the listing skipped (a FIFO, a socket) is in no manifest: extra.
+    for s in v.seen.take_skipped() {
+        first.push(Difference {
+            what: "extra",
+            path: s.path,
+            expected: None,
+            found: Some(s.what),
+        });
+    }
+    Ok(Some(first))
+}
+
+/// One number for a file's inode: two that collide only cost the whole walk.
+fn inode_key((dev, ino): (u64, u64)) -> u64 {
+    ino ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// One `by_directory` walk, shared by its threads.
+struct Checking<'a> {
+    label: &'a str,
+    ix: &'a crate::index::Index,
+    rules: Rules,
+    /// What the listings skipped.
+    seen: Collected,
+    links: Mutex<Links>,
+    diffs: Mutex<Vec<Difference>>,
+    /// The inodes of files found whose manifest entry is in no group (and
+    /// of extra files): none may be two paths'.
+    apart: Mutex<crate::distinct::Distinct>,
+    /// The inode of each group's files, by inode.
+    grouped: Mutex<HashMap<(u64, u64), u32>>,
+    /// An inode holds two groups' files: the walk stops.
+    shared: AtomicBool,
+}
+
+impl crate::walk::Visit for Checking<'_> {
+    type Dir = DirFd;
+    type Keep = ();
+
+    fn visit(
+        &self,
+        _: &[Option<&DirFd>],
+        dir: &DirFd,
+        rel: &[u8],
+    ) -> Result<crate::walk::Visited<()>> {
+        use rayon::prelude::*;
+        use std::os::fd::AsFd;
+        let mut found = Dir::list(dir, rel, self.label, 0, &Filter::default(), &self.seen)?;
+        found.par_iter_mut().try_for_each(|e| -> Result<()> {
+            let size = e.meta.size;
+            let Node::File(f) = &mut e.node else {
+                return Ok(());
+            };
+            let path = crate::tree::join(rel, &e.name);
+            let shown = || crate::escape::display(self.label, &path);
+            let fd = dir
+                .open_read(&e.name)
+                .with_context(|| format!("cannot read {}", shown()))?;
+            let (h, n) =
+                scan::hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
+            if n != size {
+                anyhow::bail!("{} changed while being read (size {size} now {n})", shown());
+            }
+            f.hash = Some(h);
+            Ok(())
+        })?;
+        let expected = self.ix.entries(rel)?;
+        let mut out = Vec::new();
+        let both = {
+            let mut links = self.links.lock().unwrap();
+            let want = |f: &crate::tree::File| f.hash;
+            level(
+                &expected, &found, rel, self.rules, &want, &mut links, &mut out,
+            )
+        };
+        if self.rules.hardlinks {
+            let mut recorded = vec![None; found.len()];
+            for &(i, j) in &both {
+                if let Node::File(ef) = &expected[i].node {
+                    recorded[j] = ef.group;
+                }
+            }
+            let mut keys = Vec::new();
+            let mut grouped = self.grouped.lock().unwrap();
+            for (e, g) in found.iter().zip(recorded) {
+                let Node::File(f) = &e.node else { continue };
+                match g {
+                    None => keys.push(inode_key((f.dev, f.ino))),
+                    Some(g) => {
+                        if *grouped.entry((f.dev, f.ino)).or_insert(g) != g {
+                            self.shared.store(true, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+            drop(grouped);
+            let mut apart = self.apart.lock().unwrap();
+            keys.into_iter().for_each(|k| apart.insert(k));
+            if apart.seen_twice() {
+                self.shared.store(true, Ordering::Relaxed);
+            }
+        }
+        if !out.is_empty() {
+            self.diffs.lock().unwrap().append(&mut out);
+        }
+        let subs = both
+            .into_iter()
+            .filter(|&(_, j)| matches!(found[j].node, Node::Dir(_)))
+            .map(|(_, j)| crate::walk::Sub {
+                name: found[j].name.clone(),
+                srcs: 0,
+                keep: (),
+            })
+            .collect();
+        Ok((0, subs))
+    }
+
+    fn enter(&self, dir: &DirFd, _: &(), name: &[u8], path: &[u8]) -> Result<DirFd> {
+        dir.open_dir(name).with_context(|| {
+            format!(
+                "cannot open directory {}",
+                crate::escape::display(self.label, path)
+            )
+        })
+    }
+
+    fn stopped(&self) -> bool {
+        self.shared.load(Ordering::Relaxed)
+    }
 }
 
 /// The first `n` differences on one line, and how many more.
@@ -178,7 +394,21 @@ pub fn compare(expected: &Tree, found: &Tree, rules: Rules) -> Vec<Difference> {
         &mut links,
         &mut out,
     );
+    in_walk_order(&mut out);
     out
+}
+
+/// Differences in the order of a walk in pre-order (the root's first, each
+/// directory's before its children's, names in byte order), each path's
+/// in the order they were found: how they are shown, however the
+/// directories were compared.
+fn in_walk_order(diffs: &mut [Difference]) {
+    diffs.sort_by(|a, b| {
+        let root = |d: &Difference| d.path != b".";
+        root(a)
+            .cmp(&root(b))
+            .then_with(|| crate::manifest::cmp_preorder(&a.path, &b.path))
+    });
 }
 
 /// Hardlinks as a compare finds them: each manifest group's inode, and
@@ -189,6 +419,7 @@ struct Links {
     group_of: HashMap<(u64, u64), u32>,
 }
 
+/// The whole trees compared: `level` at every directory, folded.
 fn walk(
     expected: &[Entry],
     found: &[Entry],
@@ -198,6 +429,51 @@ fn walk(
     links: &mut Links,
     out: &mut Vec<Difference>,
 ) {
+    let want = |f: &crate::tree::File| {
+        f.hash
+            .or_else(|| f.group.and_then(|g| group_hash.get(&g).copied()))
+    };
+    for (i, j) in level(expected, found, prefix, rules, &want, links, out) {
+        if let (Node::Dir(ed), Node::Dir(fd)) = (&expected[i].node, &found[j].node) {
+            let base = prefix.len();
+            if base > 0 {
+                prefix.push(b'/');
+            }
+            prefix.extend_from_slice(&expected[i].name);
+            walk(
+                &ed.entries,
+                &fd.entries,
+                prefix,
+                rules,
+                group_hash,
+                links,
+                out,
+            );
+            prefix.truncate(base);
+        }
+    }
+}
+
+/// Compare one directory: the entries its manifest records (`expected`)
+/// with those found (`found`, files hashed), both in name order, at
+/// `prefix` (empty at the root), their children aside. Appends each
+/// difference to `out`, in name order, as the whole walk gives them; a
+/// missing or extra entry is one difference, with nothing below it.
+/// `want`: the hash a recorded file must have. Returns the (expected,
+/// found) index of every name of one kind on both sides: their children
+/// are compared next.
+fn level(
+    expected: &[Entry],
+    found: &[Entry],
+    prefix: &[u8],
+    rules: Rules,
+    want: &dyn Fn(&crate::tree::File) -> Option<[u8; 32]>,
+    links: &mut Links,
+    out: &mut Vec<Difference>,
+) -> Vec<(usize, usize)> {
+    let mut both = Vec::new();
+    let mut path = prefix.to_vec();
+    let base = path.len();
     let (mut i, mut j) = (0, 0);
     while i < expected.len() || j < found.len() {
         let ord = match (expected.get(i), found.get(j)) {
@@ -205,15 +481,16 @@ fn walk(
             (Some(_), None) => std::cmp::Ordering::Less,
             _ => std::cmp::Ordering::Greater,
         };
-        let base = prefix.len();
         let name = match ord {
             std::cmp::Ordering::Greater => &found[j].name,
             _ => &expected[i].name,
         };
+        path.truncate(base);
         if base > 0 {
-            prefix.push(b'/');
+            path.push(b'/');
         }
-        prefix.extend_from_slice(name);
+        path.extend_from_slice(name);
+        let prefix = &path;
         let diff = |what: &'static str, exp: Option<String>, got: Option<String>| Difference {
             what,
             path: prefix.clone(),
@@ -239,68 +516,56 @@ fn walk(
                         Some(kind_name(e.kind()).into()),
                         Some(kind_name(f.kind()).into()),
                     ));
-                } else {
-                    match (&e.node, &f.node) {
-                        (Node::File(ef), Node::File(ff)) => {
-                            let want = ef
-                                .hash
-                                .or_else(|| ef.group.and_then(|g| group_hash.get(&g).copied()));
-                            if e.meta.size != f.meta.size {
-                                out.push(diff(
-                                    "modified",
-                                    Some(format!("{} bytes", e.meta.size)),
-                                    Some(format!("{} bytes", f.meta.size)),
-                                ));
-                            } else if want.is_some() && want != ff.hash {
-                                out.push(diff(
-                                    "modified",
-                                    want.map(|h| format!("sha256 {}", &hex(&h)[..12])),
-                                    ff.hash.map(|h| format!("sha256 {}", &hex(&h)[..12])),
-                                ));
-                            }
-                            if let Some(g) = ef.group.filter(|_| rules.hardlinks) {
-                                let here = (ff.dev, ff.ino);
-                                if *links.inode_of.entry(g).or_insert(here) != here {
-                                    out.push(diff("hardlink broken", None, None));
-                                }
-                            }
-                            // Sharing an inode with another path of the tree
-                            // that the manifest has apart (or in another group).
-                            if rules.hardlinks && ff.group.is_some() {
-                                let here = (ff.dev, ff.ino);
-                                let joined = match ef.group {
-                                    None => true,
-                                    Some(g) => *links.group_of.entry(here).or_insert(g) != g,
-                                };
-                                if joined {
-                                    out.push(diff("hardlink joined", None, None));
-                                }
+                    continue;
+                }
+                both.push((i - 1, j - 1));
+                match (&e.node, &f.node) {
+                    (Node::File(ef), Node::File(ff)) => {
+                        let want = want(ef);
+                        if e.meta.size != f.meta.size {
+                            out.push(diff(
+                                "modified",
+                                Some(format!("{} bytes", e.meta.size)),
+                                Some(format!("{} bytes", f.meta.size)),
+                            ));
+                        } else if want.is_some() && want != ff.hash {
+                            out.push(diff(
+                                "modified",
+                                want.map(|h| format!("sha256 {}", &hex(&h)[..12])),
+                                ff.hash.map(|h| format!("sha256 {}", &hex(&h)[..12])),
+                            ));
+                        }
+                        if let Some(g) = ef.group.filter(|_| rules.hardlinks) {
+                            let here = (ff.dev, ff.ino);
+                            if *links.inode_of.entry(g).or_insert(here) != here {
+                                out.push(diff("hardlink broken", None, None));
                             }
                         }
-                        (Node::Symlink(a), Node::Symlink(b)) if a != b => out.push(diff(
-                            "link changed",
-                            Some(crate::escape::c_style(a)),
-                            Some(crate::escape::c_style(b)),
-                        )),
-                        _ => {}
+                        // Sharing an inode with another path of the tree
+                        // that the manifest has apart (or in another group).
+                        if rules.hardlinks && ff.group.is_some() {
+                            let here = (ff.dev, ff.ino);
+                            let joined = match ef.group {
+                                None => true,
+                                Some(g) => *links.group_of.entry(here).or_insert(g) != g,
+                            };
+                            if joined {
+                                out.push(diff("hardlink joined", None, None));
+                            }
+                        }
                     }
-                    meta_diffs(prefix, e.kind(), &e.meta, &f.meta, rules, out);
-                    if let (Node::Dir(ed), Node::Dir(fd)) = (&e.node, &f.node) {
-                        walk(
-                            &ed.entries,
-                            &fd.entries,
-                            prefix,
-                            rules,
-                            group_hash,
-                            links,
-                            out,
-                        );
-                    }
+                    (Node::Symlink(a), Node::Symlink(b)) if a != b => out.push(diff(
+                        "link changed",
+                        Some(crate::escape::c_style(a)),
+                        Some(crate::escape::c_style(b)),
+                    )),
+                    _ => {}
                 }
+                meta_diffs(prefix, e.kind(), &e.meta, &f.meta, rules, out);
             }
         }
-        prefix.truncate(base);
     }
+    both
 }
 
 fn meta_diffs(
@@ -572,5 +837,90 @@ mod tests {
         }]);
         let found = tree(vec![]);
         assert_eq!(whats(&compare(&expected, &found, RULES)), vec!["missing d"]);
+    }
+
+    /// The manifest `expected` would be, indexed as a streamed stage's body is.
+    fn index_of(expected: Tree) -> (tempfile::TempDir, crate::index::Index) {
+        use crate::manifest::Manifest;
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("m");
+        let mut m = Manifest {
+            tree: expected,
+            ..Manifest::default()
+        };
+        let mut out = Vec::new();
+        m.write(&mut out).unwrap();
+        std::fs::write(&path, &out).unwrap();
+        let f = std::fs::File::open(&path).unwrap();
+        let mut r = std::io::BufReader::new(f.try_clone().unwrap());
+        Manifest::read_header(&mut r).unwrap();
+        let fd = std::os::fd::OwnedFd::from(f);
+        let ix = crate::index::Index::build(r, Box::new(fd), "m".into()).unwrap();
+        (tmp, ix)
+    }
+
+    #[test]
+    fn a_directory_at_a_time_finds_what_the_whole_walk_finds_in_its_order() {
+        use std::fs;
+        use std::os::unix::fs::PermissionsExt;
+        let rules = Rules {
+            owners: false,
+            granularity_ns: 1,
+            link_meta: true,
+            hardlinks: true,
+        };
+        let tmp = tempfile::tempdir().unwrap();
+        let t = tmp.path();
+        for (p, body) in [
+            ("d/a", "aaa"),
+            ("d/b", "bbb"),
+            ("e/f", "f"),
+            ("deep/er/x", "x"),
+            ("g-h", "g"),
+            ("g/i", "i"),
+        ] {
+            fs::create_dir_all(t.join(p).parent().unwrap()).unwrap();
+            fs::write(t.join(p), body).unwrap();
+        }
+        fs::hard_link(t.join("d/a"), t.join("d/a2")).unwrap();
+        std::os::unix::fs::symlink("d/a", t.join("s")).unwrap();
+        let root = DirFd::open_path(t).unwrap();
+        let (expected, _) = read(&root, "t", true).unwrap();
+        let (_keep, ix) = index_of(expected.clone());
+        assert_eq!(by_directory(&root, "t", &ix, rules).unwrap(), Some(vec![]));
+
+        // Content, kind, mode and presence changed in several directories.
+        let keep = fs::metadata(t.join("d/b")).unwrap().modified().unwrap();
+        fs::write(t.join("d/b"), "BBB").unwrap();
+        fs::File::options()
+            .write(true)
+            .open(t.join("d/b"))
+            .unwrap()
+            .set_modified(keep)
+            .unwrap();
+        fs::remove_file(t.join("e/f")).unwrap();
+        fs::create_dir(t.join("e/f")).unwrap();
+        fs::set_permissions(t.join("deep/er/x"), fs::Permissions::from_mode(0o600)).unwrap();
+        fs::remove_dir_all(t.join("g")).unwrap();
+        fs::write(t.join("extra"), "new").unwrap();
+        let whole = run(&root, "t", &expected, rules).unwrap();
+        assert!(whole.len() >= 5, "{whole:?}");
+        assert_eq!(by_directory(&root, "t", &ix, rules).unwrap(), Some(whole));
+
+        // Two paths the manifest has apart now share an inode, a group is
+        // split: left to the whole walk, which names the paths.
+        fs::remove_file(t.join("g-h")).unwrap();
+        fs::hard_link(t.join("extra"), t.join("g-h")).unwrap();
+        assert_eq!(by_directory(&root, "t", &ix, rules).unwrap(), None);
+        fs::remove_file(t.join("g-h")).unwrap();
+        fs::write(t.join("g-h"), "g").unwrap();
+        fs::remove_file(t.join("d/a2")).unwrap();
+        fs::write(t.join("d/a2"), "aaa").unwrap();
+        assert_eq!(by_directory(&root, "t", &ix, rules).unwrap(), None);
+        let whole = run(&root, "t", &expected, rules).unwrap();
+        assert!(
+            whole.iter().any(|d| d.what == "hardlink broken"),
+            "{whole:?}"
+        );
     }
 }
