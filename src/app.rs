@@ -362,8 +362,10 @@ fn round_on(
         sources: &sources,
         adjust: &adjust,
         recorded,
+        itemized: None,
     };
-    let streamed = (damage.is_none() && !trusting)
+    // `--itemize` lists what the plan below finds first.
+    let streamed = (damage.is_none() && !trusting && !cfg.itemize)
         .then(|| streams(cfg, live_gen, &dest, &sources))
         .flatten();
     if let Some(recorded) = streamed {
@@ -375,43 +377,58 @@ fn round_on(
         }
     }
 
-    // A dry run of directories, planned a directory at a time: only the
-    // changes are held (where `--itemize` lists them).
+    // A dry run or `--itemize` of directories, planned a directory at a
+    // time: only the changes are held (where `--itemize` lists them).
     let surveyed = (damage.is_none() && !trusting && same_gen.is_none())
         .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
         .flatten();
     if let Some((sv, warnings, header)) = surveyed {
         let gen = live_gen.map(|l| l.gen.as_str());
         let live_label = header.as_ref().and_then(|h| h.label.as_deref());
-        let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
-        let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
-        let totals = Totals {
-            empty: sv.top.is_empty(),
-            live_nonempty: !sv.live_top.is_empty(),
-            deleted: sv.plan.deleted,
-            names: &names,
-            live_names: gen.map(|_| &live_names[..]),
-        };
-        let check = guards(cfg, &vol, &totals, gen, live_label)?;
         let up_to_date = sv.plan.up_to_date()
             && gen.is_some()
             && (cfg.label.is_none() || cfg.label_text() == live_label);
-        let counts = (sv.entries, sv.bytes);
-        let mut summary = summary_of(cfg, &vol, counts, &sv.plan, gen, up_to_date);
-        if cfg.itemize {
-            report::itemize(&sv.plan, output, &mut summary);
+        if cfg.dry_run || up_to_date {
+            let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
+            let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
+            let totals = Totals {
+                empty: sv.top.is_empty(),
+                live_nonempty: !sv.live_top.is_empty(),
+                deleted: sv.plan.deleted,
+                names: &names,
+                live_names: gen.map(|_| &live_names[..]),
+            };
+            let check = guards(cfg, &vol, &totals, gen, live_label)?;
+            let counts = (sv.entries, sv.bytes);
+            let mut summary = summary_of(cfg, &vol, counts, &sv.plan, gen, up_to_date);
+            if cfg.itemize {
+                report::itemize(&sv.plan, output, &mut summary);
+            }
+            let planned = Planned {
+                summary,
+                check,
+                warnings,
+                gen,
+                live_label,
+                up_to_date,
+            };
+            return planned
+                .end(cfg, &vol, state.as_ref(), console, pass, start)
+                .map(|r| Attempt::Done(Box::new(r)));
         }
-        let planned = Planned {
-            summary,
-            check,
-            warnings,
-            gen,
-            live_label,
-            up_to_date,
-        };
-        return planned
-            .end(cfg, &vol, state.as_ref(), console, pass, start)
-            .map(|r| Attempt::Done(Box::new(r)));
+        // `--itemize` of a sync with something to do: staged a directory
+        // at a time (its own listing reports what it skips), its changes
+        // as just planned.
+        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
+            let round = StreamedRound {
+                itemized: Some(sv.plan),
+                ..streamed_round(recorded)
+            };
+            match round.run(console, start, None)? {
+                Ok(round) => return Ok(Attempt::Done(Box::new(round))),
+                Err(back) => console = back,
+            }
+        }
     }
 
     // Scan the sources and the live generation at the same time. A
@@ -461,8 +478,11 @@ fn round_on(
     // signature is checked over the whole tree, a label is read from the
     // spool, or on the second try.
     let mut spooled = false;
-    let spooled_streams =
-        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
+    let spooled_streams = shortcut
+        && !trusting
+        && damage.is_none()
+        && !cfg.itemize
+        && !(cfg.label_auto && cfg.label.is_none());
     if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
         let kept = Scanning {
             kept: &warnings,
@@ -747,9 +767,10 @@ impl Publish<'_> {
 
 /// Whether a sync can be staged a directory at a time (`stage::stream`;
 /// `--verify` then reads the staged tree back a directory at a time too):
-/// sources that all list a directory at a time, without `--itemize` (it
-/// lists every path), `--dry-run` (planned by `survey`) or `--checksum`
-/// (it reads both trees), onto nothing (a first sync:
+/// sources that all list a directory at a time (with `--itemize`, once
+/// `survey` has planned the changes it lists), without `--dry-run`
+/// (planned by `survey`) or `--checksum` (it reads both trees), onto
+/// nothing (a first sync:
 /// `Some(None)`) or a live generation whose manifest indexes (an update:
 /// `Some(Some(..))`; not where the volume does not show hardlinks, whose
 /// groups come from the manifest). `None`: whole trees are compared.
@@ -759,8 +780,7 @@ fn streams(
     dest: &Dest,
     sources: &Sources,
 ) -> Option<Option<Recorded>> {
-    let plain = !cfg.itemize
-        && !cfg.dry_run
+    let plain = !cfg.dry_run
         && !cfg.filter.xattrs
         && sources
             .all
@@ -788,8 +808,9 @@ fn streams(
     }
 }
 
-/// A dry run planned a directory at a time (`scan::plan_live`), with what
-/// its listings reported and the live manifest's header: for directory
+/// A dry run or `--itemize` planned a directory at a time
+/// (`scan::plan_live`), with what its listings reported and the live
+/// manifest's header: for directory
 /// sources onto nothing or onto a live generation whose manifest indexes
 /// and whose volume shows hardlinks, without `--checksum`, `--set-mtime`,
 /// `--xattrs` or `--label auto` (those compare or read whole trees).
@@ -803,7 +824,7 @@ fn survey(
     sources: &Sources,
     adjust: &Adjust<'_>,
 ) -> Option<(scan::Surveyed, Collected, Option<Manifest>)> {
-    let applies = cfg.dry_run
+    let applies = (cfg.dry_run || cfg.itemize)
         && !cfg.checksum
         && cfg.set_mtime.is_none()
         && !cfg.filter.xattrs
@@ -980,6 +1001,8 @@ struct StreamedRound<'a> {
     adjust: &'a Adjust<'a>,
     /// An update: what is live.
     recorded: Option<Recorded>,
+    /// `--itemize`: the changes, as planned before staging.
+    itemized: Option<Plan>,
 }
 
 impl StreamedRound<'_> {
@@ -1129,6 +1152,9 @@ impl StreamedRound<'_> {
             label: cfg.label_text().map(str::to_string),
             ..Default::default()
         };
+        if let Some(plan) = &self.itemized {
+            report::itemize(plan, Output::of(cfg.json, cfg.quiet), &mut summary);
+        }
         note_staged(&mut summary, &streamed.staged, &console);
         let stage::Streamed { staged, body, .. } = streamed;
         drop(staged); // closes the staged tree before it moves into gen/
