@@ -240,14 +240,6 @@ fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Roun
             }
         };
         round.summary.chosen = chosen;
-        if cfg.label_auto && round.summary.label.is_none() {
-            // Up to date on sources not spooled: the live generation's label.
-            round.summary.label = round
-                .summary
-                .generation
-                .as_deref()
-                .and_then(|gen| recorded_label(cfg, gen));
-        }
         return Ok(round);
     }
     // `round_on` takes no shortcut when told not to, so it never asks twice.
@@ -259,13 +251,6 @@ fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Roun
 enum Attempt {
     Done(Box<Round>),
     Again(Option<String>),
-}
-
-/// The label generation `gen` of DEST records.
-fn recorded_label(cfg: &SyncConfig, gen: &str) -> Option<String> {
-    let target = ops::open_one(&cfg.dest, cfg.slot.as_deref()).ok()?;
-    let (mut r, _) = target.state.manifest_reader(gen).ok()?;
-    Manifest::read_header(&mut r).ok()?.label
 }
 
 /// What `--semver` chose, source by source (for the summary and metrics).
@@ -1199,7 +1184,7 @@ struct Planned<'a> {
 impl Planned<'_> {
     /// Show the warnings; an up-to-date sync then settles (`settle`).
     fn end(
-        self,
+        mut self,
         cfg: &SyncConfig,
         vol: &Volume,
         state: Option<&State>,
@@ -1207,6 +1192,11 @@ impl Planned<'_> {
         pass: Pass,
         start: Instant,
     ) -> Result<Round> {
+        // `--label auto` that found no label in sources not spooled (up to
+        // date, or a dry run): the live generation's stands for theirs.
+        if cfg.label_auto && self.summary.label.is_none() && self.summary.generation.is_some() {
+            self.summary.label = self.live_label.map(str::to_string);
+        }
         for w in self.warnings.take_warnings() {
             console.warn(&w);
         }

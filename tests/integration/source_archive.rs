@@ -795,3 +795,27 @@ fn extended_attributes_land_and_a_refused_one_is_one_warning() {
     );
     assert!(crate::xattrs::of(&f.dest().join("bin/ls")).is_empty());
 }
+
+/// `--label auto` takes an archived bundle's revision from its spool; a
+/// sync that finds the archive unchanged (nothing spooled) and a dry run
+/// still say the label, the live generation's.
+#[test]
+fn label_auto_says_the_live_revision_when_nothing_is_spooled() {
+    let f = Fixture::new();
+    let a = f.archive("b.tar.gz", &gzip(&tar(&bundle("v7", "{}"))));
+    let label = |extra: &[&str]| {
+        let mut args = vec!["--json", "--label", "auto"];
+        args.extend_from_slice(extra);
+        let v = json(&f.sync_from(&[&a], &args).ok());
+        (
+            v["status"].as_str().unwrap().to_string(),
+            v["label"].clone(),
+        )
+    };
+    assert_eq!(label(&[]), ("synced".into(), "v7".into()));
+    assert_eq!(label(&[]), ("up to date".into(), "v7".into()));
+    assert_eq!(label(&["--dry-run"]), ("up to date".into(), "v7".into()));
+    // Without --label auto the summary names no label of its own.
+    let v = json(&f.sync_from(&[&a], &["--json"]).ok());
+    assert_eq!(v["label"], serde_json::Value::Null, "{v}");
+}
