@@ -367,36 +367,11 @@ fn round_on(
     let surveyed = (damage.is_none() && !trusting && same_gen.is_none())
         .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
         .flatten();
-    if let Some((sv, warnings, header)) = surveyed {
+    if let Some(mut surveyed) = surveyed {
         let gen = live_gen.map(|l| l.gen.as_str());
-        let live_label = header.as_ref().and_then(|h| h.label.as_deref());
-        let up_to_date = sv.plan.up_to_date()
-            && gen.is_some()
-            && (cfg.label.is_none() || cfg.label_text() == live_label);
+        let up_to_date = surveyed.up_to_date(cfg, gen);
         if cfg.dry_run || up_to_date {
-            let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
-            let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
-            let totals = Totals {
-                empty: sv.top.is_empty(),
-                live_nonempty: !sv.live_top.is_empty(),
-                deleted: sv.plan.deleted,
-                names: &names,
-                live_names: gen.map(|_| &live_names[..]),
-            };
-            let check = guards(cfg, &vol, &totals, gen, live_label)?;
-            let counts = (sv.entries, sv.bytes);
-            let mut summary = summary_of(cfg, &vol, counts, &sv.plan, gen, up_to_date);
-            if cfg.itemize {
-                report::itemize(&sv.plan, output, &mut summary);
-            }
-            let planned = Planned {
-                summary,
-                check,
-                warnings,
-                gen,
-                live_label,
-                up_to_date,
-            };
+            let planned = surveyed.planned(cfg, &vol, gen, up_to_date)?;
             return planned
                 .end(cfg, &vol, state.as_ref(), console, pass, start)
                 .map(|r| Attempt::Done(Box::new(r)));
@@ -406,7 +381,7 @@ fn round_on(
         // as just planned.
         if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
             let round = StreamedRound {
-                itemized: Some(sv.plan),
+                itemized: Some(surveyed.sv.plan),
                 ..streamed_round(recorded)
             };
             match round.run(console, start, None)? {
@@ -463,11 +438,8 @@ fn round_on(
     // signature is checked over the whole tree, a label is read from the
     // spool, or on the second try.
     let mut spooled = false;
-    let spooled_streams = shortcut
-        && !trusting
-        && damage.is_none()
-        && !cfg.itemize
-        && !(cfg.label_auto && cfg.label.is_none());
+    let spooled_streams =
+        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
     if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
         let kept = Scanning {
             kept: &warnings,
@@ -485,20 +457,58 @@ fn round_on(
                 return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            let s = streamed_round(recorded);
-            let early = Early {
-                state: st,
-                stage: early.take().expect("matched"),
-                fresh: fresh_state,
-                made: &mut made,
-                kept: &warnings,
-            };
-            return match s.run(console, start, Some(early))? {
-                Ok(round) => Ok(Attempt::Done(Box::new(round))),
-                // The live tree joined files its manifest has apart, and
-                // the spool's files are moved out: spool again, whole.
-                Err(_) => Ok(Attempt::Again(None)),
-            };
+            // `--itemize`: the changes planned a directory at a time first
+            // (where either side holds a hardlink group, the whole trees).
+            let mut surveyed = cfg
+                .itemize
+                .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
+                .flatten();
+            let gen = live_gen.map(|l| l.gen.as_str());
+            if let Some(s) = surveyed.as_mut().filter(|s| s.up_to_date(cfg, gen)) {
+                s.after(&warnings);
+                return s
+                    .planned(cfg, &vol, gen, true)?
+                    .end(cfg, &vol, state.as_ref(), console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
+            if !cfg.itemize || surveyed.is_some() {
+                let s = StreamedRound {
+                    itemized: surveyed.map(|s| s.sv.plan),
+                    ..streamed_round(recorded)
+                };
+                let early = Early {
+                    state: st,
+                    stage: early.take().expect("matched"),
+                    fresh: fresh_state,
+                    made: &mut made,
+                    kept: &warnings,
+                };
+                return match s.run(console, start, Some(early))? {
+                    Ok(round) => Ok(Attempt::Done(Box::new(round))),
+                    // The live tree joined files its manifest has apart, and
+                    // the spool's files are moved out: spool again, whole.
+                    Err(_) => Ok(Attempt::Again(None)),
+                };
+            }
+        }
+    }
+    // A dry run of spooled sources, planned a directory at a time as a
+    // directory source's is (its spool outside the volume).
+    if let (true, Some(scratch)) = (spooled_streams && cfg.dry_run, scratch.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
+        spooled = true;
+        if let Some(mut s) = survey(cfg, &dest, live_gen, &sources, &adjust) {
+            s.after(&warnings);
+            let gen = live_gen.map(|l| l.gen.as_str());
+            let up_to_date = s.up_to_date(cfg, gen);
+            return s
+                .planned(cfg, &vol, gen, up_to_date)?
+                .end(cfg, &vol, state.as_ref(), console, pass, start)
+                .map(|r| Attempt::Done(Box::new(r)));
         }
     }
     let (scanned, live) = rayon::join(
@@ -795,9 +805,10 @@ fn streams(
 
 /// A dry run or `--itemize` planned a directory at a time
 /// (`scan::plan_live`), with what its listings reported and the live
-/// manifest's header: for directory
-/// sources onto nothing or onto a live generation whose manifest indexes
-/// and whose volume shows hardlinks, without `--checksum`, `--set-mtime`,
+/// manifest's header: for sources that list a directory at a time
+/// (directories; archives and images once spooled: a dry run's spool is
+/// outside the volume) onto nothing or onto a live generation whose
+/// manifest indexes and whose volume shows hardlinks, without `--checksum`, `--set-mtime`,
 /// `--xattrs` or `--label auto` (those compare or read whole trees).
 /// `None` where it does not apply, where either side holds a hardlink
 /// group, or at any error: the whole-tree path then plans (and says what
@@ -808,13 +819,13 @@ fn survey(
     live: Option<&LiveGen>,
     sources: &Sources,
     adjust: &Adjust<'_>,
-) -> Option<(scan::Surveyed, Collected, Option<Manifest>)> {
+) -> Option<Surveyed> {
+    // Spooled sources list a directory at a time once they are spooled.
     let applies = (cfg.dry_run || cfg.itemize)
         && !cfg.checksum
         && cfg.set_mtime.is_none()
         && !cfg.filter.xattrs
         && (!cfg.label_auto || cfg.label.is_some())
-        && !sources.streamed()
         && sources
             .all
             .iter()
@@ -872,8 +883,79 @@ fn survey(
         live: side,
         list: cfg.itemize,
     };
-    let surveyed = scan::plan_live(&survey).ok().flatten()?;
-    Some((surveyed, warnings, header))
+    let sv = scan::plan_live(&survey).ok().flatten()?;
+    Some(Surveyed {
+        sv,
+        warnings,
+        header,
+    })
+}
+
+/// A plan made a directory at a time (`survey`): what it found, what its
+/// listings reported, and the live manifest's header.
+struct Surveyed {
+    sv: scan::Surveyed,
+    warnings: Collected,
+    header: Option<Manifest>,
+}
+
+impl Surveyed {
+    /// Show what `first` reported (a spool's warnings) before what the
+    /// plan's listings did.
+    fn after(&mut self, first: &Collected) {
+        let mut all = first.take_warnings();
+        all.extend(self.warnings.take_warnings());
+        for w in all {
+            self.warnings.warn(&w);
+        }
+    }
+
+    fn live_label(&self) -> Option<&str> {
+        self.header.as_ref().and_then(|h| h.label.as_deref())
+    }
+
+    /// Whether the live generation `gen` already is what the sources give.
+    fn up_to_date(&self, cfg: &SyncConfig, gen: Option<&str>) -> bool {
+        self.sv.plan.up_to_date()
+            && gen.is_some()
+            && (cfg.label.is_none() || cfg.label_text() == self.live_label())
+    }
+
+    /// A dry run, or a round found up to date: the guards on the names at
+    /// the top, the summary, the changes where `--itemize` lists them.
+    fn planned<'a>(
+        &'a mut self,
+        cfg: &SyncConfig,
+        vol: &Volume,
+        gen: Option<&'a str>,
+        up_to_date: bool,
+    ) -> Result<Planned<'a>> {
+        let sv = &self.sv;
+        let live_label = self.header.as_ref().and_then(|h| h.label.as_deref());
+        let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
+        let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
+        let totals = Totals {
+            empty: sv.top.is_empty(),
+            live_nonempty: !sv.live_top.is_empty(),
+            deleted: sv.plan.deleted,
+            names: &names,
+            live_names: gen.map(|_| &live_names[..]),
+        };
+        let check = guards(cfg, vol, &totals, gen, live_label)?;
+        let counts = (sv.entries, sv.bytes);
+        let mut summary = summary_of(cfg, vol, counts, &sv.plan, gen, up_to_date);
+        if cfg.itemize {
+            report::itemize(&sv.plan, Output::of(cfg.json, cfg.quiet), &mut summary);
+        }
+        Ok(Planned {
+            summary,
+            check,
+            warnings: std::mem::take(&mut self.warnings),
+            gen,
+            live_label,
+            up_to_date,
+        })
+    }
 }
 
 /// A round found up to date by a compare a directory at a time (`Quick`):

@@ -73,6 +73,16 @@ const MODES: &[Mode] = &[
     Mode::new("fanout slot", &[&[]]).on(Layout::Fanout(Some("s1"))),
     Mode::new("archive", &[&[]]).from(Source::Tar),
     Mode::new("oci layout", &[&[]]).from(Source::Oci),
+    Mode::new(
+        "archive itemize",
+        &[&["--dry-run", "--itemize"], &["--itemize"]],
+    )
+    .from(Source::Tar),
+    Mode::new(
+        "oci itemize",
+        &[&["--dry-run", "--itemize"], &["--itemize"]],
+    )
+    .from(Source::Oci),
 ];
 
 impl Mode {
