@@ -96,6 +96,8 @@ pub struct Index {
     runs: Vec<Run>,
     /// Hardlink group → its hash.
     groups: HashMap<u32, [u8; 32]>,
+    /// Hardlink group → how many paths it records.
+    group_paths: HashMap<u32, u32>,
     /// The root's metadata.
     pub root: Meta,
     /// Entries below the root, and bytes of file content (each group once).
@@ -117,6 +119,7 @@ impl Index {
             dirs: vec![Dir::default()],
             runs: Vec::new(),
             groups: HashMap::new(),
+            group_paths: HashMap::new(),
             root: Meta::default(),
             entries: 0,
             bytes: 0,
@@ -190,6 +193,11 @@ impl Index {
             ix.entries += 1;
             if ix.entries >= u64::from(u32::MAX) {
                 bail!(bad("too many entries"));
+            }
+            if let Node::File(f) = &e.node {
+                if let Some(g) = f.group {
+                    *ix.group_paths.entry(g).or_default() += 1;
+                }
             }
             match &e.node {
                 Node::Dir(_) => {
@@ -345,6 +353,11 @@ impl Index {
             Ok(())
         }
         dir(self, b"", f)
+    }
+
+    /// How many paths the manifest records in hardlink group `g`.
+    pub fn group_paths(&self, g: u32) -> u32 {
+        self.group_paths.get(&g).copied().unwrap_or(0)
     }
 
     /// The names at the top of the tree.

@@ -100,6 +100,19 @@ impl Plan {
         self.copied_bytes += other.copied_bytes;
     }
 
+    /// The file at `path`, kept equal, must not be hardlinked from the live
+    /// tree after all, as its hardlinks differ (`broken_links`): a change,
+    /// and a copy where it was to be reused (`reused`; `size` its bytes).
+    pub fn apart(&mut self, path: &[u8], reused: bool, size: u64) {
+        self.changed += 1;
+        self.note(Op::Change, Kind::File, path);
+        if reused {
+            self.reused -= 1;
+            self.copied += 1;
+            self.copied_bytes += size;
+        }
+    }
+
     /// The changes in path order, each once: what `--itemize` shows, however
     /// the directories were compared.
     pub fn sort(&mut self) {

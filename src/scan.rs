@@ -9,6 +9,7 @@
 //! Scanning never writes. Special files are reported through
 //! `Reporter::skipped` and left out.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -538,9 +539,16 @@ pub struct Surveyed {
 /// The plan of a sync, made a directory at a time (`plan::dir` on each
 /// directory's listings, in parallel across directories) with no tree
 /// held whole: only the changes are kept, and only where they are listed.
-/// `None` where either side shares an inode between two of its paths (a
-/// hardlink group, whose files the whole-tree plan pairs across
-/// directories) or the manifest records one: the whole trees decide then.
+///
+/// Hardlinks are decided as the whole-tree plan decides them
+/// (`plan::broken_links`), from what is held for the files that may share
+/// an inode: each source file of more than one link (its inode, counted),
+/// and each live file its manifest records in a group. The live listing's
+/// groups are taken to be the manifest's, which is checked: every path of
+/// a recorded group is there, on one inode, and no other live file (a
+/// few bits each, `distinct::Distinct`) is on it or on another's. `None`
+/// where that does not hold (the live tree's hardlinks drifted from its
+/// manifest): the whole trees decide then.
 pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
     let mut root = Meta::default();
     for src in s.sources {
@@ -574,29 +582,81 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
         entries: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         top: Mutex::new([Vec::new(), Vec::new()]),
-        shared: AtomicBool::new(false),
-        src_inodes: Mutex::new(crate::distinct::Distinct::default()),
+        drifted: AtomicBool::new(false),
+        src_links: Mutex::new(HashMap::new()),
+        live_groups: Mutex::new(HashMap::new()),
         live_inodes: Mutex::new(crate::distinct::Distinct::default()),
+        kept: Mutex::new(Vec::new()),
     };
     let roots: Vec<Option<&DirFd>> = s.sources.iter().map(|src| src.root()).collect();
     let live = s.live.as_ref().map(|l| l.root.try_clone()).transpose()?;
     crate::walk::run(&v, s.sources, &roots, &live)?;
-    if v.shared.into_inner()
-        || !v.src_inodes.into_inner().unwrap().all_distinct()
-        || !v.live_inodes.into_inner().unwrap().all_distinct()
-    {
+    if v.drifted.into_inner() {
+        return Ok(None);
+    }
+    // The live groups are the manifest's: each whole, on an inode of its own.
+    let mut apart = v.live_inodes.into_inner().unwrap();
+    for (g, (ino, n)) in v.live_groups.into_inner().unwrap() {
+        let recorded = s.live.as_ref().map_or(0, |l| l.index.group_paths(g));
+        if n < 2 || n != u64::from(recorded) {
+            return Ok(None);
+        }
+        apart.insert(ino);
+    }
+    if !apart.all_distinct() {
         return Ok(None);
     }
     let mut plan = v.plan.into_inner().unwrap();
+    let mut bytes = v.bytes.into_inner();
+    // A source inode of two paths or more is a group: its bytes once.
+    let mut src_paths: HashMap<u32, u64> = HashMap::new();
+    for i in v.src_links.into_inner().unwrap().into_values() {
+        if i.paths > 1 {
+            src_paths.insert(i.id, i.paths);
+            bytes -= (i.paths - 1) * i.size;
+        }
+    }
+    let kept: Vec<(KeptFile, bool, u64)> = v
+        .kept
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|((path, sg, lg, outside), reused, size)| {
+            let sg = sg.filter(|g| src_paths.contains_key(g));
+            ((path, sg, lg, outside), reused, size)
+        })
+        .filter(|((_, sg, lg, _), ..)| sg.is_some() || lg.is_some())
+        .collect();
+    let pairs: Vec<plan::Kept<u32>> = kept
+        .iter()
+        .map(|((_, sg, lg, o), ..)| (*sg, *lg, *o))
+        .collect();
+    let broken = plan::broken_links(&pairs, |g| src_paths.get(g).copied().unwrap_or(0) as usize);
+    for (((path, ..), reused, size), broken) in kept.iter().zip(broken) {
+        if broken {
+            plan.apart(path, *reused, *size);
+        }
+    }
     plan.sort();
     let [top, live_top] = v.top.into_inner().unwrap();
     Ok(Some(Surveyed {
         plan,
         entries: v.entries.into_inner(),
-        bytes: v.bytes.into_inner(),
+        bytes,
         top,
         live_top,
     }))
+}
+
+/// A file kept equal that is hardlinked on either side (`plan::Pair`).
+type KeptFile = plan::Pair;
+
+/// A source inode of more than one link: an id (its group, if it turns
+/// out to be one), the paths found on it, its size.
+struct SrcInode {
+    id: u32,
+    paths: u64,
+    size: u64,
 }
 
 /// One `plan_live` walk, shared by its threads.
@@ -607,23 +667,31 @@ struct Surveying<'a> {
     bytes: AtomicU64,
     /// The names at the top: the sources', the live listing's.
     top: Mutex<[Vec<Vec<u8>>; 2]>,
-    /// A hardlink group: the manifest records one, or two paths of either
-    /// side share an inode. The walk stops.
-    shared: AtomicBool,
-    /// The inodes of source files of more than one link, and of every
-    /// live file: none may be two paths'.
-    src_inodes: Mutex<crate::distinct::Distinct>,
+    /// A path of a recorded group is on another inode than the group's:
+    /// the walk stops.
+    drifted: AtomicBool,
+    /// Each source inode of more than one link, by (device, inode).
+    src_links: Mutex<HashMap<(u64, u64), SrcInode>>,
+    /// Each recorded live group: (its inode, the paths found on it).
+    live_groups: Mutex<HashMap<u32, (u64, u64)>>,
+    /// The inodes of the other live files: none may be two paths'.
     live_inodes: Mutex<crate::distinct::Distinct>,
+    /// Files kept equal that are hardlinked on either side (with a
+    /// source inode's id as its group for now), whether each was to be
+    /// reused, and its size.
+    kept: Mutex<Vec<(KeptFile, bool, u64)>>,
 }
 
-/// One number for a file's (device, inode): two that collide only cost
-/// the whole-tree plan.
+/// One number for a live file's (device, inode): two that collide only
+/// cost the whole-tree plan.
 fn inode_key(dev: u64, ino: u64) -> u64 {
     ino ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 impl Surveying<'_> {
-    /// The live directory at `rel`, with what its manifest records.
+    /// The live directory at `rel`, with what its manifest records: each
+    /// file as recorded gets the recorded hash and attributes, and every
+    /// file the group its manifest gives it.
     fn live_entries(&self, live: &DirFd, rel: &[u8]) -> Result<Vec<Entry>> {
         let l = self.s.live.as_ref().expect("a live handle");
         let mut listed =
@@ -634,10 +702,8 @@ impl Surveying<'_> {
                 continue;
             };
             let me = &recorded[i];
-            if let Node::File(mf) = &me.node {
-                if mf.group.is_some() {
-                    self.shared.store(true, Ordering::Relaxed);
-                }
+            if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
+                f.group = mf.group;
             }
             if !plan::same_entry(me, e, &l.recorded) {
                 continue;
@@ -648,6 +714,51 @@ impl Surveying<'_> {
             }
         }
         Ok(listed)
+    }
+
+    /// Note the files of one directory that may share an inode: a source
+    /// file of more than one link gets its inode's id as its group for
+    /// now; a live file in a recorded group must be on the group's inode.
+    fn note_links(&self, merged: &mut [Entry], live: &[Entry]) {
+        let mut links = self.src_links.lock().unwrap();
+        for e in merged.iter_mut() {
+            let size = e.meta.size;
+            if let Node::File(f) = &mut e.node {
+                if f.nlink > 1 {
+                    let id = links.len() as u32;
+                    let i = links
+                        .entry((f.dev, f.ino))
+                        .or_insert(SrcInode { id, paths: 0, size });
+                    i.paths += 1;
+                    f.group = Some(i.id);
+                }
+            }
+        }
+        drop(links);
+        let mut keys = Vec::new();
+        let mut groups = self.live_groups.lock().unwrap();
+        for e in live {
+            let Node::File(f) = &e.node else { continue };
+            let ino = inode_key(f.dev, f.ino);
+            match f.group {
+                Some(g) => {
+                    let (on, n) = groups.entry(g).or_insert((ino, 0));
+                    *n += 1;
+                    if *on != ino {
+                        self.drifted.store(true, Ordering::Relaxed);
+                    }
+                }
+                None => keys.push(ino),
+            }
+        }
+        drop(groups);
+        if !keys.is_empty() {
+            let mut d = self.live_inodes.lock().unwrap();
+            keys.into_iter().for_each(|k| d.insert(k));
+            if d.seen_twice() {
+                self.drifted.store(true, Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -673,29 +784,12 @@ impl Visit for Surveying<'_> {
             Some(fd) => self.live_entries(fd, rel)?,
             None => Vec::new(),
         };
-        let (mut src_keys, mut live_keys, mut bytes) = (Vec::new(), Vec::new(), 0);
-        for e in &merged {
-            if let Node::File(f) = &e.node {
-                bytes += e.meta.size;
-                if f.nlink > 1 {
-                    src_keys.push(inode_key(f.dev, f.ino));
-                }
-            }
-        }
-        for e in &live_entries {
-            if let Node::File(f) = &e.node {
-                live_keys.push(inode_key(f.dev, f.ino));
-            }
-        }
-        for (keys, set) in [(src_keys, &self.src_inodes), (live_keys, &self.live_inodes)] {
-            if !keys.is_empty() {
-                let mut d = set.lock().unwrap();
-                keys.into_iter().for_each(|k| d.insert(k));
-                if d.seen_twice() {
-                    self.shared.store(true, Ordering::Relaxed);
-                }
-            }
-        }
+        self.note_links(&mut merged, &live_entries);
+        let bytes: u64 = merged
+            .iter()
+            .filter(|e| matches!(e.node, Node::File(_)))
+            .map(|e| e.meta.size)
+            .sum();
         self.entries
             .fetch_add(merged.len() as u64, Ordering::Relaxed);
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -713,9 +807,26 @@ impl Visit for Surveying<'_> {
             &mut here,
             &mut pairs,
         );
-        // No listing names a group: files kept equal pair with nothing.
-        debug_assert!(pairs.is_empty());
         self.plan.lock().unwrap().absorb(here);
+        if !pairs.is_empty() {
+            // Each pair's file, by its name: whether it was to be reused, its size.
+            let kept = pairs.into_iter().map(|pair| {
+                let name = pair.0.rsplit(|&b| b == b'/').next().unwrap_or(&[]);
+                let e = merged
+                    .binary_search_by(|e| (*e.name).cmp(name))
+                    .map(|i| &merged[i]);
+                let (reused, size) = match e {
+                    Ok(Entry {
+                        meta,
+                        node: Node::File(f),
+                        ..
+                    }) => (f.reuse, meta.size),
+                    _ => (false, 0),
+                };
+                (pair, reused, size)
+            });
+            self.kept.lock().unwrap().extend(kept);
+        }
         let subs = below
             .into_iter()
             .map(|b| {
@@ -756,7 +867,7 @@ impl Visit for Surveying<'_> {
     }
 
     fn stopped(&self) -> bool {
-        self.shared.load(Ordering::Relaxed)
+        self.drifted.load(Ordering::Relaxed)
     }
 }
 
