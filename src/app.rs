@@ -347,10 +347,12 @@ fn round_on(
         sources: &sources,
         adjust: &adjust,
         recorded,
-        itemized: None,
+        surveyed: None,
     };
-    // `--itemize` lists what the plan below finds first.
-    let streamed = (damage.is_none() && !trusting && !cfg.itemize)
+    // `--itemize` and `--verify` are planned below first, against the live
+    // listing, as the whole-tree path plans them.
+    let planned_first = cfg.itemize || cfg.verify;
+    let streamed = (damage.is_none() && !trusting && !planned_first)
         .then(|| streams(cfg, live_gen, &dest, &sources))
         .flatten();
     if let Some(recorded) = streamed {
@@ -362,8 +364,9 @@ fn round_on(
         }
     }
 
-    // A dry run or `--itemize` of directories, planned a directory at a
-    // time: only the changes are held (where `--itemize` lists them).
+    // A dry run, `--itemize` or `--verify` of directories, planned a
+    // directory at a time: only the changes are held (where `--itemize`
+    // lists them).
     let surveyed = (damage.is_none() && !trusting && same_gen.is_none())
         .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
         .flatten();
@@ -376,12 +379,11 @@ fn round_on(
                 .end(cfg, &vol, state.as_ref(), console, pass, start)
                 .map(|r| Attempt::Done(Box::new(r)));
         }
-        // `--itemize` of a sync with something to do: staged a directory
-        // at a time (its own listing reports what it skips), its changes
-        // as just planned.
+        // Something to do: staged a directory at a time (its own listing
+        // reports what it skips), guarded and counted as just planned.
         if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
             let round = StreamedRound {
-                itemized: Some(surveyed.sv.plan),
+                surveyed: Some(surveyed),
                 ..streamed_round(recorded)
             };
             match round.run(console, start, None)? {
@@ -457,10 +459,9 @@ fn round_on(
                 return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            // `--itemize`: the changes planned a directory at a time first
-            // (where either side holds a hardlink group, the whole trees).
-            let mut surveyed = cfg
-                .itemize
+            // `--itemize`, `--verify`: planned a directory at a time first
+            // (where the live hardlinks drifted, by the whole trees).
+            let mut surveyed = planned_first
                 .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
                 .flatten();
             let gen = live_gen.map(|l| l.gen.as_str());
@@ -471,9 +472,9 @@ fn round_on(
                     .end(cfg, &vol, state.as_ref(), console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            if !cfg.itemize || surveyed.is_some() {
+            if !planned_first || surveyed.is_some() {
                 let s = StreamedRound {
-                    itemized: surveyed.map(|s| s.sv.plan),
+                    surveyed,
                     ..streamed_round(recorded)
                 };
                 let early = Early {
@@ -599,6 +600,9 @@ fn round_on(
             warnings,
             gen: live.gen.as_deref(),
             live_label,
+            recorded: live_gen
+                .and_then(LiveGen::header)
+                .and_then(|h| h.label.as_deref()),
             up_to_date,
         };
         return planned
@@ -803,7 +807,7 @@ fn streams(
     }
 }
 
-/// A dry run or `--itemize` planned a directory at a time
+/// A dry run, `--itemize` or `--verify` planned a directory at a time
 /// (`scan::plan_live`), with what its listings reported and the live
 /// manifest's header: for sources that list a directory at a time
 /// (directories; archives and images once spooled: a dry run's spool is
@@ -821,7 +825,7 @@ fn survey(
     adjust: &Adjust<'_>,
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
-    let applies = (cfg.dry_run || cfg.itemize)
+    let applies = (cfg.dry_run || cfg.itemize || cfg.verify)
         && !cfg.checksum
         && cfg.set_mtime.is_none()
         && !cfg.filter.xattrs
@@ -921,17 +925,10 @@ impl Surveyed {
             && (cfg.label.is_none() || cfg.label_text() == self.live_label())
     }
 
-    /// A dry run, or a round found up to date: the guards on the names at
-    /// the top, the summary, the changes where `--itemize` lists them.
-    fn planned<'a>(
-        &'a mut self,
-        cfg: &SyncConfig,
-        vol: &Volume,
-        gen: Option<&'a str>,
-        up_to_date: bool,
-    ) -> Result<Planned<'a>> {
+    /// The guards on what was planned: the names at the top of either side
+    /// (the live listing's), whether either is empty, what goes.
+    fn guards(&self, cfg: &SyncConfig, vol: &Volume, gen: Option<&str>) -> Result<layout::Check> {
         let sv = &self.sv;
-        let live_label = self.header.as_ref().and_then(|h| h.label.as_deref());
         let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
         let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
         let totals = Totals {
@@ -941,7 +938,21 @@ impl Surveyed {
             names: &names,
             live_names: gen.map(|_| &live_names[..]),
         };
-        let check = guards(cfg, vol, &totals, gen, live_label)?;
+        guards(cfg, vol, &totals, gen, self.live_label())
+    }
+
+    /// A dry run, or a round found up to date: the guards, the summary,
+    /// the changes where `--itemize` lists them.
+    fn planned<'a>(
+        &'a mut self,
+        cfg: &SyncConfig,
+        vol: &Volume,
+        gen: Option<&'a str>,
+        up_to_date: bool,
+    ) -> Result<Planned<'a>> {
+        let check = self.guards(cfg, vol, gen)?;
+        let sv = &self.sv;
+        let live_label = self.header.as_ref().and_then(|h| h.label.as_deref());
         let counts = (sv.entries, sv.bytes);
         let mut summary = summary_of(cfg, vol, counts, &sv.plan, gen, up_to_date);
         if cfg.itemize {
@@ -953,6 +964,7 @@ impl Surveyed {
             warnings: std::mem::take(&mut self.warnings),
             gen,
             live_label,
+            recorded: live_label,
             up_to_date,
         })
     }
@@ -1001,6 +1013,7 @@ fn quick_end(
         warnings: q.warnings,
         gen: Some(&q.gen),
         live_label: q.header.label.as_deref(),
+        recorded: q.header.label.as_deref(),
         up_to_date: true,
     };
     planned.end(cfg, vol, state, console, pass, start)
@@ -1068,8 +1081,11 @@ struct StreamedRound<'a> {
     adjust: &'a Adjust<'a>,
     /// An update: what is live.
     recorded: Option<Recorded>,
-    /// `--itemize`: the changes, as planned before staging.
-    itemized: Option<Plan>,
+    /// The plan made a directory at a time before staging (`--itemize`,
+    /// `--verify`): the guards and the counts of changes are its (against
+    /// the live listing, as the whole-tree path's), and `--itemize` lists
+    /// its changes.
+    surveyed: Option<Surveyed>,
 }
 
 impl StreamedRound<'_> {
@@ -1099,12 +1115,21 @@ impl StreamedRound<'_> {
         let gen = rec.map(|r| r.gen.as_str());
         let live_label = rec.and_then(|r| r.header.label.as_deref());
         // Only `--max-delete` needs to know what goes before staging: one
-        // more walk of the sources, beside the live manifest.
-        let deleted = match (rec, cfg.max_delete) {
-            (Some(r), Some(_)) => scan::count_deleted(&refs, &cfg.filter, &r.index)?,
+        // more walk of the sources, beside the live manifest (planned
+        // already where the round was: then as planned).
+        let deleted = match (rec, cfg.max_delete, &self.surveyed) {
+            (_, _, Some(_)) => 0,
+            (Some(r), Some(_), None) => scan::count_deleted(&refs, &cfg.filter, &r.index)?,
             _ => 0,
         };
-        {
+        let output = Output::of(cfg.json, cfg.quiet);
+        if let Some(s) = &self.surveyed {
+            s.guards(cfg, vol, gen)?;
+            // Listed before staging, as the whole-tree path lists them.
+            if cfg.itemize && output != Output::Json {
+                report::print_itemized(&s.sv.plan);
+            }
+        } else {
             let live_top = rec.map(|r| r.index.top()).transpose()?;
             let names: Vec<&[u8]> = top.iter().map(|e| &*e.name).collect();
             let live_names: Option<Vec<&[u8]>> = live_top
@@ -1184,16 +1209,26 @@ impl StreamedRound<'_> {
                 (&r.index, compare)
             }),
         };
-        let Some(streamed) = stage::stream(&stream, staging.dir())? else {
+        let Some(mut streamed) = stage::stream(&stream, staging.dir())? else {
             console.finish();
             drop(staging);
             return Ok(Err(console));
         };
         console.finish();
-        let changes = &streamed.changes;
-        // Counted again as staged: a source that changed since is refused now,
-        // before the commit (staging is private and goes).
-        max_delete(cfg, vol, changes.deleted)?;
+        let changes = match &self.surveyed {
+            // As planned against the live listing.
+            Some(s) => stage::Changes {
+                added: s.sv.plan.added,
+                changed: s.sv.plan.changed,
+                deleted: s.sv.plan.deleted,
+            },
+            None => {
+                // Counted again as staged: a source that changed since is
+                // refused now, before the commit (staging is private and goes).
+                max_delete(cfg, vol, streamed.changes.deleted)?;
+                std::mem::take(&mut streamed.changes)
+            }
+        };
         let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
         let manifest = manifest_of(
             cfg,
@@ -1219,8 +1254,8 @@ impl StreamedRound<'_> {
             label: cfg.label_text().map(str::to_string),
             ..Default::default()
         };
-        if let Some(plan) = &self.itemized {
-            report::itemize(plan, Output::of(cfg.json, cfg.quiet), &mut summary);
+        if let (true, Some(s), Output::Json) = (cfg.itemize, &self.surveyed, output) {
+            report::itemize(&s.sv.plan, output, &mut summary);
         }
         note_staged(&mut summary, &streamed.staged, &console);
         let stage::Streamed { staged, body, .. } = streamed;
@@ -1260,6 +1295,9 @@ struct Planned<'a> {
     /// The live generation and its label.
     gen: Option<&'a str>,
     live_label: Option<&'a str>,
+    /// The label its manifest's header records (what `--label auto`
+    /// shows where the sources gave none), however its entries read.
+    recorded: Option<&'a str>,
     up_to_date: bool,
 }
 
@@ -1277,7 +1315,7 @@ impl Planned<'_> {
         // `--label auto` that found no label in sources not spooled (up to
         // date, or a dry run): the live generation's stands for theirs.
         if cfg.label_auto && self.summary.label.is_none() && self.summary.generation.is_some() {
-            self.summary.label = self.live_label.map(str::to_string);
+            self.summary.label = self.recorded.map(str::to_string);
         }
         for w in self.warnings.take_warnings() {
             console.warn(&w);

@@ -592,25 +592,20 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
     });
     let kept: Vec<Kept<u32>> = pairs.iter().map(|(_, sg, lg, o)| (*sg, *lg, *o)).collect();
     let broken = broken_links(&kept, |g| src_sizes.get(g).copied().unwrap_or(0));
-    let mut broken_paths = std::collections::HashSet::new();
-    for ((path, ..), broken) in pairs.iter().zip(broken) {
-        if broken {
-            plan.changed += 1;
-            plan.note(Op::Change, Kind::File, path);
-            broken_paths.insert(path.as_slice());
-        }
-    }
+    let broken_paths: std::collections::HashSet<&[u8]> = pairs
+        .iter()
+        .zip(broken)
+        .filter_map(|((path, ..), broken)| broken.then_some(path.as_slice()))
+        .collect();
     // Hardlinking such a file from the live tree would carry the live grouping
     // into the new generation (two separate files joined on one inode): copy it.
     if !broken_paths.is_empty() {
         src.for_each_mut(&mut |path, e| {
             let size = e.meta.size;
             if let Node::File(f) = &mut e.node {
-                if f.reuse && broken_paths.contains(path) {
+                if broken_paths.contains(path) {
+                    plan.apart(path, f.reuse, size);
                     f.reuse = false;
-                    plan.reused -= 1;
-                    plan.copied += 1;
-                    plan.copied_bytes += size;
                 }
             }
         });

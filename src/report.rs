@@ -777,7 +777,7 @@ fn itemized(plan: &Plan) -> impl Iterator<Item = Itemized> + '_ {
 }
 
 /// One line a change, written as they are made: the list is not copied.
-fn print_itemized(plan: &Plan) {
+pub fn print_itemized(plan: &Plan) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     for c in itemized(plan) {

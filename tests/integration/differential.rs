@@ -51,6 +51,11 @@ struct Mode {
     /// every run failed alike (a tool missing, a filesystem refusing the
     /// layout) does not pass for one that was compared.
     shows: &'static [&'static str],
+    /// The live trees drift between rounds (`drift`). Not where the base
+    /// binary took the whole-tree path and this one streams against the
+    /// live manifest, counting what drifted differently: a plain sync of
+    /// an archive or an image (a directory's streamed already there).
+    drifts: bool,
 }
 
 const SYNCED: &str = r#""status":"synced""#;
@@ -71,8 +76,8 @@ const MODES: &[Mode] = &[
     Mode::new("layout dir", &[&[]]).on(Layout::Dir),
     Mode::new("layout fanout", &[&[]]).on(Layout::Fanout(None)),
     Mode::new("fanout slot", &[&[]]).on(Layout::Fanout(Some("s1"))),
-    Mode::new("archive", &[&[]]).from(Source::Tar),
-    Mode::new("oci layout", &[&[]]).from(Source::Oci),
+    Mode::new("archive", &[&[]]).from(Source::Tar).steady(),
+    Mode::new("oci layout", &[&[]]).from(Source::Oci).steady(),
     Mode::new(
         "archive itemize",
         &[&["--dry-run", "--itemize"], &["--itemize"]],
@@ -93,6 +98,14 @@ impl Mode {
             source: Source::Dir,
             layout: Layout::Symlink,
             shows: &[SYNCED],
+            drifts: true,
+        }
+    }
+
+    const fn steady(self) -> Mode {
+        Mode {
+            drifts: false,
+            ..self
         }
     }
 
@@ -149,6 +162,11 @@ impl Layout {
 /// stdout as JSON (null when empty) and its stderr, with `dest` (the DEST's
 /// name) written `DEST` and the timings taken out (`strip_times`).
 fn run(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, String) {
+    unsuffix(run_as_is(bin, dir, args, dest))
+}
+
+/// `run`, generation names as they are.
+fn run_as_is(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, String) {
     let mut c = Command::new(bin);
     clean_env(&mut c).args(args).current_dir(dir);
     let out = Run::from(c.output().unwrap());
@@ -160,6 +178,45 @@ fn run(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, Stri
     };
     strip_times(&mut json);
     (out.code, json, out.stderr.replace(dest, "DEST"))
+}
+
+/// A run's JSON and stderr `unsuffixed`.
+fn unsuffix((code, json, stderr): (i32, Value, String)) -> (i32, Value, String) {
+    let json = serde_json::from_str(&unsuffixed(&json.to_string())).unwrap();
+    (code, json, unsuffixed(&stderr))
+}
+
+/// `text` with each generation name's unique suffix (`<digest>-<8 hex>`:
+/// the same tree published again after its live copy drifted) written
+/// `<digest>-SUFFIX`: two writers pick different ones by design.
+fn unsuffixed(text: &str) -> String {
+    let b = text.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b.get(r.clone()).is_some_and(|s| {
+            s.iter()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+        })
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < b.len() {
+        let boundary = |j: usize| b.get(j).is_none_or(|c| !c.is_ascii_alphanumeric());
+        if (i == 0 || boundary(i - 1))
+            && hex(i..i + 16)
+            && b.get(i + 16) == Some(&b'-')
+            && hex(i + 17..i + 25)
+            && boundary(i + 25)
+        {
+            out.push_str(&text[i..i + 17]);
+            out.push_str("SUFFIX");
+            i += 25;
+        } else {
+            let c = text[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+        }
+    }
+    out
 }
 
 /// Take out what says when, or how long: a sync's `seconds`, and in
@@ -204,14 +261,14 @@ struct Snapshot {
 fn snapshot(f: &Fixture, layout: Layout, bin: &Path, name: &str) -> Snapshot {
     let dest = f.path("vol").join(name);
     let args = ["status".into(), "--json".into(), format!("vol/{name}")];
-    let status = run(bin, f.dir.path(), &args, name);
+    let status = run_as_is(bin, f.dir.path(), &args, name);
     if fs::symlink_metadata(&dest).is_err() {
         return Snapshot {
             link: None,
             manifest: None,
             entries: vec![],
             mirror: vec![],
-            status,
+            status: unsuffix(status),
         };
     }
     let (tree, link) = layout.live(&dest);
@@ -225,20 +282,22 @@ fn snapshot(f: &Fixture, layout: Layout, bin: &Path, name: &str) -> Snapshot {
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|e| e != "..packsync")
-        .map(|e| format!("{e} -> {:?}", fs::read_link(dest.join(&e)).ok()))
+        .map(|e| unsuffixed(&format!("{e} -> {:?}", fs::read_link(dest.join(&e)).ok())))
         .collect();
     entries.sort();
     Snapshot {
         link: link.map(|l| {
-            fs::read_link(l)
-                .unwrap()
-                .to_string_lossy()
-                .replace(name, "DEST")
+            unsuffixed(
+                &fs::read_link(l)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace(name, "DEST"),
+            )
         }),
         manifest,
         entries,
         mirror: mirror(&tree),
-        status,
+        status: unsuffix(status),
     }
 }
 
@@ -264,6 +323,53 @@ fn make_source(f: &Fixture, source: Source) -> &'static str {
     "oci-layout:layout:1"
 }
 
+/// Change the live tree at `live` (if there is one) as someone with a
+/// shell on the volume might, the same way for the same `seed`: a file
+/// added, the first file removed, or the first directory's mtime or the
+/// first file's mode changed ("first" in name order, depth first).
+fn drift(live: &Path, seed: usize) {
+    if fs::metadata(live).is_err() {
+        return;
+    }
+    fn first(dir: &Path, want_dir: bool) -> Option<PathBuf> {
+        let mut names: Vec<PathBuf> = fs::read_dir(dir).ok()?.map(|e| e.unwrap().path()).collect();
+        names.sort();
+        for p in names {
+            let m = fs::symlink_metadata(&p).unwrap();
+            if m.is_dir() {
+                if want_dir {
+                    return Some(p);
+                }
+                if let Some(found) = first(&p, want_dir) {
+                    return Some(found);
+                }
+            } else if m.is_file() && !want_dir {
+                return Some(p);
+            }
+        }
+        None
+    }
+    match seed % 4 {
+        0 => fs::write(live.join(format!("drift{seed}")), "drift").unwrap(),
+        1 => {
+            if let Some(p) = first(live, false) {
+                fs::remove_file(p).unwrap();
+            }
+        }
+        2 => {
+            if let Some(p) = first(live, true) {
+                crate::fixture::set_mtime(&p, 1_000_000_000, 0);
+            }
+        }
+        _ => {
+            if let Some(p) = first(live, false) {
+                use std::os::unix::fs::PermissionsExt;
+                fs::set_permissions(p, fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
+    }
+}
+
 /// One random history in `mode`: each round's syncs by both binaries must
 /// agree, and after the round each binary must find the other's DEST up to
 /// date. Each summary is added to `seen`.
@@ -281,6 +387,13 @@ fn history(
             apply(&f.src(), o, k);
         }
         let source = make_source(&f, mode.source);
+        // Every third round, the live trees drift alike first: the plans
+        // then differ from the manifests, as the whole-tree path sees them.
+        if mode.drifts && n % 3 == 2 {
+            for d in [OLD, NEW] {
+                drift(&mode.layout.live(&f.path("vol").join(d)).0, n + k);
+            }
+        }
         let args = |flags: &[&str], dest: &str| -> Vec<String> {
             let fixed = ["sync", "--json", "--grace", "0"].into_iter();
             let flags = flags.iter().map(|s| s.replace("{n}", &n.to_string()));

@@ -221,6 +221,42 @@ fn a_source_changing_during_the_copy_fails_cleanly() {
     );
 }
 
+/// `--itemize` lists what it planned before staging starts: a copy that
+/// then fails leaves the list on stdout, the one error line on stderr, and
+/// DEST as it was.
+#[test]
+fn itemize_lists_its_plan_before_a_copy_that_fails() {
+    if skip("a source changing during the copy", false, true) {
+        return;
+    }
+    let f = Fixture::new();
+    one_file(&f, b'a');
+    ok(sync(&f));
+    let before = mirror(&f.dest());
+    one_file(&f, b'b');
+    let resume = f.path("resume");
+    let mut cmd = packsync();
+    cmd.args(["sync", "--grace", "0", "--itemize"])
+        .arg(f.src())
+        .arg(f.dest());
+    let child = super::start_paused(&mut cmd, "copy-file", &resume);
+    fs::OpenOptions::new()
+        .append(true)
+        .open(f.src().join("big.bin"))
+        .and_then(|mut fh| std::io::Write::write_all(&mut fh, b"more"))
+        .unwrap();
+    fs::write(&resume, "").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "~ .\n~ big.bin\n");
+    failed_cleanly(
+        &out,
+        1,
+        &["big.bin", "changed while being copied"],
+        &f,
+        &before,
+    );
+}
+
 /// A writer paused for longer than the stale age (its staging untouched
 /// for two hours, as a stopped VM's would be) has its staging collected
 /// by another run; when it wakes it publishes nothing, and DEST stays.
