@@ -669,6 +669,50 @@ mod tests {
             .collect()
     }
 
+    /// One directory compared alone: its own changes counted and listed
+    /// with their paths, and what is left to compare below it: a
+    /// directory on both sides, one the sources add (its children added),
+    /// one that goes (its children deleted), and a file that became a
+    /// directory or the other way round (one change, the directory side
+    /// walked).
+    #[test]
+    fn one_directory_says_its_changes_and_what_to_compare_below() {
+        let mut src = vec![
+            d("both", vec![]),
+            d("file-to-dir", vec![]),
+            d("new", vec![]),
+            f("same", 2, 2),
+        ];
+        let live = vec![
+            d("both", vec![]),
+            f("file-to-dir", 1, 1),
+            d("gone", vec![]),
+            f("same", 2, 2),
+        ];
+        let mut plan = Plan::new(true);
+        let mut pairs = Vec::new();
+        let below = dir(&mut src, &live, b"top", &C, &mut plan, &mut pairs);
+        let at = |s: Option<usize>, l: Option<usize>| Below { src: s, live: l };
+        assert_eq!(
+            below,
+            [
+                at(Some(0), Some(0)),
+                at(Some(1), None),
+                at(None, Some(2)),
+                at(Some(2), None)
+            ]
+        );
+        plan.sort();
+        assert_eq!(
+            itemized(&plan),
+            ["~ top/file-to-dir", "- top/gone", "+ top/new"]
+        );
+        assert_eq!((plan.added, plan.changed, plan.deleted), (1, 1, 1));
+        // The file kept equal is reused, taking the live hash.
+        assert_eq!((plan.reused, plan.copied), (1, 0));
+        assert!(matches!(&src[3].node, Node::File(f) if f.reuse));
+    }
+
     #[test]
     fn links_match_only_when_both_sides_share_the_same_inodes() {
         let file = |ino: u64, nlink: u32| File {
