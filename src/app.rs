@@ -349,9 +349,9 @@ fn round_on(
         recorded,
         surveyed: None,
     };
-    // `--itemize` and `--verify` are planned below first, against the live
-    // listing, as the whole-tree path plans them.
-    let planned_first = cfg.itemize || cfg.verify;
+    // `--itemize`, `--verify` and `--checksum` are planned below first,
+    // against the live listing, as the whole-tree path plans them.
+    let planned_first = cfg.itemize || cfg.verify || cfg.checksum;
     let streamed = (damage.is_none() && !trusting && !planned_first)
         .then(|| streams(cfg, live_gen, &dest, &sources))
         .flatten();
@@ -787,7 +787,7 @@ fn streams(
             .all(|s| s.root().is_some() && s.lists_by_directory());
     match dest {
         Dest::Absent if plain => Some(None),
-        Dest::Live(_) if plain && !cfg.checksum && cfg.set_mtime.is_none() => {
+        Dest::Live(_) if plain && cfg.set_mtime.is_none() => {
             let live = live?;
             let header = live.header()?.clone();
             if !header.hardlinks {
@@ -825,8 +825,7 @@ fn survey(
     adjust: &Adjust<'_>,
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
-    let applies = (cfg.dry_run || cfg.itemize || cfg.verify)
-        && !cfg.checksum
+    let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
         && cfg.set_mtime.is_none()
         && !cfg.filter.xattrs
         && (!cfg.label_auto || cfg.label.is_some())
@@ -878,7 +877,7 @@ fn survey(
         adjust: &|m, kind| adjust.meta(m, kind),
         compare: Compare {
             owners: adjust.mirrored,
-            checksum: false,
+            checksum: cfg.checksum,
             granularity_ns: header.as_ref().map_or(1, |m| m.granularity_ns),
             link_meta: header.as_ref().is_none_or(|m| m.link_meta),
             by_content: sources.by_content(),
@@ -1208,6 +1207,7 @@ impl StreamedRound<'_> {
                 };
                 (&r.index, compare)
             }),
+            checksum: cfg.checksum,
         };
         let Some(mut streamed) = stage::stream(&stream, staging.dir())? else {
             console.finish();

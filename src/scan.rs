@@ -716,6 +716,56 @@ impl Surveying<'_> {
         Ok(listed)
     }
 
+    /// `--checksum`: every file of the directory at `rel` whose live file
+    /// has its size, read on both sides (a source file's hash where its
+    /// stream gave none; the live file's from its bytes, not its
+    /// manifest), as the whole-tree path hashes them.
+    fn hash_pairs(
+        &self,
+        srcs: &[Option<&DirFd>],
+        live: &DirFd,
+        rel: &[u8],
+        merged: &mut [Entry],
+        live_entries: &mut [Entry],
+    ) -> Result<()> {
+        let label = self.s.live.as_ref().map_or("", |l| l.label);
+        let digest = |dir: &DirFd, label: &str, name: &[u8], size: u64| -> Result<[u8; 32]> {
+            let path = crate::tree::join(rel, name);
+            let shown = || display(label, &path);
+            let fd = dir
+                .open_read(name)
+                .with_context(|| format!("cannot read {}", shown()))?;
+            let (h, n) = hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
+            if n != size {
+                anyhow::bail!("{} changed while being read (size {size} now {n})", shown());
+            }
+            Ok(h)
+        };
+        let mut li = 0;
+        for e in merged.iter_mut() {
+            while li < live_entries.len() && live_entries[li].name < e.name {
+                li += 1;
+            }
+            let Some(l) = live_entries.get_mut(li).filter(|l| l.name == e.name) else {
+                continue;
+            };
+            let size = e.meta.size;
+            let (Node::File(sf), Node::File(lf)) = (&mut e.node, &mut l.node) else {
+                continue;
+            };
+            if size != l.meta.size {
+                continue;
+            }
+            lf.hash = Some(digest(live, label, &l.name, size)?);
+            if sf.hash.is_none() {
+                let i = sf.src as usize;
+                let dir = srcs[i].context("a listed source has its directory")?;
+                sf.hash = Some(digest(dir, self.s.sources[i].label(), &e.name, size)?);
+            }
+        }
+        Ok(())
+    }
+
     /// Note the files of one directory that may share an inode: a source
     /// file of more than one link gets its inode's id as its group for
     /// now; a live file in a recorded group must be on the group's inode.
@@ -780,10 +830,13 @@ impl Visit for Surveying<'_> {
             let kind = e.kind();
             (s.adjust)(&mut e.meta, kind);
         }
-        let live_entries = match live {
+        let mut live_entries = match live {
             Some(fd) => self.live_entries(fd, rel)?,
             None => Vec::new(),
         };
+        if let (true, Some(fd)) = (s.compare.checksum, live) {
+            self.hash_pairs(srcs, fd, rel, &mut merged, &mut live_entries)?;
+        }
         self.note_links(&mut merged, &live_entries);
         let bytes: u64 = merged
             .iter()

@@ -282,6 +282,10 @@ pub struct Stream<'a> {
     /// An update: the live generation's manifest (its root is `job.live`)
     /// and how its entries are compared with the sources'.
     pub recorded: Option<(&'a crate::index::Index, crate::plan::Compare)>,
+    /// `--checksum`: a file is hardlinked from the live generation only
+    /// where its bytes and the source's have the same SHA-256, both read
+    /// now (`checked_link`).
+    pub checksum: bool,
 }
 
 /// What `stream` staged, and the manifest body it wrote.
@@ -608,25 +612,29 @@ impl Walker<'_> {
                     }
                     let granularity = self.ctx.job.caps.granularity_ns;
                     let owners = job.owners;
-                    let reused = f.reuse
-                        && live.is_some_and(|l| {
-                            match reuse(l, out, &e.name, &e.meta, granularity, owners) {
-                                Ok(Some(ino)) => {
-                                    self.reused_inodes.lock().unwrap().insert(ino);
-                                    true
-                                }
-                                _ => false,
-                            }
-                        });
-                    let (hash, bytes) = if reused {
+                    let i = f.src as usize;
+                    let linked = match live.filter(|_| f.reuse) {
+                        Some(l) => reuse(l, out, &e.name, &e.meta, granularity, owners)
+                            .ok()
+                            .flatten(),
+                        None => None,
+                    };
+                    let reused = match linked {
+                        Some(ino) if self.s.checksum => {
+                            checked_link(&self.ctx, i, srcs[i], out, e, &path)?.map(|h| (ino, h))
+                        }
+                        Some(ino) => Some((ino, f.hash.expect("recorded"))),
+                        None => None,
+                    };
+                    let (hash, bytes) = if let Some((ino, hash)) = reused {
+                        self.reused_inodes.lock().unwrap().insert(ino);
                         self.ctx.reused.fetch_add(1, Ordering::Relaxed);
-                        (f.hash.expect("recorded"), 0)
+                        (hash, 0)
                     } else {
                         if f.reuse {
                             // Changed on the volume since it was published.
                             self.changed.fetch_add(1, Ordering::Relaxed);
                         }
-                        let i = f.src as usize;
                         let (hash, shown) = fetch_file(&self.ctx, i, srcs[i], out, e, &path)?;
                         if f.nlink <= 1 {
                             self.ctx.copied.fetch_add(1, Ordering::Relaxed);
@@ -788,24 +796,29 @@ impl Walker<'_> {
                 let dfd = open_staged(out, dir)?;
                 let matches = !broken.contains_key(&key);
                 let granularity = job.caps.granularity_ns;
-                let linked =
-                    |l: DirFd| match reuse(&l, &dfd, &e.name, &e.meta, granularity, job.owners) {
-                        Ok(Some(ino)) => {
-                            self.reused_inodes.lock().unwrap().insert(ino);
-                            true
-                        }
-                        _ => false,
-                    };
-                let reused = matches
-                    && live
-                        .and_then(|l| l.open_beneath(dir).ok())
-                        .is_some_and(linked);
-                let (hash, bytes) = if reused {
-                    (f.hash.expect("recorded"), 0)
-                } else {
-                    let i = f.src as usize;
-                    let (hash, shown) = copy_file(&self.ctx, i, None, &dfd, e, path)?;
-                    (hash, e.meta.size - shown)
+                let i = f.src as usize;
+                let linked = live
+                    .filter(|_| matches)
+                    .and_then(|l| l.open_beneath(dir).ok())
+                    .and_then(|l| reuse(&l, &dfd, &e.name, &e.meta, granularity, job.owners).ok())
+                    .flatten();
+                let checked = match linked {
+                    Some(ino) if self.s.checksum => {
+                        checked_link(&self.ctx, i, None, &dfd, e, path)?.map(|h| (ino, h))
+                    }
+                    Some(ino) => Some((ino, f.hash.expect("recorded"))),
+                    None => None,
+                };
+                let reused = checked.is_some();
+                let (hash, bytes) = match checked {
+                    Some((ino, hash)) => {
+                        self.reused_inodes.lock().unwrap().insert(ino);
+                        (hash, 0)
+                    }
+                    None => {
+                        let (hash, shown) = copy_file(&self.ctx, i, None, &dfd, e, path)?;
+                        (hash, e.meta.size - shown)
+                    }
                 };
                 self.frags.lock().unwrap().hashes.insert(key, hash);
                 if let Some(leader) = self.copies.lock().unwrap().get_mut(&key) {
@@ -1082,6 +1095,44 @@ fn reuse(
         out.unlink(name)?;
     }
     Ok(ok.then_some(st.st_ino))
+}
+
+/// `--checksum`: the file just hardlinked from the live generation as
+/// `e`'s name in `out` kept only where its bytes and the source's (SOURCE
+/// `i`, `dir` its handle on the directory, else by `path`) have the same
+/// SHA-256, read now: that hash; else the link is undone (`None`), and the
+/// caller copies.
+fn checked_link(
+    ctx: &Ctx<'_>,
+    i: usize,
+    dir: Option<&DirFd>,
+    out: &DirFd,
+    e: &Entry,
+    path: &[u8],
+) -> Result<Option<[u8; 32]>> {
+    let src = ctx.job.sources[i];
+    let shown = || crate::escape::display(src.label(), path);
+    let fd = source::open_in(src, dir, &e.name, path)
+        .with_context(|| format!("cannot read {}", shown()))?;
+    let (want, n) =
+        crate::scan::hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
+    if n != e.meta.size {
+        anyhow::bail!(
+            "{} changed while being read (size {} now {n})",
+            shown(),
+            e.meta.size
+        );
+    }
+    let live = out
+        .open_read(&e.name)
+        .and_then(|fd| crate::scan::hash_fd(fd.as_fd()))
+        .with_context(|| format!("cannot read the live copy of {}", shown()))?;
+    if live == (want, n) {
+        return Ok(Some(want));
+    }
+    out.unlink(&e.name)
+        .with_context(|| format!("cannot unlink {} in staging", shown()))?;
+    Ok(None)
 }
 
 /// Owner (softly: a refusal is counted), then mode, then times.

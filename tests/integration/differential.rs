@@ -325,12 +325,16 @@ fn make_source(f: &Fixture, source: Source) -> &'static str {
 
 /// Change the live tree at `live` (if there is one) as someone with a
 /// shell on the volume might, the same way for the same `seed`: a file
-/// added, the first file removed, or the first directory's mtime or the
-/// first file's mode changed ("first" in name order, depth first).
+/// added, the first file removed, the first directory's mtime or the
+/// first file's mode changed, or the first file's bytes changed keeping
+/// its size and mtime (only `--checksum` sees that) ("first" in name
+/// order, depth first).
 fn drift(live: &Path, seed: usize) {
-    if fs::metadata(live).is_err() {
+    // The tree itself, not the link naming it (whose own times would change).
+    let Ok(live) = fs::canonicalize(live) else {
         return;
-    }
+    };
+    let live = live.as_path();
     fn first(dir: &Path, want_dir: bool) -> Option<PathBuf> {
         let mut names: Vec<PathBuf> = fs::read_dir(dir).ok()?.map(|e| e.unwrap().path()).collect();
         names.sort();
@@ -349,11 +353,18 @@ fn drift(live: &Path, seed: usize) {
         }
         None
     }
-    match seed % 4 {
-        0 => fs::write(live.join(format!("drift{seed}")), "drift").unwrap(),
+    match seed % 5 {
+        // The directory written keeps a set mtime: both trees drift alike.
+        0 => {
+            let p = live.join(format!("drift{seed}"));
+            fs::write(&p, "drift").unwrap();
+            crate::fixture::set_mtime(&p, 1_000_000_100, 0);
+            crate::fixture::set_mtime(live, 1_000_000_100, 0);
+        }
         1 => {
             if let Some(p) = first(live, false) {
-                fs::remove_file(p).unwrap();
+                fs::remove_file(&p).unwrap();
+                crate::fixture::set_mtime(p.parent().unwrap(), 1_000_000_100, 0);
             }
         }
         2 => {
@@ -361,10 +372,19 @@ fn drift(live: &Path, seed: usize) {
                 crate::fixture::set_mtime(&p, 1_000_000_000, 0);
             }
         }
-        _ => {
+        3 => {
             if let Some(p) = first(live, false) {
                 use std::os::unix::fs::PermissionsExt;
                 fs::set_permissions(p, fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
+        _ => {
+            if let Some(p) = first(live, false) {
+                let (s, ns) = crate::fixture::mtime(&p);
+                let mut bytes = fs::read(&p).unwrap();
+                bytes.iter_mut().for_each(|b| *b = b.wrapping_add(1));
+                fs::write(&p, bytes).unwrap();
+                crate::fixture::set_mtime(&p, s, ns);
             }
         }
     }

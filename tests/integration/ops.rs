@@ -1289,12 +1289,21 @@ fn checksum_reads_both_sides_of_every_directory_before_calling_a_tree_up_to_date
     let out = f.sync(&["--checksum", "--itemize"]).ok();
     assert_eq!(changes_as_lines_text(&out.stdout), ["~ d3/sub/f4"]);
     corrupt_keeping_mtime(&f.dest().join("d1/sub/f0"), "1-Y");
+    let ino = |p: &str| {
+        use std::os::unix::fs::MetadataExt;
+        fs::metadata(f.dest().join(p)).unwrap().ino()
+    };
+    let (kept, bad) = (ino("d2/sub/f2"), ino("d1/sub/f0"));
     let out = f.sync(&["--checksum", "--itemize"]).ok();
     assert_eq!(changes_as_lines_text(&out.stdout), ["~ d1/sub/f0"]);
     assert_eq!(
         fs::read_to_string(f.dest().join("d1/sub/f0")).unwrap(),
         "1-0"
     );
+    // Bytes equal on both sides: hardlinked from the live generation; the
+    // edited one copied afresh, its live inode left to the old generation.
+    assert_eq!(ino("d2/sub/f2"), kept);
+    assert_ne!(ino("d1/sub/f0"), bad);
     assert_eq!(
         fs::read_to_string(f.dest().join("d3/sub/f4")).unwrap(),
         "3-X"
