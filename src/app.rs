@@ -856,14 +856,7 @@ fn survey(
                 root: live.root().ok()?,
                 label: &live.label,
                 index,
-                recorded: Compare {
-                    owners: header.owners,
-                    checksum: false,
-                    granularity_ns: header.granularity_ns,
-                    link_meta: header.link_meta,
-                    by_content: 0,
-                    xattrs: false,
-                },
+                recorded: as_recorded(header),
             };
             Some(side)
         }
@@ -2165,6 +2158,20 @@ fn forget_damaged(live: &mut Live, damage: &crate::damage::Damage) {
     });
 }
 
+/// How a manifest's entry is matched with the listing of the file it
+/// describes: by the rules the manifest records, attributes aside (no
+/// listing reads them).
+fn as_recorded(header: &Manifest) -> Compare {
+    Compare {
+        owners: header.owners,
+        checksum: false,
+        granularity_ns: header.granularity_ns,
+        link_meta: header.link_meta,
+        by_content: 0,
+        xattrs: false,
+    }
+}
+
 /// Copy each manifest hash onto the live file it still describes, and its
 /// hardlink group where the volume does not show hardlinks (`hardlinks 0`).
 /// Both are in pre-order, so one pass over each, holding one manifest entry
@@ -2172,14 +2179,7 @@ fn forget_damaged(live: &mut Live, damage: &crate::damage::Damage) {
 fn attach_manifest(live: &mut Tree, r: &mut dyn std::io::BufRead, header: &Manifest) -> Result<()> {
     use std::cmp::Ordering;
     let mut entries = crate::manifest::Entries::new(r);
-    let c = Compare {
-        owners: header.owners,
-        checksum: false,
-        granularity_ns: header.granularity_ns,
-        link_meta: header.link_meta,
-        by_content: 0,
-        xattrs: false,
-    };
+    let c = as_recorded(header);
     let mut next = entries.next_entry()?;
     if let Some((_, root)) = next.as_ref().filter(|(p, _)| p == b".") {
         let dir = |meta| crate::tree::Entry {

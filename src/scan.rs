@@ -682,9 +682,9 @@ struct Surveying<'a> {
     kept: Mutex<Vec<(KeptFile, bool, u64)>>,
 }
 
-/// One number for a live file's (device, inode): two that collide only
-/// cost the whole-tree plan.
-fn inode_key(dev: u64, ino: u64) -> u64 {
+/// One number for a file's (device, inode), for a `Distinct`: two that
+/// collide only send the caller to its whole-tree path.
+pub(crate) fn inode_key(dev: u64, ino: u64) -> u64 {
     ino ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 

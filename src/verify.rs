@@ -199,7 +199,7 @@ pub fn by_directory(
     }
     let mut apart = v.apart.into_inner().unwrap();
     for inode in v.grouped.into_inner().unwrap().into_keys() {
-        apart.insert(inode_key(inode));
+        apart.insert(scan::inode_key(inode.0, inode.1));
     }
     if !apart.all_distinct() {
         return Ok(None);
@@ -220,11 +220,6 @@ pub fn by_directory(
         });
     }
     Ok(Some(first))
-}
-
-/// One number for a file's inode: two that collide only cost the whole walk.
-fn inode_key((dev, ino): (u64, u64)) -> u64 {
-    ino ^ dev.wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
 /// One `by_directory` walk, shared by its threads.
@@ -297,7 +292,7 @@ impl crate::walk::Visit for Checking<'_> {
             for (e, g) in found.iter().zip(recorded) {
                 let Node::File(f) = &e.node else { continue };
                 match g {
-                    None => keys.push(inode_key((f.dev, f.ino))),
+                    None => keys.push(scan::inode_key(f.dev, f.ino)),
                     Some(g) => {
                         if *grouped.entry((f.dev, f.ino)).or_insert(g) != g {
                             self.shared.store(true, Ordering::Relaxed);
