@@ -1223,14 +1223,18 @@ impl StreamedRound<'_> {
             }
         };
         let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
-        let manifest = manifest_of(
-            cfg,
-            self.sources,
-            owners,
-            &caps,
-            Tree::default(),
-            Vec::new(),
-        );
+        let manifest = Manifest {
+            // What the stage wrote: its tree is never held.
+            xattrs: streamed.xattrs,
+            ..manifest_of(
+                cfg,
+                self.sources,
+                owners,
+                &caps,
+                Tree::default(),
+                Vec::new(),
+            )
+        };
         if cfg.verify {
             // Against the body the stage wrote, a directory at a time.
             let rules = verify::Rules::of(&manifest);

@@ -72,6 +72,22 @@ pub fn hash_fd(fd: BorrowedFd<'_>) -> std::io::Result<([u8; 32], u64)> {
     Ok((h.finalize().into(), total))
 }
 
+/// The SHA-256 of a file just opened for reading (`open`), which must
+/// still have the `size` its listing gave: else one line naming it
+/// (`shown`) and the cause.
+pub fn digest(
+    open: std::io::Result<std::os::fd::OwnedFd>,
+    size: u64,
+    shown: &dyn Fn() -> String,
+) -> Result<[u8; 32]> {
+    let fd = open.with_context(|| format!("cannot read {}", shown()))?;
+    let (h, n) = hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
+    if n != size {
+        anyhow::bail!("{} changed while being read (size {size} now {n})", shown());
+    }
+    Ok(h)
+}
+
 /// Fill in `hash` for every file `want` selects, reading each from the
 /// source its entry names (`sources`, by index; the live tree has one).
 pub fn hash(
@@ -113,19 +129,10 @@ fn hash_dir(
         let meta_size = e.meta.size;
         if let Node::File(f) = &mut e.node {
             let i = f.src as usize;
-            let shown = || display(sources[i].label(), &path);
-            let fd = source::open_in(sources[i], dirs[i], &e.name, &path)
-                .with_context(|| format!("cannot read {}", shown()))?;
-            let (h, n) = hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
-            if n != meta_size {
-                anyhow::bail!(
-                    "{} changed while being read (size {} now {})",
-                    shown(),
-                    meta_size,
-                    n
-                );
-            }
-            f.hash = Some(h);
+            let open = source::open_in(sources[i], dirs[i], &e.name, &path);
+            f.hash = Some(digest(open, meta_size, &|| {
+                display(sources[i].label(), &path)
+            })?);
         }
         Ok(())
     })
@@ -731,15 +738,7 @@ impl Surveying<'_> {
         let label = self.s.live.as_ref().map_or("", |l| l.label);
         let digest = |dir: &DirFd, label: &str, name: &[u8], size: u64| -> Result<[u8; 32]> {
             let path = crate::tree::join(rel, name);
-            let shown = || display(label, &path);
-            let fd = dir
-                .open_read(name)
-                .with_context(|| format!("cannot read {}", shown()))?;
-            let (h, n) = hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
-            if n != size {
-                anyhow::bail!("{} changed while being read (size {size} now {n})", shown());
-            }
-            Ok(h)
+            digest(dir.open_read(name), size, &|| display(label, &path))
         };
         let mut li = 0;
         for e in merged.iter_mut() {

@@ -29,7 +29,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use rayon::prelude::*;
@@ -295,6 +295,9 @@ pub struct Streamed {
     pub body: crate::manifest::Spooled,
     /// Against the live generation's manifest (all added on a first sync).
     pub changes: Changes,
+    /// Some entry (the root included) carries extended attributes: the
+    /// manifest's header says so (`xattrs 1`), as a whole tree's does.
+    pub xattrs: bool,
 }
 
 /// Entries added, changed and deleted, counted as `plan` counts them: a
@@ -356,6 +359,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         deleted: AtomicU64::new(0),
+        xattrs: AtomicBool::new(!s.root.xattrs.is_empty()),
     };
     let srcs: Vec<Option<&DirFd>> = s.job.sources.iter().map(|src| src.root()).collect();
     if let Some((ix, c)) = &s.recorded {
@@ -424,11 +428,13 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         changed: w.changed.into_inner(),
         deleted: w.deleted.into_inner(),
     };
+    let xattrs = w.xattrs.into_inner();
     let ctx = w.ctx;
     Ok(Some(Streamed {
         changes,
         staged: ctx.staged(out),
         body: spooled,
+        xattrs,
     }))
 }
 
@@ -461,6 +467,8 @@ struct Walker<'a> {
     added: AtomicU64,
     changed: AtomicU64,
     deleted: AtomicU64,
+    /// Some entry written carries extended attributes.
+    xattrs: AtomicBool,
 }
 
 /// The first path staged of a multiply-linked source inode: its later
@@ -855,6 +863,9 @@ impl Walker<'_> {
     fn fragment(&self, rel: &[u8], entries: &[Entry]) -> Result<()> {
         let mut text = String::new();
         let mut line = String::new();
+        if entries.iter().any(|e| !e.meta.xattrs.is_empty()) {
+            self.xattrs.store(true, Ordering::Relaxed);
+        }
         for e in entries {
             let path = join(rel, &e.name);
             match &e.node {
@@ -1112,17 +1123,9 @@ fn checked_link(
 ) -> Result<Option<[u8; 32]>> {
     let src = ctx.job.sources[i];
     let shown = || crate::escape::display(src.label(), path);
-    let fd = source::open_in(src, dir, &e.name, path)
-        .with_context(|| format!("cannot read {}", shown()))?;
-    let (want, n) =
-        crate::scan::hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
-    if n != e.meta.size {
-        anyhow::bail!(
-            "{} changed while being read (size {} now {n})",
-            shown(),
-            e.meta.size
-        );
-    }
+    let open = source::open_in(src, dir, &e.name, path);
+    let want = crate::scan::digest(open, e.meta.size, &shown)?;
+    let n = e.meta.size;
     let live = out
         .open_read(&e.name)
         .and_then(|fd| crate::scan::hash_fd(fd.as_fd()))

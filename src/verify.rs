@@ -251,7 +251,6 @@ impl crate::walk::Visit for Checking<'_> {
         rel: &[u8],
     ) -> Result<crate::walk::Visited<()>> {
         use rayon::prelude::*;
-        use std::os::fd::AsFd;
         let mut found = Dir::list(dir, rel, self.label, 0, &Filter::default(), &self.seen)?;
         found.par_iter_mut().try_for_each(|e| -> Result<()> {
             let size = e.meta.size;
@@ -260,15 +259,7 @@ impl crate::walk::Visit for Checking<'_> {
             };
             let path = crate::tree::join(rel, &e.name);
             let shown = || crate::escape::display(self.label, &path);
-            let fd = dir
-                .open_read(&e.name)
-                .with_context(|| format!("cannot read {}", shown()))?;
-            let (h, n) =
-                scan::hash_fd(fd.as_fd()).with_context(|| format!("cannot read {}", shown()))?;
-            if n != size {
-                anyhow::bail!("{} changed while being read (size {size} now {n})", shown());
-            }
-            f.hash = Some(h);
+            f.hash = Some(scan::digest(dir.open_read(&e.name), size, &shown)?);
             Ok(())
         })?;
         let expected = self.ix.entries(rel)?;

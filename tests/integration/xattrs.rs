@@ -242,3 +242,36 @@ fn a_directory_source_s_attributes_are_mirrored_with_xattrs_only() {
         [("user.note".to_string(), b"new".to_vec())]
     );
 }
+
+#[test]
+fn a_tree_an_archive_gave_attributes_is_not_taken_for_a_listing_without_them() {
+    // The header's `xattrs 1` is what keeps a listing (which shows no
+    // attributes) from being taken for such a tree: a directory source of
+    // the same files, times and modes, without --xattrs, is a change.
+    let f = Fixture::new();
+    if !usable(&f) {
+        return;
+    }
+    tree_with_xattrs(&f);
+    // Whole seconds, which the archive keeps exactly.
+    run(Command::new("sh")
+        .arg("-c")
+        .arg("find . -exec touch -h -d @1700000000 {} +")
+        .current_dir(f.src()));
+    let a = tar_with_xattrs(&f, "a.tar");
+    let first = json(&sync_archive(&f, &a));
+    assert!(!all(&f.dest()).is_empty());
+    let header = fs::read_to_string(
+        fs::read_dir(f.path("vol/.packs.packsync/meta"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension() == Some(OsStr::new("manifest")))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(header.contains("\nxattrs 1\n"), "{header}");
+    let plain = json(&f.sync(&["--json"]).ok());
+    assert_eq!(plain["status"], "synced", "{plain}");
+    assert_ne!(plain["generation"], first["generation"]);
+    assert!(all(&f.dest()).is_empty(), "{:?}", all(&f.dest()));
+}
