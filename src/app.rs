@@ -780,7 +780,6 @@ fn streams(
     sources: &Sources,
 ) -> Option<Option<Recorded>> {
     let plain = !cfg.dry_run
-        && !cfg.filter.xattrs
         && sources
             .all
             .iter()
@@ -812,8 +811,8 @@ fn streams(
 /// manifest's header: for sources that list a directory at a time
 /// (directories; archives and images once spooled: a dry run's spool is
 /// outside the volume) onto nothing or onto a live generation whose
-/// manifest indexes and whose volume shows hardlinks, without `--checksum`, `--set-mtime`,
-/// `--xattrs` or `--label auto` (those compare or read whole trees).
+/// manifest indexes and whose volume shows hardlinks, without `--set-mtime`
+/// or `--label auto` (those compare or read whole trees).
 /// `None` where it does not apply, where either side holds a hardlink
 /// group, or at any error: the whole-tree path then plans (and says what
 /// failed, as it always has).
@@ -827,7 +826,6 @@ fn survey(
     // Spooled sources list a directory at a time once they are spooled.
     let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
         && cfg.set_mtime.is_none()
-        && !cfg.filter.xattrs
         && (!cfg.label_auto || cfg.label.is_some())
         && sources
             .all
@@ -1098,7 +1096,7 @@ impl StreamedRound<'_> {
         let quiet = Collected::default();
         for (i, s) in refs.iter().enumerate() {
             let r = s.root().expect("streams() checked");
-            root = s.root_meta()?;
+            root = s.root_meta(&cfg.filter)?;
             let listed = s.list(r, b"", i as u16, &cfg.filter, &quiet)?;
             crate::tree::merge_entries(&mut top, listed);
         }
@@ -1369,9 +1367,8 @@ fn quick(
     sources: &Sources,
     adjust: &Adjust<'_>,
 ) -> Option<Quick> {
-    // A listing of the live tree shows no extended attributes;
     // `--set-mtime` gives every file one mtime: only content tells.
-    if cfg.dry_run || cfg.filter.xattrs || cfg.set_mtime.is_some() {
+    if cfg.dry_run || cfg.set_mtime.is_some() {
         return None;
     }
     let refs = sources.refs();
@@ -1403,11 +1400,13 @@ fn compare_quick(
     if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
         return None;
     }
-    // Two listings show no attributes: where the live generation has
-    // some, the whole trees are compared.
-    if header.xattrs && recorded.is_none() {
-        return None;
-    }
+    // A listing shows no attributes: where the live generation has some,
+    // each live entry still as recorded takes its manifest's (the index
+    // then costs one more pass over the manifest).
+    let index = match (header.xattrs, recorded) {
+        (true, None) => Some(live.index()?),
+        _ => None,
+    };
     let warnings = Collected::default();
     let against = scan::Against {
         sources,
@@ -1422,11 +1421,13 @@ fn compare_quick(
             granularity_ns: header.granularity_ns,
             link_meta: header.link_meta,
             by_content: 0,
-            // A listing of the live tree on one side (a drift check), or
-            // on both, where neither has any: `header.xattrs` is checked.
-            xattrs: false,
+            // Against the sources: with the attributes the manifest gives
+            // the live entries. The live tree against its own manifest (a
+            // drift check): a listing has none to compare.
+            xattrs: recorded.is_none(),
         },
         recorded,
+        attrs: index.as_ref().map(|ix| (ix, as_recorded(&header))),
         // The live generation against its own manifest takes no `--checksum`.
         hash: cfg.checksum && recorded.is_none(),
     };

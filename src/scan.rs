@@ -160,6 +160,11 @@ pub struct Against<'a> {
     /// `--checksum`: files equal by their metadata are read on both sides
     /// and equal only with the same SHA-256.
     pub hash: bool,
+    /// The live manifest's index, and how its entries are matched with the
+    /// listing's: each live entry still as recorded gets the extended
+    /// attributes recorded for it (a listing shows none). Where the live
+    /// tree has some; not beside `recorded`.
+    pub attrs: Option<(&'a crate::index::Index, Compare)>,
 }
 
 /// What `compare_live` found.
@@ -190,10 +195,7 @@ pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
         let Some(r) = s.root().filter(|_| s.lists_by_directory()) else {
             return Ok(Compared::default());
         };
-        let st = r
-            .fstat()
-            .with_context(|| format!("cannot stat {}", s.label()))?;
-        root_meta = meta_of(&st, 0);
+        root_meta = s.root_meta(a.filter)?;
         roots.push(Some(r));
     }
     (a.adjust)(&mut root_meta, Kind::Dir);
@@ -206,11 +208,13 @@ pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
         meta,
         node: Node::Dir(Default::default()),
     };
-    if !plan::same_entry(
-        &dir_entry(root_meta),
-        &dir_entry(meta_of(&st, 0)),
-        &a.compare,
-    ) {
+    let mut live_root = meta_of(&st, 0);
+    if let Some((ix, c)) = &a.attrs {
+        if plan::same_entry(&dir_entry(ix.root), &dir_entry(live_root), c) {
+            live_root.xattrs = ix.root.xattrs;
+        }
+    }
+    if !plan::same_entry(&dir_entry(root_meta), &dir_entry(live_root), &a.compare) {
         return Ok(Compared::default());
     }
     let walk = Paired {
@@ -284,8 +288,11 @@ impl Visit for Paired<'_> {
             Some(ix) => recorded_entries(ix, rel)?,
             None => source::list_merged(a.sources, srcs, rel, a.filter, a.reporter)?,
         };
-        let live_entries =
+        let mut live_entries =
             source::Dir::list(live, rel, a.live_label, 0, &Filter::default(), a.reporter)?;
+        if let Some((ix, c)) = &a.attrs {
+            attach_recorded(&mut live_entries, &ix.entries(rel)?, c);
+        }
         for e in merged.iter_mut() {
             let kind = e.kind();
             (a.adjust)(&mut e.meta, kind);
@@ -363,7 +370,7 @@ pub fn same_as_recorded(
 ) -> Result<bool> {
     let mut root = Meta::default();
     for s in sources {
-        root = s.root_meta()?;
+        root = s.root_meta(filter)?;
     }
     adjust(&mut root, Kind::Dir);
     let dir = |meta| Entry {
@@ -559,7 +566,7 @@ pub struct Surveyed {
 pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
     let mut root = Meta::default();
     for src in s.sources {
-        root = src.root_meta()?;
+        root = src.root_meta(s.filter)?;
     }
     (s.adjust)(&mut root, Kind::Dir);
     let mut plan = plan::Plan::new(s.list);
@@ -689,6 +696,30 @@ struct Surveying<'a> {
     kept: Mutex<Vec<(KeptFile, bool, u64)>>,
 }
 
+/// What only the live manifest knows, given to a live directory's listing
+/// (`listed`) from the same directory's recorded entries (`recorded`,
+/// sorted by name): each file its recorded hardlink group, and each entry
+/// still as recorded (matched by `c`, as the whole-tree path attaches
+/// them) its recorded extended attributes and hash.
+fn attach_recorded(listed: &mut [Entry], recorded: &[Entry], c: &Compare) {
+    for e in listed.iter_mut() {
+        let Ok(i) = recorded.binary_search_by(|r| r.name.cmp(&e.name)) else {
+            continue;
+        };
+        let me = &recorded[i];
+        if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
+            f.group = mf.group;
+        }
+        if !plan::same_entry(me, e, c) {
+            continue;
+        }
+        e.meta.xattrs = me.meta.xattrs;
+        if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
+            f.hash = mf.hash;
+        }
+    }
+}
+
 /// One number for a file's (device, inode), for a `Distinct`: two that
 /// collide only send the caller to its whole-tree path.
 pub(crate) fn inode_key(dev: u64, ino: u64) -> u64 {
@@ -703,23 +734,7 @@ impl Surveying<'_> {
         let l = self.s.live.as_ref().expect("a live handle");
         let mut listed =
             source::Dir::list(live, rel, l.label, 0, &Filter::default(), self.s.reporter)?;
-        let recorded = l.index.entries(rel)?;
-        for e in listed.iter_mut() {
-            let Ok(i) = recorded.binary_search_by(|r| r.name.cmp(&e.name)) else {
-                continue;
-            };
-            let me = &recorded[i];
-            if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
-                f.group = mf.group;
-            }
-            if !plan::same_entry(me, e, &l.recorded) {
-                continue;
-            }
-            e.meta.xattrs = me.meta.xattrs;
-            if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
-                f.hash = mf.hash;
-            }
-        }
+        attach_recorded(&mut listed, &l.index.entries(rel)?, &l.recorded);
         Ok(listed)
     }
 

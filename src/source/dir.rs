@@ -56,6 +56,22 @@ impl Dir {
         }
     }
 
+    /// The metadata of a tree's root `root` (its extended attributes
+    /// where `filter` says), named `label` in messages.
+    pub fn meta_of_root(root: &DirFd, label: &str, filter: &Filter) -> Result<Meta> {
+        let st = root
+            .fstat()
+            .with_context(|| format!("cannot stat {label}"))?;
+        let mut meta = meta_of(&st, 0);
+        if filter.xattrs {
+            let pairs = root
+                .xattrs_self()
+                .with_context(|| format!("cannot read the extended attributes of {label}"))?;
+            meta.xattrs = Set::of(pairs);
+        }
+        Ok(meta)
+    }
+
     /// One directory of a tree walked a directory at a time (`scan::Walk`):
     /// the entries of `dir`, at `rel` below the root of the tree `label`
     /// names, as `scan` gives them, each directory without its children.
@@ -153,10 +169,7 @@ impl Source for Dir {
     }
 
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
-        let st = self
-            .root
-            .fstat()
-            .with_context(|| format!("cannot stat {}", self.label))?;
+        let root = Dir::meta_of_root(&self.root, &self.label, filter)?;
         let walk = Walk {
             label: &self.label,
             src,
@@ -164,13 +177,6 @@ impl Source for Dir {
             reporter,
         };
         let entries = walk.dir(&self.root, &mut Vec::new())?;
-        let mut root = meta_of(&st, 0);
-        if filter.xattrs {
-            let pairs = self.root.xattrs_self().with_context(|| {
-                format!("cannot read the extended attributes of {}", self.label)
-            })?;
-            root.xattrs = Set::of(pairs);
-        }
         Ok(Tree {
             root,
             root_srcs: 1 << src,

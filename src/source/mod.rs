@@ -102,16 +102,13 @@ pub trait Source: Send + Sync {
         Dir::list(fd, rel, self.label(), src, filter, reporter)
     }
 
-    /// The metadata of the tree's root, as `scan` gives it, for a kind
-    /// that `lists_by_directory`.
-    fn root_meta(&self) -> Result<Meta> {
+    /// The metadata of the tree's root, as `scan` gives it (its extended
+    /// attributes where `filter` says), for a kind that `lists_by_directory`.
+    fn root_meta(&self, filter: &Filter) -> Result<Meta> {
         let root = self
             .root()
             .with_context(|| format!("{}: has no directory to list", self.label()))?;
-        let st = root
-            .fstat()
-            .with_context(|| format!("cannot stat {}", self.label()))?;
-        Ok(crate::tree::meta_of(&st, 0))
+        Dir::meta_of_root(root, self.label(), filter)
     }
 
     /// Whether `fd` still holds the file the scan saw as `seen`: checked

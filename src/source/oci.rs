@@ -382,8 +382,8 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.list(fd, rel, src, filter, reporter)
     }
 
-    fn root_meta(&self) -> Result<Meta> {
-        self.inner.root_meta()
+    fn root_meta(&self, filter: &Filter) -> Result<Meta> {
+        self.inner.root_meta(filter)
     }
 
     fn root(&self) -> Option<&DirFd> {

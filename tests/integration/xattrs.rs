@@ -241,6 +241,20 @@ fn a_directory_source_s_attributes_are_mirrored_with_xattrs_only() {
         crate::xattrs::of(&f.dest().join("readme")),
         [("user.note".to_string(), b"new".to_vec())]
     );
+    // The root's own attributes are the root's change, listed and staged
+    // as any directory's; then up to date without reading the tree again.
+    setfattr(&f.src(), "user.top", "t");
+    let topped = json(&f.sync(&["-X", "--json", "--itemize"]).ok());
+    assert_eq!(topped["changed"], 1, "{topped}");
+    assert_eq!(topped["changes"][0]["path"], ".", "{topped}");
+    let live = fs::canonicalize(f.dest()).unwrap();
+    assert_eq!(
+        crate::xattrs::of(&live),
+        [("user.top".to_string(), b"t".to_vec())]
+    );
+    let still = json(&f.sync(&["-X", "--json"]).ok());
+    assert_eq!(still["status"], "up to date", "{still}");
+    assert_eq!(still["generation"], topped["generation"]);
 }
 
 #[test]

@@ -309,7 +309,7 @@ impl Source for Spooled {
         Ok(entries)
     }
 
-    fn root_meta(&self) -> Result<Meta> {
+    fn root_meta(&self, _: &Filter) -> Result<Meta> {
         Ok(self.root_of())
     }
 
@@ -435,8 +435,8 @@ impl<S: Stream> Source for Streamed<S> {
         self.spooled()?.list(fd, rel, src, filter, reporter)
     }
 
-    fn root_meta(&self) -> Result<Meta> {
-        self.spooled()?.root_meta()
+    fn root_meta(&self, filter: &Filter) -> Result<Meta> {
+        self.spooled()?.root_meta(filter)
     }
 
     fn root(&self) -> Option<&DirFd> {
