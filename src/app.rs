@@ -786,7 +786,7 @@ fn streams(
             .all(|s| s.root().is_some() && s.lists_by_directory());
     match dest {
         Dest::Absent if plain => Some(None),
-        Dest::Live(_) if plain && cfg.set_mtime.is_none() => {
+        Dest::Live(_) if plain => {
             let live = live?;
             let header = live.header()?.clone();
             if !header.hardlinks {
@@ -825,7 +825,6 @@ fn survey(
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
     let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
-        && cfg.set_mtime.is_none()
         && (!cfg.label_auto || cfg.label.is_some())
         && sources
             .all
@@ -871,7 +870,7 @@ fn survey(
             checksum: cfg.checksum,
             granularity_ns: header.as_ref().map_or(1, |m| m.granularity_ns),
             link_meta: header.as_ref().is_none_or(|m| m.link_meta),
-            by_content: sources.by_content(),
+            by_content: sources.compared_by_content(cfg),
             xattrs: true,
         },
         live: side,
@@ -1033,7 +1032,7 @@ fn spooled_quick(
         // Recorded as the sources gave them: equal exactly.
         granularity_ns: 1,
         link_meta: rec.header.link_meta,
-        by_content: sources.by_content(),
+        by_content: sources.compared_by_content(cfg),
         xattrs: true,
     };
     // What this listing skips is reported by the scan that stages.
@@ -1192,8 +1191,9 @@ impl StreamedRound<'_> {
                     // Recorded as the source gave them: equal exactly.
                     granularity_ns: 1,
                     link_meta: r.header.link_meta,
-                    // A spooled source's files by their content.
-                    by_content: self.sources.by_content(),
+                    // A spooled source's files by their content (every
+                    // file's under `--set-mtime`).
+                    by_content: self.sources.compared_by_content(cfg),
                     xattrs: true,
                 };
                 (&r.index, compare)
@@ -1367,8 +1367,7 @@ fn quick(
     sources: &Sources,
     adjust: &Adjust<'_>,
 ) -> Option<Quick> {
-    // `--set-mtime` gives every file one mtime: only content tells.
-    if cfg.dry_run || cfg.set_mtime.is_some() {
+    if cfg.dry_run {
         return None;
     }
     let refs = sources.refs();
@@ -1387,8 +1386,10 @@ fn quick(
 /// `scan::compare_live` of the live generation `gen` (its manifest's
 /// `header`) against `sources`, or against its own manifest (`recorded`):
 /// a `Quick` when it is up to date. Files are compared by size, mtime and
-/// mode (and, with `--checksum`, against the sources by their bytes). `None` where this compare does not apply (a new label, a volume
-/// without hardlinks) or it found a difference.
+/// mode (and, with `--checksum`, against the sources by their bytes; under
+/// `--set-mtime`, the sources' bytes against the recorded hashes). `None`
+/// where this compare does not apply (a new label, a volume without
+/// hardlinks) or it found a difference.
 fn compare_quick(
     cfg: &SyncConfig,
     live: &LiveGen,
@@ -1400,10 +1401,15 @@ fn compare_quick(
     if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
         return None;
     }
-    // A listing shows no attributes: where the live generation has some,
-    // each live entry still as recorded takes its manifest's (the index
-    // then costs one more pass over the manifest).
-    let index = match (header.xattrs, recorded) {
+    // A listing shows no attributes, nor hashes: where the live generation
+    // has attributes, or `--set-mtime` leaves only content to tell files
+    // apart, each live entry still as recorded takes its manifest's (the
+    // index costs one more pass over the manifest).
+    let by_content = match (cfg.set_mtime, recorded) {
+        (Some(_), None) => u64::MAX,
+        _ => 0,
+    };
+    let index = match ((header.xattrs || by_content != 0), recorded) {
         (true, None) => Some(live.index()?),
         _ => None,
     };
@@ -1420,14 +1426,14 @@ fn compare_quick(
             checksum: false,
             granularity_ns: header.granularity_ns,
             link_meta: header.link_meta,
-            by_content: 0,
+            by_content,
             // Against the sources: with the attributes the manifest gives
             // the live entries. The live tree against its own manifest (a
             // drift check): a listing has none to compare.
             xattrs: recorded.is_none(),
         },
         recorded,
-        attrs: index.as_ref().map(|ix| (ix, as_recorded(&header))),
+        as_recorded: index.as_ref().map(|ix| (ix, as_recorded(&header))),
         // The live generation against its own manifest takes no `--checksum`.
         hash: cfg.checksum && recorded.is_none(),
     };
@@ -1766,8 +1772,18 @@ impl Sources {
         self.all.iter().map(|s| &**s).collect()
     }
 
-    /// A bit per source that hashed its files as they streamed: compared
-    /// by content (`plan::Compare::by_content`).
+    /// A bit per source whose files are compared by content
+    /// (`plan::Compare::by_content`): each that hashed its files as they
+    /// streamed, or every one under `--set-mtime` (one mtime for every
+    /// file: only content tells).
+    fn compared_by_content(&self, cfg: &SyncConfig) -> u64 {
+        match cfg.set_mtime {
+            Some(_) => u64::MAX,
+            None => self.by_content(),
+        }
+    }
+
+    /// A bit per source that hashed its files as they streamed.
     fn by_content(&self) -> u64 {
         self.all
             .iter()

@@ -88,6 +88,58 @@ pub fn digest(
     Ok(h)
 }
 
+/// Hash the source files of one directory that are compared by content
+/// (`Compare::by_content`: a spooled source, whose stream hashed them
+/// already, or every source under `--set-mtime`, which gives every file
+/// one mtime) and still have no hash, where the other side (`other`, the
+/// live listing or the recorded entries of the same directory, sorted by
+/// name) has a file of the same size: the only ones whose content decides
+/// anything, as the whole-tree path picks them. `srcs`: each source's
+/// handle on the directory at `rel`.
+pub fn hash_by_content(
+    sources: &[&dyn Source],
+    srcs: &[Option<&DirFd>],
+    rel: &[u8],
+    merged: &mut [Entry],
+    other: &[Entry],
+    c: &Compare,
+) -> Result<()> {
+    if c.by_content == 0 {
+        return Ok(());
+    }
+    let mut want = vec![false; merged.len()];
+    let mut j = 0;
+    for (i, e) in merged.iter().enumerate() {
+        while j < other.len() && other[j].name < e.name {
+            j += 1;
+        }
+        let Some(o) = other.get(j).filter(|o| o.name == e.name) else {
+            continue;
+        };
+        if let (Node::File(f), Node::File(_)) = (&e.node, &o.node) {
+            want[i] = f.hash.is_none()
+                && e.meta.size == o.meta.size
+                && c.by_content & 1u64.checked_shl(f.src.into()).unwrap_or(0) != 0;
+        }
+    }
+    merged
+        .par_iter_mut()
+        .zip(want)
+        .filter(|(_, w)| *w)
+        .try_for_each(|(e, _)| -> Result<()> {
+            let size = e.meta.size;
+            let Node::File(f) = &mut e.node else {
+                return Ok(());
+            };
+            let i = f.src as usize;
+            let dir = srcs.get(i).copied().flatten();
+            let path = crate::tree::join(rel, &e.name);
+            let open = source::open_in(sources[i], dir, &e.name, &path);
+            f.hash = Some(digest(open, size, &|| display(sources[i].label(), &path))?);
+            Ok(())
+        })
+}
+
 /// Fill in `hash` for every file `want` selects, reading each from the
 /// source its entry names (`sources`, by index; the live tree has one).
 pub fn hash(
@@ -162,9 +214,10 @@ pub struct Against<'a> {
     pub hash: bool,
     /// The live manifest's index, and how its entries are matched with the
     /// listing's: each live entry still as recorded gets the extended
-    /// attributes recorded for it (a listing shows none). Where the live
-    /// tree has some; not beside `recorded`.
-    pub attrs: Option<(&'a crate::index::Index, Compare)>,
+    /// attributes and the hash recorded for it (a listing shows neither).
+    /// Where the live tree has attributes, or files are compared by
+    /// content; not beside `recorded`.
+    pub as_recorded: Option<(&'a crate::index::Index, Compare)>,
 }
 
 /// What `compare_live` found.
@@ -209,7 +262,7 @@ pub fn compare_live(a: &Against<'_>) -> Result<Compared> {
         node: Node::Dir(Default::default()),
     };
     let mut live_root = meta_of(&st, 0);
-    if let Some((ix, c)) = &a.attrs {
+    if let Some((ix, c)) = &a.as_recorded {
         if plan::same_entry(&dir_entry(ix.root), &dir_entry(live_root), c) {
             live_root.xattrs = ix.root.xattrs;
         }
@@ -290,12 +343,15 @@ impl Visit for Paired<'_> {
         };
         let mut live_entries =
             source::Dir::list(live, rel, a.live_label, 0, &Filter::default(), a.reporter)?;
-        if let Some((ix, c)) = &a.attrs {
+        if let Some((ix, c)) = &a.as_recorded {
             attach_recorded(&mut live_entries, &ix.entries(rel)?, c);
         }
         for e in merged.iter_mut() {
             let kind = e.kind();
             (a.adjust)(&mut e.meta, kind);
+        }
+        if a.recorded.is_none() {
+            hash_by_content(a.sources, srcs, rel, &mut merged, &live_entries, &a.compare)?;
         }
         let same = same_here(&merged, &live_entries, &a.compare, &self.links)
             .filter(|_| !a.hash || self.same_bytes(srcs, live, &merged));
@@ -419,6 +475,14 @@ impl Visit for Recorded<'_> {
             (self.adjust)(&mut e.meta, kind);
         }
         let recorded = recorded_entries(self.ix, rel)?;
+        hash_by_content(
+            self.sources,
+            srcs,
+            rel,
+            &mut merged,
+            &recorded,
+            &self.compare,
+        )?;
         if same_here(&merged, &recorded, &self.compare, &self.links).is_none() {
             self.differs.store(true, Ordering::Relaxed);
             return Ok((0, Vec::new()));
@@ -848,8 +912,9 @@ impl Visit for Surveying<'_> {
             Some(fd) => self.live_entries(fd, rel)?,
             None => Vec::new(),
         };
-        if let (true, Some(fd)) = (s.compare.checksum, live) {
-            self.hash_pairs(srcs, fd, rel, &mut merged, &mut live_entries)?;
+        match (s.compare.checksum, live) {
+            (true, Some(fd)) => self.hash_pairs(srcs, fd, rel, &mut merged, &mut live_entries)?,
+            _ => hash_by_content(s.sources, srcs, rel, &mut merged, &live_entries, &s.compare)?,
         }
         self.note_links(&mut merged, &live_entries);
         let bytes: u64 = merged

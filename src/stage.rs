@@ -578,7 +578,7 @@ impl Walker<'_> {
             let kind = e.kind();
             (self.s.adjust)(&mut e.meta, kind);
         }
-        let was_dir = self.against_recorded(rel, recorded, &mut entries)?;
+        let was_dir = self.against_recorded(srcs, rel, recorded, &mut entries)?;
         let holds_follower = std::sync::atomic::AtomicBool::new(false);
         // Files and symlinks first (their hashes go into the fragment).
         entries.par_iter_mut().try_for_each(|e| -> Result<()> {
@@ -692,6 +692,7 @@ impl Walker<'_> {
     /// gets there).
     fn against_recorded(
         &self,
+        srcs: &[Option<&DirFd>],
         rel: &[u8],
         recorded: bool,
         entries: &mut [Entry],
@@ -703,6 +704,8 @@ impl Walker<'_> {
             return Ok(was_dir);
         };
         let live = ix.entries(rel)?;
+        // Where only content tells (`--set-mtime`), read the candidates first.
+        crate::scan::hash_by_content(self.s.job.sources, srcs, rel, entries, &live, c)?;
         let (mut added, mut changed, mut deleted) = (0, 0, 0);
         let mut kept = Vec::new();
         let mut i = 0;

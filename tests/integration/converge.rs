@@ -120,8 +120,29 @@ fn under_set_mtime_a_same_size_edit_is_still_published() {
     let flag = ["--set-mtime", "1700000000"];
     sync_json(&f, "a", &flag);
     fs::write(f.path("b/pack/pack.yaml"), "name: PACK\n").unwrap();
-    let (status, _) = sync_json(&f, "b", &flag);
-    assert_eq!(status, "synced");
+    let v = json(
+        &f.packsync(&[
+            "sync",
+            "--json",
+            "--grace",
+            "0",
+            "--itemize",
+            flag[0],
+            flag[1],
+            "b",
+            "vol/packs",
+        ])
+        .ok(),
+    );
+    assert_eq!(v["status"], "synced", "{v}");
+    // The edited file alone is copied; every other file, read and found
+    // equal to its recorded hash, is hardlinked from the live generation.
+    assert_eq!(
+        (&v["changed"], &v["copied"], &v["reused"]),
+        (&1.into(), &1.into(), &3.into()),
+        "{v}"
+    );
+    assert_eq!(v["changes"][0]["path"], "pack/pack.yaml", "{v}");
     assert_eq!(
         fs::read_to_string(f.dest().join("pack/pack.yaml")).unwrap(),
         "name: PACK\n"
