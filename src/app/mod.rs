@@ -1,0 +1,1175 @@
+//! The pipeline: the only file that knows the order of the stages, and the
+//! owner of the thread pool (rayon's global one).
+//!
+//! `round` reads as the story of one sync: validate → scan (sources and the
+//! live tree) → plan → guards → stage → verify → commit → retire, each step
+//! a call through its module; `sync` shows its report, or hands the whole
+//! to the loop of `--every` (`sidecar`), which runs it again and again. The functions below it are the
+//! joints between stages that belong to none of them: opening what the
+//! command line named, reading the live generation back, giving the tree
+//! its owners. Every other command is one call into `ops`.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::clock;
+use crate::commit::{self, Swap};
+use crate::config::{self, Command, Config, Owner, SyncConfig};
+use crate::error;
+use crate::filter::Filter;
+use crate::label::Label;
+use crate::layout;
+use crate::live::LiveGen;
+use crate::manifest::Manifest;
+use crate::ops;
+use crate::plan::{self, Compare, Plan};
+use crate::report::{self, Collected, Console, Output, Reporter, Round, Summary};
+use crate::retire::{self, Policy};
+use crate::scan;
+use crate::sidecar::Pass;
+use crate::source::{self, Source};
+use crate::stage;
+use crate::staging::Stage;
+use crate::sys::{self, DirFd};
+use crate::tree::{Kind, Meta, Node, Tree};
+use crate::verify;
+use crate::volume::{Dest, State, Volume};
+
+mod publish;
+mod quick;
+mod streamed;
+mod survey;
+mod whole;
+
+use publish::{manifest_of, note_staged, swap_for, Planned, Publish};
+use quick::{quick, quick_end, recorded_quick, recorded_tree, spooled_quick, unchanged_live};
+use streamed::{streams, Early, StreamedRound};
+use survey::survey;
+use whole::{forget_damaged, lend_live, load_live, plan, resume_live, summary_of, up_to_date};
+
+/// Run a command; the exit status on success.
+pub fn run(cfg: Config) -> Result<i32> {
+    init_pool(&cfg.command);
+    sys::signals::install();
+    sys::raise_fd_limit();
+    sys::set_umask(0o022);
+    match cfg.command {
+        Command::Sync(s) => sync(&s),
+        Command::Completions { shell } => {
+            crate::cli::completions(shell, &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Gc { dest, keep, grace } => ops::gc::run(&dest, keep, grace),
+        Command::Status { dest, json, slot } => ops::status::run(&dest, slot.as_deref(), json),
+        Command::Verify { dest, json, slot } => ops::verify::run(&dest, slot.as_deref(), json),
+        Command::Rollback { dest, to, slot } => {
+            ops::rollback::run(&dest, slot.as_deref(), to.as_deref())
+        }
+        Command::Wait {
+            dest,
+            timeout,
+            label,
+            slot,
+        } => ops::wait::run(&dest, slot.as_deref(), timeout.as_ref(), label.as_deref()),
+        Command::Exec { dest, cmd, slot } => ops::exec::run(&dest, slot.as_deref(), &cmd),
+    }
+}
+
+/// Size the thread pool. Scanning and copying mostly wait on the
+/// filesystem, so a one-shot sync has several threads per core: 8 a core
+/// (16 at least) where requests cross a network (a network or FUSE volume,
+/// or a directory SOURCE on one) or where every file is to be written (a
+/// first sync), and 4 a core (8 at least) for an update or a no-op on a
+/// local volume, which mostly stats and links. Measured on 2 cores
+/// (BENCHMARKS.md, "Threads"): 8 threads took 1.27-1.31 times as long as
+/// 16 to fill and to update a GlusterFS volume answering in 1 ms, and 1.08
+/// times as long for a cold first sync of 10^5 files to a local disk,
+/// while a local update or no-op took the same time cold and less warm;
+/// each thread holds 150-200 KiB at the peak of a large update. So the
+/// one-shot sync sizes its pool once DEST is open (`size_pool`); other
+/// commands take the larger figure. The loop (`sync --every`) runs for
+/// days and mostly finds nothing to do: it has one thread per core, since
+/// every long-lived thread keeps its own deepest stack, and RSS would grow
+/// with the rounds (BENCHMARKS.md). All share one allocator arena: with an
+/// arena per thread each keeps the fragments of what it freed, which cost
+/// a one-shot sync of 10^5 entries about 1 MiB of peak RSS (16 threads)
+/// and made the loop's RSS creep. `RAYON_NUM_THREADS` overrides the
+/// number of threads.
+fn init_pool(command: &Command) {
+    sys::share_one_arena();
+    let threads = match command {
+        Command::Sync(s) if s.every.is_some() => cores().max(2),
+        Command::Sync(_) => return, // size_pool
+        _ => pool_threads(true),
+    };
+    build_pool(threads);
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
+/// A one-shot sync's threads (`init_pool`): `waits`, where its requests
+/// wait on a network or on writes.
+fn pool_threads(waits: bool) -> usize {
+    if waits {
+        (cores() * 8).clamp(16, 64)
+    } else {
+        (cores() * 4).clamp(8, 32)
+    }
+}
+
+/// Set once `init_pool` or `size_pool` has sized the pool.
+static POOL_SIZED: std::sync::Once = std::sync::Once::new();
+
+fn build_pool(threads: usize) {
+    POOL_SIZED.call_once(|| {
+        if std::env::var_os("RAYON_NUM_THREADS").is_some() {
+            return; // rayon reads it
+        }
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build_global();
+    });
+}
+
+/// `init_pool` for a one-shot sync, once DEST's volume is open (nothing
+/// before this runs in the pool): the fewer threads only for an update or
+/// a no-op where DEST and every directory SOURCE are on local filesystems
+/// (other sources are fetched onto DEST's volume). A filesystem that
+/// cannot be told counts as networked.
+fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
+    if POOL_SIZED.is_completed() {
+        return; // a later round of this sync, or of the loop
+    }
+    let local = |k: Option<sys::FsKind>| k == Some(sys::FsKind::Local);
+    let networked = !local(vol.fs_kind())
+        || sources
+            .all
+            .iter()
+            .filter_map(|s| s.root())
+            .any(|d| !local(d.fs_kind().ok()));
+    build_pool(pool_threads(networked || !matches!(dest, Dest::Live(_))));
+}
+
+/// `sync`: one round, shown; with `--every`, the loop (`sidecar::run`).
+fn sync(cfg: &SyncConfig) -> Result<i32> {
+    if cfg.every.is_some() {
+        return crate::sidecar::run(cfg, &|pass| round(cfg, pass));
+    }
+    match round(cfg, Pass::ONCE) {
+        Ok(r) => r.report(Output::of(cfg.json, cfg.quiet)),
+        // A round a signal cut short (a download that stopped at once, say)
+        // failed because of it: its staging is gone by now.
+        Err(_) if sys::signals::pending().is_some() => {
+            Err(crate::error::Failure::Interrupted(sys::signals::pending().unwrap_or(0)).into())
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// One sync: validate → scan → plan → guards → stage → verify → commit →
+/// retire. Shown by the caller (`Round::report`).
+pub(crate) fn round(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
+    round_or_full(cfg, pass).map_err(|e| stays_live(cfg, e))
+}
+
+/// A failure (exit 1: a fetch, a stream, the volume) said with the
+/// generation that stays live, where one is: nothing was published.
+fn stays_live(cfg: &SyncConfig, e: anyhow::Error) -> anyhow::Error {
+    if error::exit_code(&e) != 1 || sys::signals::pending().is_some() {
+        return e;
+    }
+    let gen = Volume::open(&cfg.dest, false)
+        .and_then(|base| layout::open_for_sync(base, cfg))
+        .and_then(|vol| layout::live_generation(&vol));
+    match gen {
+        Ok(Some(gen)) => error::StaysLive { cause: e, gen }.into(),
+        _ => e,
+    }
+}
+
+/// `round`, tried once more where the volume was full and dead writers'
+/// staging could be removed.
+fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
+    let err = match round_with(cfg, pass, None) {
+        Err(e) if !cfg.dry_run && out_of_space(&e) => e,
+        done => return done,
+    };
+    // The volume is full: staging that dead writers left (this host's
+    // processes gone, or any host's untouched past the stale age) may be
+    // what fills it. Remove it, as `gc` would, and try once more.
+    let freed = Volume::open(&cfg.dest, false)
+        .ok()
+        .and_then(|vol| Some((vol.state(false).ok().flatten()?, vol)))
+        .map_or(0, |(state, vol)| {
+            retire::remove_dead_staging(&vol, &state, config::STALE_STAGE)
+        });
+    if freed == 0 {
+        return Err(err);
+    }
+    let line = format!(
+        "the volume was full: removed the staging of {freed} dead writer{} and tried again",
+        if freed == 1 { "" } else { "s" }
+    );
+    round_with(cfg, pass, Some(line))
+}
+
+/// Whether `e` was caused by a full volume or an exhausted quota.
+fn out_of_space(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(sys::out_of_space)
+    })
+}
+
+/// `round`. Sources that can tell they are unchanged since the live
+/// generation (an image tag on the same digest, a URL answering 304) are
+/// first not fetched, the live manifest's entries standing in for them
+/// (the shortcut). If the live tree drifted from them after all, the round
+/// is tried once more without the shortcut: a bounded second try, never a
+/// third. `note`: a warning to show first.
+fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Round> {
+    let start = Instant::now();
+    let mut note = note;
+    for shortcut in [true, false] {
+        // Validate: nothing is written before the guards have passed.
+        crate::source::spool::limit_entries(cfg.max_entries);
+        let sources = Sources::open(cfg)?;
+        // `--semver` lists tags and `--label auto` reads versions first: the
+        // label (and so the guards) of this round depend on them.
+        let resolved = resolve_label(cfg, &sources)?;
+        let cfg = resolved.as_ref().unwrap_or(cfg);
+        let chosen = chosen_of(&sources)?;
+        let mut round = match round_on(cfg, sources, pass, shortcut, note.take(), start)? {
+            Attempt::Done(round) => *round,
+            // Drift under the shortcut: why, where it is worth saying.
+            Attempt::Again(why) => {
+                note = why;
+                continue;
+            }
+        };
+        round.summary.chosen = chosen;
+        return Ok(round);
+    }
+    // `round_on` takes no shortcut when told not to, so it never asks twice.
+    anyhow::bail!("the round asked to start again without a shortcut to drop")
+}
+
+/// What one try of a round came to: done, or to be tried again without
+/// the shortcut (a source taken as unchanged was not), with why.
+enum Attempt {
+    Done(Box<Round>),
+    Again(Option<String>),
+}
+
+/// What `--semver` chose, source by source (for the summary and metrics).
+fn chosen_of(sources: &Sources) -> Result<Vec<report::Chosen>> {
+    let mut out = Vec::new();
+    for s in &sources.all {
+        if let Some((tag, digest)) = s.chosen()? {
+            out.push(report::Chosen {
+                source: s.label().to_string(),
+                tag,
+                digest,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `round_with`, on the sources opened (and the label resolved).
+fn round_on(
+    cfg: &SyncConfig,
+    sources: Sources,
+    pass: Pass,
+    shortcut: bool,
+    note: Option<String>,
+    start: Instant,
+) -> Result<Attempt> {
+    // With --verify-key: every source is verified after its scan, so no
+    // shortcut that skips the scan runs, but for sources unchanged since a
+    // live generation those same keys verified (`unchanged_live`). An image
+    // checks its cosign signature as its digest is resolved, which
+    // `unchanged_live` does for every one before anything is written.
+    let trusting = cfg.trusting();
+    let (vol, dest) = open_dest(cfg, &sources)?;
+    size_pool(&vol, &dest, &sources);
+    let output = Output::of(cfg.json, cfg.quiet);
+    let show = match cfg.progress {
+        Some(true) => report::Show::Bar,
+        Some(false) => report::Show::Off,
+        None if sys::stderr_is_tty() => report::Show::Bar,
+        None => report::Show::Lines,
+    };
+    let mut console = if pass.defer_warnings {
+        Console::keeping(output, show)
+    } else {
+        Console::new(output, show)
+    };
+    if let Some(n) = note {
+        console.warn(&n);
+    }
+
+    // A directory at a time, the sources against the live generation (or,
+    // for sources unchanged since it, the live generation against its
+    // manifest): a sync that finds nothing to do ends here, having held no
+    // whole tree.
+    let state = vol.state(false)?;
+    // The live generation, opened once for the whole round: its root, its
+    // manifest and the manifest's header.
+    let live_gen = match (&dest, state.as_ref()) {
+        (Dest::Live(gen), Some(state)) => Some(LiveGen::open(&vol, state, gen)),
+        _ => None,
+    };
+    let live_gen = live_gen.as_ref();
+    early_label_guard(cfg, &vol, live_gen)?;
+    // Files `verify` found damaged: the live manifest is not to be trusted
+    // for them, so no shortcut that trusts it (the quick compare, the
+    // streamed update, sources unchanged since the live generation) runs,
+    // and the whole-tree plan copies them afresh (`forget_damaged`).
+    let damage = match (&dest, state.as_ref()) {
+        (Dest::Live(gen), Some(state)) if !cfg.checksum => {
+            crate::damage::read_or_warn(state, gen, &|w| console.warn(w))
+        }
+        _ => None,
+    };
+    let shortcut = shortcut && damage.is_none();
+    let adjust = Adjust::of(cfg);
+    let same_gen = unchanged_live(cfg, &sources, live_gen, shortcut)?;
+    let quick = live_gen
+        .filter(|_| damage.is_none() && !trusting)
+        .and_then(|live| {
+            quick(cfg, live, &sources, &adjust).or_else(|| {
+                same_gen.as_ref()?;
+                recorded_quick(cfg, live, &adjust)
+            })
+        });
+    if let Some(q) = quick {
+        return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
+            .map(|r| Attempt::Done(Box::new(r)));
+    }
+
+    let streamed_round = |recorded| StreamedRound {
+        cfg,
+        vol: &vol,
+        dest: &dest,
+        sources: &sources,
+        adjust: &adjust,
+        recorded,
+        surveyed: None,
+    };
+    // `--itemize`, `--verify` and `--checksum` are planned below first,
+    // against the live listing, as the whole-tree path plans them.
+    let planned_first = cfg.itemize || cfg.verify || cfg.checksum;
+    let streamed = (damage.is_none() && !trusting && !planned_first)
+        .then(|| streams(cfg, live_gen, &dest, &sources))
+        .flatten();
+    if let Some(recorded) = streamed {
+        match streamed_round(recorded).run(console, start, None)? {
+            Ok(round) => return Ok(Attempt::Done(Box::new(round))),
+            // The live tree joined files its manifest has apart: the
+            // whole-tree path below sees its inodes and copies them apart.
+            Err(back) => console = back,
+        }
+    }
+
+    // A dry run, `--itemize` or `--verify` of directories, planned a
+    // directory at a time: only the changes are held (where `--itemize`
+    // lists them).
+    let surveyed = (damage.is_none() && !trusting && same_gen.is_none())
+        .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
+        .flatten();
+    if let Some(mut surveyed) = surveyed {
+        let gen = live_gen.map(|l| l.gen.as_str());
+        let up_to_date = surveyed.up_to_date(cfg, gen);
+        if cfg.dry_run || up_to_date {
+            let planned = surveyed.planned(cfg, &vol, gen, up_to_date)?;
+            return planned
+                .end(cfg, &vol, state.as_ref(), console, pass, start)
+                .map(|r| Attempt::Done(Box::new(r)));
+        }
+        // Something to do: staged a directory at a time (its own listing
+        // reports what it skips), guarded and counted as just planned.
+        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
+            let round = StreamedRound {
+                surveyed: Some(surveyed),
+                ..streamed_round(recorded)
+            };
+            match round.run(console, start, None)? {
+                Ok(round) => return Ok(Attempt::Done(Box::new(round))),
+                Err(back) => console = back,
+            }
+        }
+    }
+
+    // Scan the sources and the live generation at the same time. A
+    // streamed source (an archive) is first read into a spool inside this
+    // writer's staging directory, so that comes first then; a state
+    // directory made only for it goes again if the sync stops short of
+    // staging (`MadeState`).
+    let warnings = Collected::default();
+    let recorded = match (&same_gen, live_gen) {
+        (Some(_), Some(live)) => recorded_tree(live),
+        _ => None,
+    };
+    let noop = recorded.is_some();
+    let resumed = !noop && !trusting && resume_live(cfg, &sources, live_gen, shortcut)?;
+    // An image's signature covers its manifest, hence the TOC's digest
+    // and every file's: lending skips no check, so `--verify-key` keeps it.
+    let lent = !noop && !resumed && lend_live(cfg, &sources, live_gen, shortcut)?;
+    let fresh_state = state.is_none();
+    let streamed = sources.streamed() && !noop;
+    // A dry run writes nothing on the volume: it spools outside it.
+    let spool_here = streamed && !cfg.dry_run;
+    let mut made = MadeState {
+        vol: &vol,
+        armed: spool_here && fresh_state,
+    };
+    let state = if spool_here && fresh_state {
+        vol.state(true)?
+    } else {
+        state
+    };
+    let mut early = match (&state, spool_here) {
+        (Some(state), true) => Some(Stage::new(state)?),
+        _ => None,
+    };
+    let scratch = match streamed && cfg.dry_run {
+        true => Some(source::Scratch::new()?),
+        false => None,
+    };
+    let spool_in = early
+        .as_ref()
+        .map(|s| s.dir())
+        .or(scratch.as_ref().map(|s| s.dir()));
+    // Spooled, the sources list a directory at a time as a directory does:
+    // then they stream as a directory source would (`StreamedRound`),
+    // never held whole. Not where a spool lists files of the live
+    // generation (`resume`, `lend`: then the plan must reuse each), a
+    // signature is checked over the whole tree, a label is read from the
+    // spool, or on the second try.
+    let mut spooled = false;
+    let spooled_streams =
+        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
+    if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), stage.dir(), &kept)?;
+        spooled = true;
+        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
+            let q = spooled_quick(cfg, live_gen, &sources, &adjust, recorded.as_ref())?;
+            if let Some(mut q) = q {
+                for w in q.warnings.take_warnings() {
+                    warnings.warn(&w);
+                }
+                q.warnings = warnings;
+                return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
+            // `--itemize`, `--verify`: planned a directory at a time first
+            // (where the live hardlinks drifted, by the whole trees).
+            let mut surveyed = planned_first
+                .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
+                .flatten();
+            let gen = live_gen.map(|l| l.gen.as_str());
+            if let Some(s) = surveyed.as_mut().filter(|s| s.up_to_date(cfg, gen)) {
+                s.after(&warnings);
+                return s
+                    .planned(cfg, &vol, gen, true)?
+                    .end(cfg, &vol, state.as_ref(), console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
+            if !planned_first || surveyed.is_some() {
+                let s = StreamedRound {
+                    surveyed,
+                    ..streamed_round(recorded)
+                };
+                let early = Early {
+                    state: st,
+                    stage: early.take().expect("matched"),
+                    fresh: fresh_state,
+                    made: &mut made,
+                    kept: &warnings,
+                };
+                return match s.run(console, start, Some(early))? {
+                    Ok(round) => Ok(Attempt::Done(Box::new(round))),
+                    // The live tree joined files its manifest has apart, and
+                    // the spool's files are moved out: spool again, whole.
+                    Err(_) => Ok(Attempt::Again(None)),
+                };
+            }
+        }
+    }
+    // A dry run of spooled sources, planned a directory at a time as a
+    // directory source's is (its spool outside the volume).
+    if let (true, Some(scratch)) = (spooled_streams && cfg.dry_run, scratch.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
+        spooled = true;
+        if let Some(mut s) = survey(cfg, &dest, live_gen, &sources, &adjust) {
+            s.after(&warnings);
+            let gen = live_gen.map(|l| l.gen.as_str());
+            let up_to_date = s.up_to_date(cfg, gen);
+            return s
+                .planned(cfg, &vol, gen, up_to_date)?
+                .end(cfg, &vol, state.as_ref(), console, pass, start)
+                .map(|r| Attempt::Done(Box::new(r)));
+        }
+    }
+    let (scanned, live) = rayon::join(
+        || match recorded {
+            Some(tree) => Ok((tree, None)),
+            None => sources.scan(
+                spool_in.filter(|_| !spooled),
+                &cfg.filter,
+                &cfg.verify_keys,
+                cfg.trusting(),
+                &Scanning {
+                    kept: &warnings,
+                    console: &console,
+                },
+            ),
+        },
+        || load_live(&vol, live_gen, &dest, &warnings, !cfg.checksum),
+    );
+    let ((mut tree, verified), mut live) = (scanned?, live?);
+    // Unchanged since the live generation: the keys that verified it then.
+    let verified = verified.unwrap_or_else(|| {
+        live.manifest
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.verified.clone())
+    });
+    // `--label auto` with a bundle that told its version only in the spool.
+    // Sources unchanged since the live generation (`noop`) are not
+    // spooled: the live label stands for what they hold.
+    let late;
+    let cfg = if cfg.label_auto && cfg.label.is_none() && !noop {
+        late = resolve_label(cfg, &sources)?;
+        late.as_ref().unwrap_or(cfg)
+    } else {
+        cfg
+    };
+    if let Some(d) = &damage {
+        forget_damaged(&mut live, d);
+    }
+    let owners = adjust.mirrored;
+    adjust.tree(&mut tree);
+
+    // The recorded tree is compared by the quick check: it is the drift check.
+    let by_content = match (noop, cfg.set_mtime) {
+        (true, _) => 0,
+        // The sources' mtimes are not kept: every file by its content.
+        (false, Some(_)) => u64::MAX,
+        (false, None) => sources.by_content(),
+    };
+    let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
+    if noop && !up_to_date(cfg, &plan, &live, &verified) {
+        // Drift (or a new label): fetch after all.
+        debug_assert!(shortcut);
+        return Ok(Attempt::Again(None));
+    }
+    if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
+        // A file taken from the live generation drifted there (or a new
+        // layer needed a lower one's file: that is said): fetch every
+        // layer after all.
+        let why = sources.all.iter().find_map(|s| s.why_not_intact());
+        debug_assert!(shortcut);
+        return Ok(Attempt::Again(why));
+    }
+    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+    let live_names: Option<Vec<&[u8]>> = live
+        .tree
+        .as_ref()
+        .filter(|_| live.gen.is_some())
+        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+    let totals = Totals {
+        empty: tree.is_empty(),
+        live_nonempty: live.tree.as_ref().is_some_and(|t| !t.is_empty()),
+        deleted: plan.deleted,
+        names: &names,
+        live_names: live_names.as_deref(),
+    };
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    let check = guards(cfg, &vol, &totals, live.gen.as_deref(), live_label)?;
+    let up_to_date = up_to_date(cfg, &plan, &live, &verified);
+    let counts = (tree.count(), tree.bytes());
+    let mut summary = summary_of(cfg, &vol, counts, &plan, live.gen.as_deref(), up_to_date);
+    if cfg.itemize {
+        report::itemize(&plan, output, &mut summary);
+    }
+    if cfg.dry_run || up_to_date {
+        let planned = Planned {
+            summary,
+            check,
+            warnings,
+            gen: live.gen.as_deref(),
+            live_label,
+            recorded: live_gen
+                .and_then(LiveGen::header)
+                .and_then(|h| h.label.as_deref()),
+            up_to_date,
+        };
+        return planned
+            .end(cfg, &vol, state.as_ref(), console, pass, start)
+            .map(|r| Attempt::Done(Box::new(r)));
+    }
+    for w in warnings.take_warnings() {
+        console.warn(&w);
+    }
+    for w in crate::label::warnings(
+        &vol.display,
+        cfg.label.as_ref(),
+        live.gen.as_deref(),
+        live_label,
+        true,
+    ) {
+        console.warn(&w);
+    }
+
+    // Stage into this writer's own directory, removed whatever happens next.
+    let state = match state {
+        Some(state) if early.is_some() => state,
+        _ => vol.state(true)?.expect("created"),
+    };
+    let mut staging = match early.take() {
+        Some(stage) => stage,
+        None => Stage::new(&state)?,
+    };
+    made.armed = false; // from here on, as for any source (`layout::prepare`)
+    let swap = swap_for(&dest, cfg);
+    layout::prepare(&vol, &state, &mut staging, fresh_state, swap)?;
+    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+        let at = format!("{}/stage/{}", state.path.display(), staging.name);
+        format!("cannot probe the volume at {at}")
+    })?;
+    console.begin(tree.count(), plan.copied_bytes);
+    let job = stage::Job {
+        sources: &sources.refs(),
+        live: live.dir.as_ref().and_then(|d| d.root()),
+        owners,
+        reporter: &console,
+        caps,
+        heartbeat: Some(staging.dir()),
+    };
+    let staged = stage::run(&job, &mut tree, staging.dir())?;
+    console.finish();
+    let owners = owners && staged.owner_failures == 0;
+    let manifest = manifest_of(cfg, &sources, owners, &caps, tree, verified);
+    if cfg.verify {
+        let rules = verify::Rules::of(&manifest);
+        verify::staged(&staged.tree, &manifest.tree, rules)?;
+    }
+    note_staged(&mut summary, &staged, &console);
+    drop(staged); // closes the staged tree before it moves into gen/
+                  // A directory at DEST to take over is read now, while DEST is as it
+                  // was, and kept once the swap has taken it out (`Publish::run`).
+    let taken = match dest {
+        Dest::Directory => crate::takeover::record(&vol, staging.dir(), &caps, cfg.fsync)?,
+        _ => None,
+    };
+    let staged = Publish {
+        vol: &vol,
+        state: &state,
+        staging,
+        was_live: live.gen.as_deref(),
+        caps,
+        swap,
+        spooled: None,
+        taken,
+    };
+    staged
+        .run(cfg, manifest, summary, console, start)
+        .map(|r| Attempt::Done(Box::new(r)))
+}
+
+/// What shapes a generation's tree besides its sources (owners, `--chmod`),
+/// as a short name a source's record keeps (`Source::record`). `None` with
+/// `--exclude`/`--include`: their rules are not kept, so a tree made under
+/// them is never resumed from.
+fn shape_of(cfg: &SyncConfig) -> Option<String> {
+    use sha2::Digest;
+    if !cfg.filter.is_empty() {
+        return None;
+    }
+    let a = Adjust::of(cfg);
+    let mut text = format!("{:?} {:?} {}", a.owner, a.chmod, a.mirrored);
+    if let Some(t) = cfg.set_mtime {
+        text.push_str(&format!(" mtime {t}"));
+    }
+    let h = crate::escape::hex(&sha2::Sha256::digest(text.as_bytes()));
+    Some(h[..16].to_string())
+}
+
+/// The SOURCEs, each opened once: what is scanned is what is staged from.
+struct Sources {
+    all: Vec<Box<dyn Source>>,
+}
+
+impl Sources {
+    /// Each SOURCE must be something `source::open` can read (exit 2 otherwise).
+    fn open(cfg: &SyncConfig) -> Result<Sources> {
+        Ok(Sources {
+            all: source::open_all(&cfg.sources, &cfg.remote)?,
+        })
+    }
+
+    fn refs(&self) -> Vec<&dyn Source> {
+        self.all.iter().map(|s| &**s).collect()
+    }
+
+    /// A bit per source whose files are compared by content
+    /// (`plan::Compare::by_content`): each that hashed its files as they
+    /// streamed, or every one under `--set-mtime` (one mtime for every
+    /// file: only content tells).
+    fn compared_by_content(&self, cfg: &SyncConfig) -> u64 {
+        match cfg.set_mtime {
+            Some(_) => u64::MAX,
+            None => self.by_content(),
+        }
+    }
+
+    /// A bit per source that hashed its files as they streamed.
+    fn by_content(&self) -> u64 {
+        self.all
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.streamed())
+            .fold(0, |bits, (i, _)| {
+                bits | 1u64.checked_shl(i as u32).unwrap_or(0)
+            })
+    }
+
+    /// Whether any source must be spooled before it is scanned.
+    fn streamed(&self) -> bool {
+        self.all.iter().any(|s| s.streamed())
+    }
+
+    /// Spool the streamed sources into `staging` (this writer's staging
+    /// directory, or a dry run's scratch directory), then scan every source
+    /// (each in parallel inside) and overlay them in order.
+    /// With `keys`, each source's tree is checked as it is scanned
+    /// (`trust::check`, exit 6), before any is staged: then the SOURCE
+    /// index and fingerprint of the key that verified each.
+    #[allow(clippy::type_complexity)]
+    fn scan(
+        &self,
+        staging: Option<&DirFd>,
+        filter: &Filter,
+        keys: &[crate::trust::Key],
+        trusting: bool,
+        reporter: &dyn Reporter,
+    ) -> Result<(Tree, Option<Vec<(usize, String)>>)> {
+        if let Some(staging) = staging {
+            source::spool_all(&self.refs(), staging, reporter)?;
+        }
+        if !trusting {
+            return Ok((scan::run(&self.refs(), filter, reporter)?, None));
+        }
+        let verified = std::sync::Mutex::new(Vec::new());
+        let tree = scan::run_each(&self.refs(), filter, reporter, &|i, s, t| {
+            let fp = crate::trust::check(s, t, keys, filter)?;
+            verified.lock().expect("not poisoned").push((i, fp));
+            Ok(())
+        })?;
+        Ok((tree, Some(verified.into_inner().expect("not poisoned"))))
+    }
+}
+
+/// The reporter of the scan: warnings kept for after the plan, as a
+/// directory's are; bytes downloaded (remote sources) shown as they come.
+struct Scanning<'a> {
+    kept: &'a Collected,
+    console: &'a Console,
+}
+
+impl Reporter for Scanning<'_> {
+    fn begin(&self, _: u64, _: u64) {}
+    fn advance(&self, _: u64) {}
+    fn finish(&self) {}
+    fn warn(&self, msg: &str) {
+        self.kept.warn(msg);
+    }
+    fn skipped(&self, label: &str, path: &[u8], what: &str) {
+        self.kept.skipped(label, path, what);
+    }
+    fn fetched(&self, bytes: u64) {
+        self.console.fetched(bytes);
+    }
+
+    fn reused(&self, bytes: u64) {
+        self.console.reused(bytes);
+    }
+}
+
+/// A state directory made before the guards only to spool a streamed
+/// source in: removed again (with the staging inside it), and so are the
+/// directories made for DEST with it (`--mkpath`, a fanout DEST), when the
+/// sync ends before it stages: an error, a refusal, a dry run.
+struct MadeState<'a> {
+    vol: &'a Volume,
+    armed: bool,
+}
+
+impl Drop for MadeState<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let name = self.vol.state_name();
+        let top = name.split(|b| *b == b'/').next().unwrap_or_default();
+        if let Ok(parent) = self.vol.parent() {
+            let _ = parent.remove_tree(top);
+        }
+        self.vol.unmake_parent();
+    }
+}
+
+/// Open DEST's parent as the layout wants it, and refuse a DEST that a sync
+/// must not replace: one inside a SOURCE (or holding one), a file, a symlink
+/// packsync did not make, a directory with fanout.
+fn open_dest(cfg: &SyncConfig, sources: &Sources) -> Result<(Volume, Dest)> {
+    let base = Volume::open(&cfg.dest, cfg.mkpath && !cfg.dry_run)?;
+    check_nested(&base)?;
+    check_overlap(&base, sources)?;
+    let vol = layout::open_for_sync(base, cfg)?;
+    let dest = layout::inspect(&vol)?;
+    layout::of(&vol).check_dest(&vol, &dest)?;
+    Ok((vol, dest))
+}
+
+/// DEST one level too deep (exit 2): inside a tree packsync publishes (a
+/// generation, which is never modified once committed) or a state
+/// directory, or naming a state directory. DEST's parent is resolved (a
+/// DEST link followed leads into a state directory), then each directory
+/// from it up is looked at: a `.NAME.packsync` component, a directory
+/// beside which `.NAME.packsync` holds generations (a `--layout dir`
+/// tree, or a DEST link's target reached some other way), a fanout DEST.
+fn check_nested(vol: &Volume) -> Result<()> {
+    let parent = sys::canonicalize_existing(&vol.parent_path)
+        .with_context(|| format!("cannot resolve {}", vol.parent_path.display()))?;
+    if let Some(of) = state_of(&vol.name) {
+        return Err(error::usage(format!(
+            "{}: DEST is a packsync state directory; sync into {} instead",
+            vol.display,
+            parent.join(sys::os(of)).display()
+        )));
+    }
+    let is_dir = |p: &std::path::Path| std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir());
+    for dir in parent.ancestors() {
+        let Some(name) = dir.file_name() else {
+            continue;
+        };
+        let up = dir.parent().unwrap_or(std::path::Path::new("/"));
+        let refused = |inside: String, of: &std::path::Path| {
+            Err(error::usage(format!(
+                "{}: DEST is inside {inside} (a published generation is never modified); \
+                 sync into {} itself",
+                vol.display,
+                of.display()
+            )))
+        };
+        // `.NAME.packsync`: NAME beside it; fanout's `..packsync`: the DEST holding it.
+        if let Some(of) = state_of(name.as_encoded_bytes()) {
+            let of = match of {
+                [] => up.to_path_buf(),
+                _ => up.join(sys::os(of)),
+            };
+            let below: Vec<_> = parent.strip_prefix(dir).map_or(Vec::new(), |p| {
+                p.components().map(|c| c.as_os_str().to_owned()).collect()
+            });
+            let inside = match below.as_slice() {
+                [g, gen, ..] if g == "gen" => {
+                    format!("generation {} of {}", gen.to_string_lossy(), of.display())
+                }
+                _ => format!("the state directory {} of {}", dir.display(), of.display()),
+            };
+            return refused(inside, &of);
+        }
+        let mut state = b".".to_vec();
+        state.extend_from_slice(name.as_encoded_bytes());
+        state.extend_from_slice(b".packsync");
+        let beside = up.join(sys::os(&state)).join("gen");
+        let fanout = dir.join(sys::os(crate::layout::fanout::STATE)).join("gen");
+        if is_dir(&beside) || is_dir(&fanout) {
+            return refused(format!("{}, which packsync publishes", dir.display()), dir);
+        }
+    }
+    Ok(())
+}
+
+/// For a state directory's name (`.NAME.packsync`, or fanout's
+/// `..packsync`), the NAME it belongs to (empty for fanout's).
+fn state_of(name: &[u8]) -> Option<&[u8]> {
+    name.strip_prefix(b".")?.strip_suffix(b".packsync")
+}
+
+/// DEST inside a SOURCE, or a SOURCE inside DEST (or its state directory).
+fn check_overlap(vol: &Volume, sources: &Sources) -> Result<()> {
+    let parent = sys::canonicalize_existing(&vol.parent_path)
+        .with_context(|| format!("cannot resolve {}", vol.parent_path.display()))?;
+    let dest = parent.join(sys::os(&vol.name));
+    let state = parent.join(sys::os(&vol.state_name()));
+    // Sources with a path on this host: DEST must not overlap them.
+    for (src, label) in sources
+        .all
+        .iter()
+        .filter_map(|s| Some((s.path()?, s.label())))
+    {
+        if dest.starts_with(src) {
+            return Err(error::usage(format!(
+                "{}: DEST is inside SOURCE {label}",
+                vol.display
+            )));
+        }
+        if src.starts_with(&dest) || src.starts_with(&state) {
+            return Err(error::usage(format!(
+                "{label}: SOURCE is inside DEST {}",
+                vol.display
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The owners and modes the staged tree gets: `--chown`'s, the source's as
+/// root, else ours, with setuid/setgid bits dropped from files (they would
+/// mean something else on a file we cannot give its owner); then `--chmod`;
+/// every mtime `--set-mtime`'s.
+/// Applied entry by entry, to a whole tree or to a directory being compared.
+#[derive(Clone, Copy)]
+struct Adjust<'a> {
+    owner: Option<Owner>,
+    /// Whether owners are mirrored (and so compared).
+    mirrored: bool,
+    chmod: Option<&'a crate::chmod::Rules>,
+    mtime: Option<crate::tree::Time>,
+}
+
+impl<'a> Adjust<'a> {
+    fn of(cfg: &'a SyncConfig) -> Adjust<'a> {
+        let (owner, mirrored) = match cfg.chown {
+            Some(o) => (Some(o), true),
+            None if sys::euid() == 0 => (None, true),
+            None => (
+                Some(Owner {
+                    uid: sys::euid(),
+                    gid: sys::egid(),
+                }),
+                false,
+            ),
+        };
+        Adjust {
+            owner,
+            mirrored,
+            chmod: cfg.chmod.as_ref(),
+            mtime: cfg.set_mtime.map(|s| (s, 0).into()),
+        }
+    }
+
+    fn meta(&self, m: &mut Meta, kind: Kind) {
+        if let Some(owner) = self.owner {
+            m.uid = owner.uid;
+            m.gid = owner.gid;
+            if !self.mirrored && kind != Kind::Dir {
+                m.mode &= !0o6000;
+            }
+        }
+        if let Some(rules) = self.chmod {
+            if kind != Kind::Symlink {
+                m.mode = rules.mode(m.mode, kind == Kind::Dir);
+            }
+        }
+        if let Some(t) = self.mtime {
+            m.mtime = t;
+        }
+    }
+
+    /// `meta` for every entry of `tree`.
+    fn tree(&self, tree: &mut Tree) {
+        let owners_only = Adjust {
+            chmod: None,
+            ..*self
+        };
+        if self.owner.is_some() {
+            owners_only.meta(&mut tree.root, Kind::Dir);
+            tree.for_each_mut(&mut |_, e| {
+                let kind = e.kind();
+                owners_only.meta(&mut e.meta, kind)
+            });
+        }
+        if let Some(rules) = self.chmod {
+            rules.apply(tree);
+        }
+        if let Some(t) = self.mtime {
+            tree.root.mtime = t;
+            tree.for_each_mut(&mut |_, e| e.meta.mtime = t);
+        }
+    }
+}
+
+/// How a manifest's entry is matched with the listing of the file it
+/// describes: by the rules the manifest records, attributes aside (no
+/// listing reads them).
+fn as_recorded(header: &Manifest) -> Compare {
+    Compare {
+        owners: header.owners,
+        checksum: false,
+        granularity_ns: header.granularity_ns,
+        link_meta: header.link_meta,
+        by_content: 0,
+        xattrs: false,
+    }
+}
+
+/// What the guards look at, from whole trees and their plan or from a
+/// streaming compare (which only ever finds a tree up to date).
+struct Totals<'a> {
+    /// The sources hold no entry.
+    empty: bool,
+    live_nonempty: bool,
+    deleted: u64,
+    /// The names at the top of the new tree, and of the live generation.
+    names: &'a [&'a [u8]],
+    live_names: Option<&'a [&'a [u8]]>,
+}
+
+/// Refusals that must come before anything is written: an empty source
+/// over a full tree, `--max-delete`, entries of other fanout slots (whose
+/// check also says what the fanout links need), a downgrade of `--label`.
+fn guards(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    t: &Totals<'_>,
+    gen: Option<&str>,
+    live_label: Option<&str>,
+) -> Result<layout::Check> {
+    if t.empty && t.live_nonempty && !cfg.allow_empty {
+        return Err(error::refused(format!(
+            "{}: refusing to replace a non-empty tree with an empty source (pass --allow-empty if that is intended)",
+            vol.display
+        )));
+    }
+    max_delete(cfg, vol, t.deleted)?;
+    // The layout's own (fanout: other slots' entries, entries packsync did not make).
+    let check = layout::of(vol).check(vol, t.names, t.live_names, cfg.adopt)?;
+    let new = cfg
+        .label
+        .as_ref()
+        .filter(|l| !range_moved(cfg, l, live_label));
+    crate::label::guard(&vol.display, new, gen, live_label)?;
+    Ok(check)
+}
+
+/// A label the sources gave (`--semver`'s tag, `--label auto`) is known
+/// before anything is fetched: a downgrade is refused then, before a layer
+/// is asked for or a spool made (the guards check again after the scan).
+fn early_label_guard(cfg: &SyncConfig, vol: &Volume, live: Option<&LiveGen>) -> Result<()> {
+    let (Some(new), Some(live)) = (cfg.label.as_ref(), live) else {
+        return Ok(());
+    };
+    if !new.from_tag && !cfg.label_auto {
+        return Ok(());
+    }
+    let live_label = live.header().and_then(|m| m.label.as_deref());
+    let new = Some(new).filter(|l| !range_moved(cfg, l, live_label));
+    crate::label::guard(&vol.display, new, Some(&live.gen), live_label)
+}
+
+/// Whether the live generation's label is a tag `--semver` no longer
+/// matches (the range was moved on purpose, below it say): then a lower
+/// chosen tag is what the range says, not a registry mirror behind, and
+/// the downgrade guard lets it through.
+fn range_moved(cfg: &SyncConfig, new: &Label, live_label: Option<&str>) -> bool {
+    let (true, Some(choose), Some(live)) = (new.from_tag, &cfg.remote.choose, live_label) else {
+        return false;
+    };
+    crate::semver::parse_tag(live).is_some_and(|v| !choose.range.matches(&v))
+}
+
+/// The label of this round where the sources give it: `--label auto`
+/// takes the first SOURCE's version that names one (an image's
+/// `org.opencontainers.image.version`, a bundle's `.manifest` `revision`),
+/// and `--semver` without `--label` the tag it chose (the first image's
+/// with `--semver`), so that the downgrade guard orders what is published.
+/// `None`: the configuration's label stands. A source that names no
+/// version, or one that is not a version, fails the round (exit 1).
+fn resolve_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfig>> {
+    let by_tag = cfg.remote.choose.is_some() && cfg.label.is_none() && !cfg.label_auto;
+    if !cfg.label_auto && !by_tag {
+        return Ok(None);
+    }
+    let ordered = |text: &str| {
+        if cfg.allow_downgrade {
+            None
+        } else {
+            crate::label::parse(text)
+        }
+    };
+    if by_tag {
+        for s in &sources.all {
+            if let Some((tag, _)) = s.chosen()? {
+                let label = Label {
+                    version: ordered(&tag),
+                    text: tag,
+                    from_tag: true,
+                };
+                return Ok(Some(SyncConfig {
+                    label: Some(label),
+                    ..cfg.clone()
+                }));
+            }
+        }
+        return Ok(None);
+    }
+    let mut found = None;
+    for s in &sources.all {
+        if s.version_in_spool() && s.root().is_none() {
+            // Known once the sources are spooled: `round_on` asks again.
+            return Ok(None);
+        }
+        if let Some(v) = s.version()? {
+            found = Some((v, s.label()));
+            break;
+        }
+    }
+    let Some((text, from)) = found else {
+        let names: Vec<&str> = sources.all.iter().map(|s| s.label()).collect();
+        anyhow::bail!(
+            "--label auto: no version in {} (an image's org.opencontainers.image.version annotation or config label, a bundle's .manifest revision)",
+            names.join(", ")
+        );
+    };
+    let version = ordered(&text);
+    if version.is_none() && !cfg.allow_downgrade {
+        anyhow::bail!(
+            "--label auto: {from} names the version {text:?}, which is not a version such as v1.2.3 (pass --allow-downgrade to record it without ordering)"
+        );
+    }
+    Ok(Some(SyncConfig {
+        label: Some(Label {
+            text,
+            version,
+            from_tag: false,
+        }),
+        ..cfg.clone()
+    }))
+}
+
+/// `--max-delete`: refuse to delete more than that many entries.
+fn max_delete(cfg: &SyncConfig, vol: &Volume, deleted: u64) -> Result<()> {
+    match cfg.max_delete {
+        Some(max) if deleted > max => Err(error::refused(format!(
+            "{}: refusing to delete {deleted} entries, more than --max-delete {max}",
+            vol.display
+        ))),
+        _ => Ok(()),
+    }
+}

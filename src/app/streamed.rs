@@ -1,0 +1,282 @@
+//! A sync staged a directory at a time (`StreamedRound` → `stage::stream`):
+//! the sources and the live generation are never held whole.
+
+use super::publish::{note_staged, swap_for};
+use super::survey::Surveyed;
+use super::*;
+
+/// Whether a sync can be staged a directory at a time (`stage::stream`;
+/// `--verify` then reads the staged tree back a directory at a time too):
+/// sources that all list a directory at a time (with `--itemize`, once
+/// `survey` has planned the changes it lists), without `--dry-run`
+/// (planned by `survey`) or `--checksum` (it reads both trees), onto
+/// nothing (a first sync:
+/// `Some(None)`) or a live generation whose manifest indexes (an update:
+/// `Some(Some(..))`; not where the volume does not show hardlinks, whose
+/// groups come from the manifest). `None`: whole trees are compared.
+pub(super) fn streams(
+    cfg: &SyncConfig,
+    live: Option<&LiveGen>,
+    dest: &Dest,
+    sources: &Sources,
+) -> Option<Option<Recorded>> {
+    let plain = !cfg.dry_run
+        && sources
+            .all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory());
+    match dest {
+        Dest::Absent if plain => Some(None),
+        Dest::Live(_) if plain => {
+            let live = live?;
+            let header = live.header()?.clone();
+            if !header.hardlinks {
+                return None;
+            }
+            let root = live.root_owned()?;
+            // A manifest that does not index costs the streaming only.
+            let index = live.index()?;
+            Some(Some(Recorded {
+                gen: live.gen.clone(),
+                header,
+                index,
+                live: root,
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// The live generation a streamed update stages against.
+pub(super) struct Recorded {
+    pub(super) gen: String,
+    /// Its manifest's header, and its entries by directory.
+    pub(super) header: Manifest,
+    pub(super) index: crate::index::Index,
+    /// Its root, to hardlink unchanged files from.
+    pub(super) live: DirFd,
+}
+
+/// A sync staged a directory at a time: the sources are never held whole,
+/// nor is the live generation's tree. The guards hold as before, before
+/// anything is written: the names at the top and whether either side is
+/// empty are listed first, and `--max-delete` counts what goes with one
+/// walk of the sources beside the live manifest (`scan::count_deleted`).
+pub(super) struct StreamedRound<'a> {
+    pub(super) cfg: &'a SyncConfig,
+    pub(super) vol: &'a Volume,
+    pub(super) dest: &'a Dest,
+    pub(super) sources: &'a Sources,
+    pub(super) adjust: &'a Adjust<'a>,
+    /// An update: what is live.
+    pub(super) recorded: Option<Recorded>,
+    /// The plan made a directory at a time before staging (`--itemize`,
+    /// `--verify`): the guards and the counts of changes are its (against
+    /// the live listing, as the whole-tree path's), and `--itemize` lists
+    /// its changes.
+    pub(super) surveyed: Option<Surveyed>,
+}
+
+impl StreamedRound<'_> {
+    /// The round, or the console back when the staged tree would have
+    /// joined two live files (`stage::stream` gives `None`): its staging
+    /// directory is gone by then, and the caller takes the whole-tree path.
+    pub(super) fn run(
+        self,
+        console: Console,
+        start: Instant,
+        early: Option<Early<'_, '_>>,
+    ) -> Result<Result<Round, Console>> {
+        let (cfg, vol) = (self.cfg, self.vol);
+        let refs = self.sources.refs();
+        let mut top: Vec<crate::tree::Entry> = Vec::new();
+        let mut root = Meta::default();
+        // What this listing skips is reported once, by the stage.
+        let quiet = Collected::default();
+        for (i, s) in refs.iter().enumerate() {
+            let r = s.root().expect("streams() checked");
+            root = s.root_meta(&cfg.filter)?;
+            let listed = s.list(r, b"", i as u16, &cfg.filter, &quiet)?;
+            crate::tree::merge_entries(&mut top, listed);
+        }
+        self.adjust.meta(&mut root, Kind::Dir);
+        let rec = self.recorded.as_ref();
+        let gen = rec.map(|r| r.gen.as_str());
+        let live_label = rec.and_then(|r| r.header.label.as_deref());
+        // Only `--max-delete` needs to know what goes before staging: one
+        // more walk of the sources, beside the live manifest (planned
+        // already where the round was: then as planned).
+        let deleted = match (rec, cfg.max_delete, &self.surveyed) {
+            (_, _, Some(_)) => 0,
+            (Some(r), Some(_), None) => scan::count_deleted(&refs, &cfg.filter, &r.index)?,
+            _ => 0,
+        };
+        let output = Output::of(cfg.json, cfg.quiet);
+        if let Some(s) = &self.surveyed {
+            s.guards(cfg, vol, gen)?;
+            // Listed before staging, as the whole-tree path lists them.
+            if cfg.itemize && output != Output::Json {
+                report::print_itemized(&s.sv.plan);
+            }
+        } else {
+            let live_top = rec.map(|r| r.index.top()).transpose()?;
+            let names: Vec<&[u8]> = top.iter().map(|e| &*e.name).collect();
+            let live_names: Option<Vec<&[u8]>> = live_top
+                .as_ref()
+                .map(|t| t.iter().map(Vec::as_slice).collect());
+            let totals = Totals {
+                empty: top.is_empty(),
+                live_nonempty: rec.is_some_and(|r| r.index.entries > 0),
+                deleted,
+                names: &names,
+                live_names: live_names.as_deref(),
+            };
+            guards(cfg, vol, &totals, gen, live_label)?;
+        }
+        drop(top);
+        if let Some(e) = &early {
+            for w in e.kept.take_warnings() {
+                console.warn(&w);
+            }
+        }
+        for w in crate::label::warnings(&vol.display, cfg.label.as_ref(), gen, live_label, true) {
+            console.warn(&w);
+        }
+
+        // Stage into this writer's own directory, removed whatever happens
+        // next (made already where a spool is in it).
+        let made;
+        let (state, mut staging, fresh_state) = match early {
+            Some(e) => {
+                e.made.armed = false; // from here on, as for any source (`layout::prepare`)
+                (e.state, e.stage, e.fresh)
+            }
+            None => {
+                let fresh = vol.state(false)?.is_none();
+                made = vol.state(true)?.expect("created");
+                let stage = Stage::new(&made)?;
+                (&made, stage, fresh)
+            }
+        };
+        let swap = swap_for(self.dest, cfg);
+        layout::prepare(vol, state, &mut staging, fresh_state, swap)?;
+        let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+            let at = format!("{}/stage/{}", state.path.display(), staging.name);
+            format!("cannot probe the volume at {at}")
+        })?;
+        // An update's bar counts towards the live tree's size; a first sync's has no total.
+        match rec {
+            Some(r) => console.begin(r.index.entries, 0),
+            None => console.begin(0, 0),
+        }
+        let job = stage::Job {
+            sources: &refs,
+            live: rec.map(|r| &r.live),
+            owners: self.adjust.mirrored,
+            reporter: &console,
+            caps,
+            heartbeat: Some(staging.dir()),
+        };
+        let adjust = self.adjust;
+        let stream = stage::Stream {
+            job: &job,
+            filter: &cfg.filter,
+            adjust: &|m, kind| adjust.meta(m, kind),
+            root,
+            label: cfg.label_text(),
+            recorded: rec.map(|r| {
+                let compare = Compare {
+                    owners: adjust.mirrored,
+                    checksum: false,
+                    // Recorded as the source gave them: equal exactly.
+                    granularity_ns: 1,
+                    link_meta: r.header.link_meta,
+                    // A spooled source's files by their content (every
+                    // file's under `--set-mtime`).
+                    by_content: self.sources.compared_by_content(cfg),
+                    xattrs: true,
+                };
+                (&r.index, compare)
+            }),
+            checksum: cfg.checksum,
+        };
+        let Some(mut streamed) = stage::stream(&stream, staging.dir())? else {
+            console.finish();
+            drop(staging);
+            return Ok(Err(console));
+        };
+        console.finish();
+        let changes = match &self.surveyed {
+            // As planned against the live listing.
+            Some(s) => stage::Changes {
+                added: s.sv.plan.added,
+                changed: s.sv.plan.changed,
+                deleted: s.sv.plan.deleted,
+            },
+            None => {
+                // Counted again as staged: a source that changed since is
+                // refused now, before the commit (staging is private and goes).
+                max_delete(cfg, vol, streamed.changes.deleted)?;
+                std::mem::take(&mut streamed.changes)
+            }
+        };
+        let owners = adjust.mirrored && streamed.staged.owner_failures == 0;
+        let manifest = Manifest {
+            // What the stage wrote: its tree is never held.
+            xattrs: streamed.xattrs,
+            ..manifest_of(
+                cfg,
+                self.sources,
+                owners,
+                &caps,
+                Tree::default(),
+                Vec::new(),
+            )
+        };
+        if cfg.verify {
+            // Against the body the stage wrote, a directory at a time.
+            let rules = verify::Rules::of(&manifest);
+            verify::staged_by_directory(&streamed.staged.tree, staging.dir(), rules)?;
+        }
+        let mut summary = Summary {
+            dest: vol.display.clone(),
+            entries: streamed.body.entries,
+            bytes: streamed.body.bytes,
+            added: changes.added,
+            changed: changes.changed,
+            deleted: changes.deleted,
+            previous: gen.map(str::to_string),
+            label: cfg.label_text().map(str::to_string),
+            ..Default::default()
+        };
+        if let (true, Some(s), Output::Json) = (cfg.itemize, &self.surveyed, output) {
+            report::itemize(&s.sv.plan, output, &mut summary);
+        }
+        note_staged(&mut summary, &streamed.staged, &console);
+        let stage::Streamed { staged, body, .. } = streamed;
+        drop(staged); // closes the staged tree before it moves into gen/
+        let publish = Publish {
+            vol,
+            state,
+            staging,
+            was_live: gen,
+            caps,
+            swap,
+            spooled: Some(&body),
+            taken: None,
+        };
+        publish.run(cfg, manifest, summary, console, start).map(Ok)
+    }
+}
+
+/// A staging directory made before a round streams, because the spools of
+/// its sources are in it (`source::spool_all`).
+pub(super) struct Early<'e, 'v> {
+    pub(super) state: &'e State,
+    pub(super) stage: Stage,
+    /// The state directory was made for the spool.
+    pub(super) fresh: bool,
+    pub(super) made: &'e mut MadeState<'v>,
+    /// What the spools reported, shown after the guards.
+    pub(super) kept: &'e Collected,
+}

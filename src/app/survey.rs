@@ -1,0 +1,162 @@
+//! The plan of a dry run, `--itemize`, `--verify` or `--checksum`, made a
+//! directory at a time (`scan::plan_live`): only the changes are held.
+
+use super::*;
+
+/// A dry run, `--itemize` or `--verify` planned a directory at a time
+/// (`scan::plan_live`), with what its listings reported and the live
+/// manifest's header: for sources that list a directory at a time
+/// (directories; archives and images once spooled: a dry run's spool is
+/// outside the volume) onto nothing or onto a live generation whose
+/// manifest indexes and whose volume shows hardlinks, without `--set-mtime`
+/// or `--label auto` (those compare or read whole trees).
+/// `None` where it does not apply, where either side holds a hardlink
+/// group, or at any error: the whole-tree path then plans (and says what
+/// failed, as it always has).
+pub(super) fn survey(
+    cfg: &SyncConfig,
+    dest: &Dest,
+    live: Option<&LiveGen>,
+    sources: &Sources,
+    adjust: &Adjust<'_>,
+) -> Option<Surveyed> {
+    // Spooled sources list a directory at a time once they are spooled.
+    let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
+        && (!cfg.label_auto || cfg.label.is_some())
+        && sources
+            .all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory());
+    if !applies {
+        return None;
+    }
+    let (live, header, index) = match dest {
+        Dest::Absent => (None, None, None),
+        Dest::Live(_) => {
+            let live = live?;
+            let header = live.header()?.clone();
+            if !header.hardlinks {
+                return None;
+            }
+            // A manifest that does not index leaves the plan to whole trees.
+            let index = live.index()?;
+            (Some(live), Some(header), Some(index))
+        }
+        _ => return None,
+    };
+    let side = match (live, &header, &index) {
+        (Some(live), Some(header), Some(index)) => {
+            let side = scan::LiveSide {
+                root: live.root().ok()?,
+                label: &live.label,
+                index,
+                recorded: as_recorded(header),
+            };
+            Some(side)
+        }
+        _ => None,
+    };
+    let warnings = Collected::default();
+    let survey = scan::Survey {
+        sources: &sources.refs(),
+        filter: &cfg.filter,
+        reporter: &warnings,
+        adjust: &|m, kind| adjust.meta(m, kind),
+        compare: Compare {
+            owners: adjust.mirrored,
+            checksum: cfg.checksum,
+            granularity_ns: header.as_ref().map_or(1, |m| m.granularity_ns),
+            link_meta: header.as_ref().is_none_or(|m| m.link_meta),
+            by_content: sources.compared_by_content(cfg),
+            xattrs: true,
+        },
+        live: side,
+        list: cfg.itemize,
+    };
+    let sv = scan::plan_live(&survey).ok().flatten()?;
+    Some(Surveyed {
+        sv,
+        warnings,
+        header,
+    })
+}
+
+/// A plan made a directory at a time (`survey`): what it found, what its
+/// listings reported, and the live manifest's header.
+pub(super) struct Surveyed {
+    pub(super) sv: scan::Surveyed,
+    pub(super) warnings: Collected,
+    pub(super) header: Option<Manifest>,
+}
+
+impl Surveyed {
+    /// Show what `first` reported (a spool's warnings) before what the
+    /// plan's listings did.
+    pub(super) fn after(&mut self, first: &Collected) {
+        let mut all = first.take_warnings();
+        all.extend(self.warnings.take_warnings());
+        for w in all {
+            self.warnings.warn(&w);
+        }
+    }
+
+    pub(super) fn live_label(&self) -> Option<&str> {
+        self.header.as_ref().and_then(|h| h.label.as_deref())
+    }
+
+    /// Whether the live generation `gen` already is what the sources give.
+    pub(super) fn up_to_date(&self, cfg: &SyncConfig, gen: Option<&str>) -> bool {
+        self.sv.plan.up_to_date()
+            && gen.is_some()
+            && (cfg.label.is_none() || cfg.label_text() == self.live_label())
+    }
+
+    /// The guards on what was planned: the names at the top of either side
+    /// (the live listing's), whether either is empty, what goes.
+    pub(super) fn guards(
+        &self,
+        cfg: &SyncConfig,
+        vol: &Volume,
+        gen: Option<&str>,
+    ) -> Result<layout::Check> {
+        let sv = &self.sv;
+        let names: Vec<&[u8]> = sv.top.iter().map(Vec::as_slice).collect();
+        let live_names: Vec<&[u8]> = sv.live_top.iter().map(Vec::as_slice).collect();
+        let totals = Totals {
+            empty: sv.top.is_empty(),
+            live_nonempty: !sv.live_top.is_empty(),
+            deleted: sv.plan.deleted,
+            names: &names,
+            live_names: gen.map(|_| &live_names[..]),
+        };
+        guards(cfg, vol, &totals, gen, self.live_label())
+    }
+
+    /// A dry run, or a round found up to date: the guards, the summary,
+    /// the changes where `--itemize` lists them.
+    pub(super) fn planned<'a>(
+        &'a mut self,
+        cfg: &SyncConfig,
+        vol: &Volume,
+        gen: Option<&'a str>,
+        up_to_date: bool,
+    ) -> Result<Planned<'a>> {
+        let check = self.guards(cfg, vol, gen)?;
+        let sv = &self.sv;
+        let live_label = self.header.as_ref().and_then(|h| h.label.as_deref());
+        let counts = (sv.entries, sv.bytes);
+        let mut summary = summary_of(cfg, vol, counts, &sv.plan, gen, up_to_date);
+        if cfg.itemize {
+            report::itemize(&sv.plan, Output::of(cfg.json, cfg.quiet), &mut summary);
+        }
+        Ok(Planned {
+            summary,
+            check,
+            warnings: std::mem::take(&mut self.warnings),
+            gen,
+            live_label,
+            recorded: live_label,
+            up_to_date,
+        })
+    }
+}
