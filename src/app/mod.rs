@@ -9,13 +9,10 @@
 //! command line named, reading the live generation back, giving the tree
 //! its owners. Every other command is one call into `ops`.
 
-use std::collections::HashSet;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 
-use crate::clock;
-use crate::commit::{self, Swap};
 use crate::config::{self, Command, Config, Owner, SyncConfig};
 use crate::error;
 use crate::filter::Filter;
@@ -24,17 +21,14 @@ use crate::layout;
 use crate::live::LiveGen;
 use crate::manifest::Manifest;
 use crate::ops;
-use crate::plan::{self, Compare, Plan};
-use crate::report::{self, Collected, Console, Output, Reporter, Round, Summary};
-use crate::retire::{self, Policy};
+use crate::plan::Compare;
+use crate::report::{self, Collected, Console, Output, Reporter, Round};
+use crate::retire::{self};
 use crate::scan;
 use crate::sidecar::Pass;
 use crate::source::{self, Source};
-use crate::stage;
-use crate::staging::Stage;
 use crate::sys::{self, DirFd};
-use crate::tree::{Kind, Meta, Node, Tree};
-use crate::verify;
+use crate::tree::{Kind, Meta, Tree};
 use crate::volume::{Dest, State, Volume};
 
 mod publish;
@@ -43,11 +37,8 @@ mod streamed;
 mod survey;
 mod whole;
 
-use publish::{manifest_of, note_staged, swap_for, Planned, Publish};
-use quick::{quick, quick_end, recorded_quick, recorded_tree, spooled_quick, unchanged_live};
-use streamed::{streams, Early, StreamedRound};
-use survey::survey;
-use whole::{forget_damaged, lend_live, load_live, plan, resume_live, summary_of, up_to_date};
+use quick::{quick, quick_end, recorded_quick, unchanged_live};
+use streamed::{Step, StreamedRound};
 
 /// Run a command; the exit status on success.
 pub fn run(cfg: Config) -> Result<i32> {
@@ -280,7 +271,8 @@ fn chosen_of(sources: &Sources) -> Result<Vec<report::Chosen>> {
     Ok(out)
 }
 
-/// `round_with`, on the sources opened (and the label resolved).
+/// `round_with`, on the sources opened (and the label resolved): the
+/// story of one try, each step ending the round where it can.
 fn round_on(
     cfg: &SyncConfig,
     sources: Sources,
@@ -289,405 +281,157 @@ fn round_on(
     note: Option<String>,
     start: Instant,
 ) -> Result<Attempt> {
-    // With --verify-key: every source is verified after its scan, so no
-    // shortcut that skips the scan runs, but for sources unchanged since a
-    // live generation those same keys verified (`unchanged_live`). An image
-    // checks its cosign signature as its digest is resolved, which
-    // `unchanged_live` does for every one before anything is written.
-    let trusting = cfg.trusting();
-    let (vol, dest) = open_dest(cfg, &sources)?;
-    size_pool(&vol, &dest, &sources);
-    let output = Output::of(cfg.json, cfg.quiet);
-    let show = match cfg.progress {
-        Some(true) => report::Show::Bar,
-        Some(false) => report::Show::Off,
-        None if sys::stderr_is_tty() => report::Show::Bar,
-        None => report::Show::Lines,
-    };
-    let mut console = if pass.defer_warnings {
-        Console::keeping(output, show)
-    } else {
-        Console::new(output, show)
-    };
-    if let Some(n) = note {
-        console.warn(&n);
-    }
-
-    // A directory at a time, the sources against the live generation (or,
-    // for sources unchanged since it, the live generation against its
-    // manifest): a sync that finds nothing to do ends here, having held no
-    // whole tree.
-    let state = vol.state(false)?;
-    // The live generation, opened once for the whole round: its root, its
-    // manifest and the manifest's header.
-    let live_gen = match (&dest, state.as_ref()) {
-        (Dest::Live(gen), Some(state)) => Some(LiveGen::open(&vol, state, gen)),
-        _ => None,
-    };
-    let live_gen = live_gen.as_ref();
-    early_label_guard(cfg, &vol, live_gen)?;
-    // Files `verify` found damaged: the live manifest is not to be trusted
-    // for them, so no shortcut that trusts it (the quick compare, the
-    // streamed update, sources unchanged since the live generation) runs,
-    // and the whole-tree plan copies them afresh (`forget_damaged`).
-    let damage = match (&dest, state.as_ref()) {
-        (Dest::Live(gen), Some(state)) if !cfg.checksum => {
-            crate::damage::read_or_warn(state, gen, &|w| console.warn(w))
-        }
-        _ => None,
-    };
-    let shortcut = shortcut && damage.is_none();
-    let adjust = Adjust::of(cfg);
-    let same_gen = unchanged_live(cfg, &sources, live_gen, shortcut)?;
-    let quick = live_gen
-        .filter(|_| damage.is_none() && !trusting)
+    let (r, console) = Opened::open(cfg, sources, pass, shortcut, note, start)?;
+    // 1. Up to date, found a directory at a time (the sources against the
+    //    live generation, or sources unchanged since it against its
+    //    manifest): nothing was held whole.
+    let quick = r
+        .live()
+        .filter(|_| r.damage.is_none() && !r.trusting)
         .and_then(|live| {
-            quick(cfg, live, &sources, &adjust).or_else(|| {
-                same_gen.as_ref()?;
-                recorded_quick(cfg, live, &adjust)
+            quick(cfg, live, &r.sources, &r.adjust).or_else(|| {
+                r.same_gen.as_ref()?;
+                recorded_quick(cfg, live, &r.adjust)
             })
         });
     if let Some(q) = quick {
-        return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
+        return quick_end(cfg, &r.vol, r.state.as_ref(), q, console, pass, start)
             .map(|r| Attempt::Done(Box::new(r)));
     }
+    // 2. Directories: planned first where a mode lists or checks the
+    //    changes, then staged, a directory at a time.
+    let console = match streamed::directories(&r, console)? {
+        Step::Done(done) => return Ok(done),
+        Step::Next(console) => *console,
+    };
+    // 3. Archives and images: spooled, then as directories; 4. what no
+    //    directory-at-a-time step takes: whole trees.
+    whole::spooled_or_whole(r, console)
+}
 
-    let streamed_round = |recorded| StreamedRound {
-        cfg,
-        vol: &vol,
-        dest: &dest,
-        sources: &sources,
-        adjust: &adjust,
-        recorded,
-        surveyed: None,
-    };
-    // `--itemize`, `--verify` and `--checksum` are planned below first,
-    // against the live listing, as the whole-tree path plans them.
-    let planned_first = cfg.itemize || cfg.verify || cfg.checksum;
-    let streamed = (damage.is_none() && !trusting && !planned_first)
-        .then(|| streams(cfg, live_gen, &dest, &sources))
-        .flatten();
-    if let Some(recorded) = streamed {
-        match streamed_round(recorded).run(console, start, None)? {
-            Ok(round) => return Ok(Attempt::Done(Box::new(round))),
-            // The live tree joined files its manifest has apart: the
-            // whole-tree path below sees its inodes and copies them apart.
-            Err(back) => console = back,
-        }
-    }
+/// What one try of a round works on, each opened once: the sources,
+/// DEST's volume and what DEST is, the state directory, the live
+/// generation (its root, its manifest and the manifest's header), the
+/// damage record `verify` left, and what the sources said of the live
+/// generation.
+struct Opened<'a> {
+    cfg: &'a SyncConfig,
+    sources: Sources,
+    vol: Volume,
+    dest: Dest,
+    state: Option<State>,
+    live_gen: Option<LiveGen>,
+    /// Files `verify` found damaged: the live manifest is not to be trusted
+    /// for them, so no shortcut that trusts it (the quick compare, the
+    /// streamed update, sources unchanged since the live generation) runs,
+    /// and the whole-tree plan copies them afresh (`forget_damaged`).
+    damage: Option<crate::damage::Damage>,
+    adjust: Adjust<'a>,
+    /// The live generation, where every SOURCE says it still holds what
+    /// that generation was made from (`unchanged_live`).
+    same_gen: Option<String>,
+    /// Shortcuts allowed this try (not on the second, nor with damage).
+    shortcut: bool,
+    /// With --verify-key: every source is verified after its scan, so no
+    /// shortcut that skips the scan runs, but for sources unchanged since a
+    /// live generation those same keys verified (`unchanged_live`). An image
+    /// checks its cosign signature as its digest is resolved, which
+    /// `unchanged_live` does for every one before anything is written.
+    trusting: bool,
+    pass: Pass,
+    start: Instant,
+}
 
-    // A dry run, `--itemize` or `--verify` of directories, planned a
-    // directory at a time: only the changes are held (where `--itemize`
-    // lists them).
-    let surveyed = (damage.is_none() && !trusting && same_gen.is_none())
-        .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
-        .flatten();
-    if let Some(mut surveyed) = surveyed {
-        let gen = live_gen.map(|l| l.gen.as_str());
-        let up_to_date = surveyed.up_to_date(cfg, gen);
-        if cfg.dry_run || up_to_date {
-            let planned = surveyed.planned(cfg, &vol, gen, up_to_date)?;
-            return planned
-                .end(cfg, &vol, state.as_ref(), console, pass, start)
-                .map(|r| Attempt::Done(Box::new(r)));
-        }
-        // Something to do: staged a directory at a time (its own listing
-        // reports what it skips), guarded and counted as just planned.
-        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
-            let round = StreamedRound {
-                surveyed: Some(surveyed),
-                ..streamed_round(recorded)
-            };
-            match round.run(console, start, None)? {
-                Ok(round) => return Ok(Attempt::Done(Box::new(round))),
-                Err(back) => console = back,
-            }
-        }
-    }
-
-    // Scan the sources and the live generation at the same time. A
-    // streamed source (an archive) is first read into a spool inside this
-    // writer's staging directory, so that comes first then; a state
-    // directory made only for it goes again if the sync stops short of
-    // staging (`MadeState`).
-    let warnings = Collected::default();
-    let recorded = match (&same_gen, live_gen) {
-        (Some(_), Some(live)) => recorded_tree(live),
-        _ => None,
-    };
-    let noop = recorded.is_some();
-    let resumed = !noop && !trusting && resume_live(cfg, &sources, live_gen, shortcut)?;
-    // An image's signature covers its manifest, hence the TOC's digest
-    // and every file's: lending skips no check, so `--verify-key` keeps it.
-    let lent = !noop && !resumed && lend_live(cfg, &sources, live_gen, shortcut)?;
-    let fresh_state = state.is_none();
-    let streamed = sources.streamed() && !noop;
-    // A dry run writes nothing on the volume: it spools outside it.
-    let spool_here = streamed && !cfg.dry_run;
-    let mut made = MadeState {
-        vol: &vol,
-        armed: spool_here && fresh_state,
-    };
-    let state = if spool_here && fresh_state {
-        vol.state(true)?
-    } else {
-        state
-    };
-    let mut early = match (&state, spool_here) {
-        (Some(state), true) => Some(Stage::new(state)?),
-        _ => None,
-    };
-    let scratch = match streamed && cfg.dry_run {
-        true => Some(source::Scratch::new()?),
-        false => None,
-    };
-    let spool_in = early
-        .as_ref()
-        .map(|s| s.dir())
-        .or(scratch.as_ref().map(|s| s.dir()));
-    // Spooled, the sources list a directory at a time as a directory does:
-    // then they stream as a directory source would (`StreamedRound`),
-    // never held whole. Not where a spool lists files of the live
-    // generation (`resume`, `lend`: then the plan must reuse each), a
-    // signature is checked over the whole tree, a label is read from the
-    // spool, or on the second try.
-    let mut spooled = false;
-    let spooled_streams =
-        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
-    if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
-        let kept = Scanning {
-            kept: &warnings,
-            console: &console,
+impl<'a> Opened<'a> {
+    /// Open DEST and the live generation, read the damage record, ask the
+    /// sources about the live generation (remote identities are resolved
+    /// here, before anything is written); the console, `note` shown first.
+    fn open(
+        cfg: &'a SyncConfig,
+        sources: Sources,
+        pass: Pass,
+        shortcut: bool,
+        note: Option<String>,
+        start: Instant,
+    ) -> Result<(Opened<'a>, Console)> {
+        let trusting = cfg.trusting();
+        let (vol, dest) = open_dest(cfg, &sources)?;
+        size_pool(&vol, &dest, &sources);
+        let output = Output::of(cfg.json, cfg.quiet);
+        let show = match cfg.progress {
+            Some(true) => report::Show::Bar,
+            Some(false) => report::Show::Off,
+            None if sys::stderr_is_tty() => report::Show::Bar,
+            None => report::Show::Lines,
         };
-        source::spool_all(&sources.refs(), stage.dir(), &kept)?;
-        spooled = true;
-        if let Some(recorded) = streams(cfg, live_gen, &dest, &sources) {
-            let q = spooled_quick(cfg, live_gen, &sources, &adjust, recorded.as_ref())?;
-            if let Some(mut q) = q {
-                for w in q.warnings.take_warnings() {
-                    warnings.warn(&w);
-                }
-                q.warnings = warnings;
-                return quick_end(cfg, &vol, state.as_ref(), q, console, pass, start)
-                    .map(|r| Attempt::Done(Box::new(r)));
-            }
-            // `--itemize`, `--verify`: planned a directory at a time first
-            // (where the live hardlinks drifted, by the whole trees).
-            let mut surveyed = planned_first
-                .then(|| survey(cfg, &dest, live_gen, &sources, &adjust))
-                .flatten();
-            let gen = live_gen.map(|l| l.gen.as_str());
-            if let Some(s) = surveyed.as_mut().filter(|s| s.up_to_date(cfg, gen)) {
-                s.after(&warnings);
-                return s
-                    .planned(cfg, &vol, gen, true)?
-                    .end(cfg, &vol, state.as_ref(), console, pass, start)
-                    .map(|r| Attempt::Done(Box::new(r)));
-            }
-            if !planned_first || surveyed.is_some() {
-                let s = StreamedRound {
-                    surveyed,
-                    ..streamed_round(recorded)
-                };
-                let early = Early {
-                    state: st,
-                    stage: early.take().expect("matched"),
-                    fresh: fresh_state,
-                    made: &mut made,
-                    kept: &warnings,
-                };
-                return match s.run(console, start, Some(early))? {
-                    Ok(round) => Ok(Attempt::Done(Box::new(round))),
-                    // The live tree joined files its manifest has apart, and
-                    // the spool's files are moved out: spool again, whole.
-                    Err(_) => Ok(Attempt::Again(None)),
-                };
-            }
-        }
-    }
-    // A dry run of spooled sources, planned a directory at a time as a
-    // directory source's is (its spool outside the volume).
-    if let (true, Some(scratch)) = (spooled_streams && cfg.dry_run, scratch.as_ref()) {
-        let kept = Scanning {
-            kept: &warnings,
-            console: &console,
+        let console = if pass.defer_warnings {
+            Console::keeping(output, show)
+        } else {
+            Console::new(output, show)
         };
-        source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
-        spooled = true;
-        if let Some(mut s) = survey(cfg, &dest, live_gen, &sources, &adjust) {
-            s.after(&warnings);
-            let gen = live_gen.map(|l| l.gen.as_str());
-            let up_to_date = s.up_to_date(cfg, gen);
-            return s
-                .planned(cfg, &vol, gen, up_to_date)?
-                .end(cfg, &vol, state.as_ref(), console, pass, start)
-                .map(|r| Attempt::Done(Box::new(r)));
+        if let Some(n) = note {
+            console.warn(&n);
         }
-    }
-    let (scanned, live) = rayon::join(
-        || match recorded {
-            Some(tree) => Ok((tree, None)),
-            None => sources.scan(
-                spool_in.filter(|_| !spooled),
-                &cfg.filter,
-                &cfg.verify_keys,
-                cfg.trusting(),
-                &Scanning {
-                    kept: &warnings,
-                    console: &console,
-                },
-            ),
-        },
-        || load_live(&vol, live_gen, &dest, &warnings, !cfg.checksum),
-    );
-    let ((mut tree, verified), mut live) = (scanned?, live?);
-    // Unchanged since the live generation: the keys that verified it then.
-    let verified = verified.unwrap_or_else(|| {
-        live.manifest
-            .as_ref()
-            .map_or_else(Vec::new, |m| m.verified.clone())
-    });
-    // `--label auto` with a bundle that told its version only in the spool.
-    // Sources unchanged since the live generation (`noop`) are not
-    // spooled: the live label stands for what they hold.
-    let late;
-    let cfg = if cfg.label_auto && cfg.label.is_none() && !noop {
-        late = resolve_label(cfg, &sources)?;
-        late.as_ref().unwrap_or(cfg)
-    } else {
-        cfg
-    };
-    if let Some(d) = &damage {
-        forget_damaged(&mut live, d);
-    }
-    let owners = adjust.mirrored;
-    adjust.tree(&mut tree);
 
-    // The recorded tree is compared by the quick check: it is the drift check.
-    let by_content = match (noop, cfg.set_mtime) {
-        (true, _) => 0,
-        // The sources' mtimes are not kept: every file by its content.
-        (false, Some(_)) => u64::MAX,
-        (false, None) => sources.by_content(),
-    };
-    let plan = plan(cfg, &mut tree, &mut live, &sources, owners, by_content)?;
-    if noop && !up_to_date(cfg, &plan, &live, &verified) {
-        // Drift (or a new label): fetch after all.
-        debug_assert!(shortcut);
-        return Ok(Attempt::Again(None));
-    }
-    if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
-        // A file taken from the live generation drifted there (or a new
-        // layer needed a lower one's file: that is said): fetch every
-        // layer after all.
-        let why = sources.all.iter().find_map(|s| s.why_not_intact());
-        debug_assert!(shortcut);
-        return Ok(Attempt::Again(why));
-    }
-    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
-    let live_names: Option<Vec<&[u8]>> = live
-        .tree
-        .as_ref()
-        .filter(|_| live.gen.is_some())
-        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
-    let totals = Totals {
-        empty: tree.is_empty(),
-        live_nonempty: live.tree.as_ref().is_some_and(|t| !t.is_empty()),
-        deleted: plan.deleted,
-        names: &names,
-        live_names: live_names.as_deref(),
-    };
-    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
-    let check = guards(cfg, &vol, &totals, live.gen.as_deref(), live_label)?;
-    let up_to_date = up_to_date(cfg, &plan, &live, &verified);
-    let counts = (tree.count(), tree.bytes());
-    let mut summary = summary_of(cfg, &vol, counts, &plan, live.gen.as_deref(), up_to_date);
-    if cfg.itemize {
-        report::itemize(&plan, output, &mut summary);
-    }
-    if cfg.dry_run || up_to_date {
-        let planned = Planned {
-            summary,
-            check,
-            warnings,
-            gen: live.gen.as_deref(),
-            live_label,
-            recorded: live_gen
-                .and_then(LiveGen::header)
-                .and_then(|h| h.label.as_deref()),
-            up_to_date,
+        let state = vol.state(false)?;
+        // The live generation, opened once for the whole round: its root, its
+        // manifest and the manifest's header.
+        let live_gen = match (&dest, state.as_ref()) {
+            (Dest::Live(gen), Some(state)) => Some(LiveGen::open(&vol, state, gen)),
+            _ => None,
         };
-        return planned
-            .end(cfg, &vol, state.as_ref(), console, pass, start)
-            .map(|r| Attempt::Done(Box::new(r)));
-    }
-    for w in warnings.take_warnings() {
-        console.warn(&w);
-    }
-    for w in crate::label::warnings(
-        &vol.display,
-        cfg.label.as_ref(),
-        live.gen.as_deref(),
-        live_label,
-        true,
-    ) {
-        console.warn(&w);
+        early_label_guard(cfg, &vol, live_gen.as_ref())?;
+        let damage = match (&dest, state.as_ref()) {
+            (Dest::Live(gen), Some(state)) if !cfg.checksum => {
+                crate::damage::read_or_warn(state, gen, &|w| console.warn(w))
+            }
+            _ => None,
+        };
+        let shortcut = shortcut && damage.is_none();
+        let adjust = Adjust::of(cfg);
+        let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
+        let r = Opened {
+            cfg,
+            sources,
+            vol,
+            dest,
+            state,
+            live_gen,
+            damage,
+            adjust,
+            same_gen,
+            shortcut,
+            trusting,
+            pass,
+            start,
+        };
+        Ok((r, console))
     }
 
-    // Stage into this writer's own directory, removed whatever happens next.
-    let state = match state {
-        Some(state) if early.is_some() => state,
-        _ => vol.state(true)?.expect("created"),
-    };
-    let mut staging = match early.take() {
-        Some(stage) => stage,
-        None => Stage::new(&state)?,
-    };
-    made.armed = false; // from here on, as for any source (`layout::prepare`)
-    let swap = swap_for(&dest, cfg);
-    layout::prepare(&vol, &state, &mut staging, fresh_state, swap)?;
-    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
-        let at = format!("{}/stage/{}", state.path.display(), staging.name);
-        format!("cannot probe the volume at {at}")
-    })?;
-    console.begin(tree.count(), plan.copied_bytes);
-    let job = stage::Job {
-        sources: &sources.refs(),
-        live: live.dir.as_ref().and_then(|d| d.root()),
-        owners,
-        reporter: &console,
-        caps,
-        heartbeat: Some(staging.dir()),
-    };
-    let staged = stage::run(&job, &mut tree, staging.dir())?;
-    console.finish();
-    let owners = owners && staged.owner_failures == 0;
-    let manifest = manifest_of(cfg, &sources, owners, &caps, tree, verified);
-    if cfg.verify {
-        let rules = verify::Rules::of(&manifest);
-        verify::staged(&staged.tree, &manifest.tree, rules)?;
+    /// The live generation, where DEST has one.
+    fn live(&self) -> Option<&LiveGen> {
+        self.live_gen.as_ref()
     }
-    note_staged(&mut summary, &staged, &console);
-    drop(staged); // closes the staged tree before it moves into gen/
-                  // A directory at DEST to take over is read now, while DEST is as it
-                  // was, and kept once the swap has taken it out (`Publish::run`).
-    let taken = match dest {
-        Dest::Directory => crate::takeover::record(&vol, staging.dir(), &caps, cfg.fsync)?,
-        _ => None,
-    };
-    let staged = Publish {
-        vol: &vol,
-        state: &state,
-        staging,
-        was_live: live.gen.as_deref(),
-        caps,
-        swap,
-        spooled: None,
-        taken,
-    };
-    staged
-        .run(cfg, manifest, summary, console, start)
-        .map(|r| Attempt::Done(Box::new(r)))
+
+    /// A round staged a directory at a time onto the live generation
+    /// `recorded` records (or onto nothing), not planned first.
+    fn streamed_round(&self, recorded: Option<streamed::Recorded>) -> StreamedRound<'_> {
+        StreamedRound {
+            cfg: self.cfg,
+            vol: &self.vol,
+            dest: &self.dest,
+            sources: &self.sources,
+            adjust: &self.adjust,
+            recorded,
+            surveyed: None,
+        }
+    }
+}
+
+/// `--itemize`, `--verify` and `--checksum` are planned first, against
+/// the live listing, as the whole-tree path plans them.
+fn planned_first(cfg: &SyncConfig) -> bool {
+    cfg.itemize || cfg.verify || cfg.checksum
 }
 
 /// What shapes a generation's tree besides its sources (owners, `--chmod`),

@@ -3,7 +3,27 @@
 //! up to date, or a dry run); the manifest of what was staged, the hook
 //! after, and the collection of what no reader needs.
 
-use super::*;
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::clock;
+use crate::commit::{self, Swap};
+use crate::config::{self, SyncConfig};
+use crate::layout;
+use crate::manifest::Manifest;
+use crate::ops;
+use crate::plan::Plan;
+use crate::report::{Collected, Console, Reporter, Round, Summary};
+use crate::retire::{self, Policy};
+use crate::sidecar::Pass;
+use crate::stage;
+use crate::staging::Stage;
+use crate::sys::{self};
+use crate::tree::Tree;
+use crate::volume::{Dest, State, Volume};
+
+use super::{shape_of, Sources};
 
 /// A staged tree and its manifest, to commit (`commit::run`), then retire.
 pub(super) struct Publish<'a> {
@@ -287,4 +307,42 @@ pub(super) fn run_hook(
         summary.exec_after = Some(after);
         failure
     })
+}
+
+/// The summary as planned: "up to date", or what a dry run would do, or
+/// counts that staging completes (`note_staged`).
+/// `entries` and `bytes`: the new tree's (`Tree::count`, `Tree::bytes`);
+/// `gen`: the live generation.
+pub(super) fn summary_of(
+    cfg: &SyncConfig,
+    vol: &Volume,
+    (entries, bytes): (u64, u64),
+    plan: &Plan,
+    gen: Option<&str>,
+    up_to_date: bool,
+) -> Summary {
+    let mut s = Summary {
+        dest: vol.display.clone(),
+        entries,
+        bytes,
+        added: plan.added,
+        changed: plan.changed,
+        deleted: plan.deleted,
+        previous: gen.map(str::to_string),
+        label: cfg.label_text().map(str::to_string),
+        dry_run: cfg.dry_run,
+        ..Default::default()
+    };
+    if up_to_date || cfg.dry_run {
+        s.status = if up_to_date {
+            "up to date"
+        } else {
+            "would sync"
+        };
+        s.generation = gen.map(str::to_string);
+    }
+    if cfg.dry_run {
+        (s.copied, s.copied_bytes, s.reused) = (plan.copied, plan.copied_bytes, plan.reused);
+    }
+    s
 }

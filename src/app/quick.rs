@@ -3,8 +3,23 @@
 //! its manifest (`spooled_quick`), sources unchanged since it against its
 //! own tree (`recorded_quick`).
 
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::config::SyncConfig;
+use crate::live::LiveGen;
+use crate::manifest::Manifest;
+use crate::plan::{Compare, Plan};
+use crate::report::{self, Collected, Console, Output, Round, Summary};
+use crate::scan;
+use crate::sidecar::Pass;
+use crate::tree::{Node, Tree};
+use crate::volume::{State, Volume};
+
+use super::publish::Planned;
 use super::streamed::Recorded;
-use super::*;
+use super::{as_recorded, guards, Adjust, Sources, Totals};
 
 /// A round found up to date by a compare a directory at a time (`Quick`):
 /// the guards on the names at the top, then the end of any up-to-date round.

@@ -1,9 +1,29 @@
 //! A sync staged a directory at a time (`StreamedRound` → `stage::stream`):
 //! the sources and the live generation are never held whole.
 
-use super::publish::{note_staged, swap_for};
-use super::survey::Surveyed;
-use super::*;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+
+use crate::config::SyncConfig;
+use crate::layout;
+use crate::live::LiveGen;
+use crate::manifest::Manifest;
+use crate::plan::Compare;
+use crate::report::{self, Collected, Console, Output, Reporter, Round, Summary};
+use crate::scan;
+use crate::stage;
+use crate::staging::Stage;
+use crate::sys::DirFd;
+use crate::tree::{Kind, Meta, Tree};
+use crate::verify;
+use crate::volume::{Dest, State, Volume};
+
+use super::publish::{manifest_of, note_staged, swap_for, Publish};
+use super::survey::{survey, Surveyed};
+use super::{
+    guards, max_delete, planned_first, Adjust, Attempt, MadeState, Opened, Sources, Totals,
+};
 
 /// Whether a sync can be staged a directory at a time (`stage::stream`;
 /// `--verify` then reads the staged tree back a directory at a time too):
@@ -279,4 +299,64 @@ pub(super) struct Early<'e, 'v> {
     pub(super) made: &'e mut MadeState<'v>,
     /// What the spools reported, shown after the guards.
     pub(super) kept: &'e Collected,
+}
+
+/// Directories staged a directory at a time (`stage::stream`), onto
+/// nothing or a live generation whose manifest indexes: planned first
+/// (`survey`) where a mode lists or checks the changes (`--dry-run`,
+/// `--itemize`, `--verify`, `--checksum`), which may end the round there
+/// (a dry run, or up to date). `Step::Next` gives the console back where
+/// this step does not apply, or the stage found the live hardlinks drifted.
+pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
+    let cfg = r.cfg;
+    let live_gen = r.live();
+    let mut console = console;
+    let streamed = (r.damage.is_none() && !r.trusting && !planned_first(cfg))
+        .then(|| streams(cfg, live_gen, &r.dest, &r.sources))
+        .flatten();
+    if let Some(recorded) = streamed {
+        match r.streamed_round(recorded).run(console, r.start, None)? {
+            Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),
+            // The live tree joined files its manifest has apart: the
+            // whole-tree path sees its inodes and copies them apart.
+            Err(back) => console = back,
+        }
+    }
+
+    // A dry run, `--itemize` or `--verify` of directories, planned a
+    // directory at a time: only the changes are held (where `--itemize`
+    // lists them).
+    let surveyed = (r.damage.is_none() && !r.trusting && r.same_gen.is_none())
+        .then(|| survey(cfg, &r.dest, live_gen, &r.sources, &r.adjust))
+        .flatten();
+    if let Some(mut surveyed) = surveyed {
+        let gen = live_gen.map(|l| l.gen.as_str());
+        let up_to_date = surveyed.up_to_date(cfg, gen);
+        if cfg.dry_run || up_to_date {
+            let planned = surveyed.planned(cfg, &r.vol, gen, up_to_date)?;
+            return planned
+                .end(cfg, &r.vol, r.state.as_ref(), console, r.pass, r.start)
+                .map(|r| Step::Done(Attempt::Done(Box::new(r))));
+        }
+        // Something to do: staged a directory at a time (its own listing
+        // reports what it skips), guarded and counted as just planned.
+        if let Some(recorded) = streams(cfg, live_gen, &r.dest, &r.sources) {
+            let round = StreamedRound {
+                surveyed: Some(surveyed),
+                ..r.streamed_round(recorded)
+            };
+            match round.run(console, r.start, None)? {
+                Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),
+                Err(back) => console = back,
+            }
+        }
+    }
+    Ok(Step::Next(Box::new(console)))
+}
+
+/// Where a step of a round left it: ended, or the console handed on to
+/// the next step.
+pub(super) enum Step {
+    Done(Attempt),
+    Next(Box<Console>),
 }

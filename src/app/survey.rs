@@ -1,7 +1,19 @@
 //! The plan of a dry run, `--itemize`, `--verify` or `--checksum`, made a
 //! directory at a time (`scan::plan_live`): only the changes are held.
 
-use super::*;
+use anyhow::Result;
+
+use crate::config::SyncConfig;
+use crate::layout;
+use crate::live::LiveGen;
+use crate::manifest::Manifest;
+use crate::plan::Compare;
+use crate::report::{self, Collected, Output, Reporter};
+use crate::scan;
+use crate::volume::{Dest, Volume};
+
+use super::publish::{summary_of, Planned};
+use super::{as_recorded, guards, Adjust, Sources, Totals};
 
 /// A dry run, `--itemize` or `--verify` planned a directory at a time
 /// (`scan::plan_live`), with what its listings reported and the live

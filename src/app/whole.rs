@@ -3,7 +3,33 @@
 //! (docs/architecture.md lists it), and the seeding of an image spool from
 //! the live generation (`resume_live`, `lend_live`).
 
-use super::*;
+use std::collections::HashSet;
+
+use anyhow::{Context, Result};
+
+use crate::config::SyncConfig;
+use crate::filter::Filter;
+use crate::layout;
+use crate::live::LiveGen;
+use crate::manifest::Manifest;
+use crate::plan::{self, Compare, Plan};
+use crate::report::{self, Collected, Console, Output, Reporter};
+use crate::scan;
+use crate::source::{self, Source};
+use crate::stage;
+use crate::staging::Stage;
+use crate::tree::{Node, Tree};
+use crate::verify;
+use crate::volume::{Dest, Volume};
+
+use super::publish::{manifest_of, note_staged, summary_of, swap_for, Planned, Publish};
+use super::quick::{quick_end, recorded_tree, spooled_quick};
+use super::streamed::{streams, Early, StreamedRound};
+use super::survey::survey;
+use super::{
+    as_recorded, guards, planned_first, resolve_label, shape_of, Attempt, MadeState, Opened,
+    Scanning, Sources, Totals,
+};
 
 /// After `recorded_tree` said no: whether the one SOURCE can start from
 /// the live generation (`Source::resume`: an image whose layers begin with
@@ -97,44 +123,6 @@ pub(super) fn up_to_date(
         && (cfg.label.is_none() || cfg.label_text() == live_label)
         // Verified now but not then (or by other keys): the record is news.
         && live.manifest.as_ref().is_some_and(|m| m.verified == verified)
-}
-
-/// The summary as planned: "up to date", or what a dry run would do, or
-/// counts that staging completes (`note_staged`).
-/// `entries` and `bytes`: the new tree's (`Tree::count`, `Tree::bytes`);
-/// `gen`: the live generation.
-pub(super) fn summary_of(
-    cfg: &SyncConfig,
-    vol: &Volume,
-    (entries, bytes): (u64, u64),
-    plan: &Plan,
-    gen: Option<&str>,
-    up_to_date: bool,
-) -> Summary {
-    let mut s = Summary {
-        dest: vol.display.clone(),
-        entries,
-        bytes,
-        added: plan.added,
-        changed: plan.changed,
-        deleted: plan.deleted,
-        previous: gen.map(str::to_string),
-        label: cfg.label_text().map(str::to_string),
-        dry_run: cfg.dry_run,
-        ..Default::default()
-    };
-    if up_to_date || cfg.dry_run {
-        s.status = if up_to_date {
-            "up to date"
-        } else {
-            "would sync"
-        };
-        s.generation = gen.map(str::to_string);
-    }
-    if cfg.dry_run {
-        (s.copied, s.copied_bytes, s.reused) = (plan.copied, plan.copied_bytes, plan.reused);
-    }
-    s
 }
 
 /// The live tree as it is on the volume, with hashes from its manifest where
@@ -398,4 +386,323 @@ pub(super) fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -
         &sources.refs(),
         &|e| matches!(&e.node, Node::File(f) if want.contains(&(f.src, f.dev, f.ino))),
     )
+}
+
+/// The rest of a round: archives and images are spooled (into this
+/// writer's staging directory; a dry run's outside the volume), then
+/// planned and staged a directory at a time as directories are
+/// (`StreamedRound`); what no directory-at-a-time step takes (listed in
+/// docs/architecture.md) scans both trees whole, plans them with
+/// `plan::build` and stages with `stage::run`.
+pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attempt> {
+    let console = console;
+    let output = Output::of(r.cfg.json, r.cfg.quiet);
+    let Opened {
+        cfg,
+        ref sources,
+        ref vol,
+        ref dest,
+        state,
+        ref live_gen,
+        ref damage,
+        ref adjust,
+        ref same_gen,
+        shortcut,
+        trusting,
+        pass,
+        start,
+    } = r;
+    let live_gen = live_gen.as_ref();
+    let streamed_round = |recorded| StreamedRound {
+        cfg,
+        vol,
+        dest,
+        sources,
+        adjust,
+        recorded,
+        surveyed: None,
+    };
+    // Scan the sources and the live generation at the same time. A
+    // streamed source (an archive) is first read into a spool inside this
+    // writer's staging directory, so that comes first then; a state
+    // directory made only for it goes again if the sync stops short of
+    // staging (`MadeState`).
+    let warnings = Collected::default();
+    let recorded = match (&same_gen, live_gen) {
+        (Some(_), Some(live)) => recorded_tree(live),
+        _ => None,
+    };
+    let noop = recorded.is_some();
+    let resumed = !noop && !trusting && resume_live(cfg, sources, live_gen, shortcut)?;
+    // An image's signature covers its manifest, hence the TOC's digest
+    // and every file's: lending skips no check, so `--verify-key` keeps it.
+    let lent = !noop && !resumed && lend_live(cfg, sources, live_gen, shortcut)?;
+    let fresh_state = state.is_none();
+    let streamed = sources.streamed() && !noop;
+    // A dry run writes nothing on the volume: it spools outside it.
+    let spool_here = streamed && !cfg.dry_run;
+    let mut made = MadeState {
+        vol,
+        armed: spool_here && fresh_state,
+    };
+    let state = if spool_here && fresh_state {
+        vol.state(true)?
+    } else {
+        state
+    };
+    let mut early = match (&state, spool_here) {
+        (Some(state), true) => Some(Stage::new(state)?),
+        _ => None,
+    };
+    let scratch = match streamed && cfg.dry_run {
+        true => Some(source::Scratch::new()?),
+        false => None,
+    };
+    let spool_in = early
+        .as_ref()
+        .map(|s| s.dir())
+        .or(scratch.as_ref().map(|s| s.dir()));
+    // Spooled, the sources list a directory at a time as a directory does:
+    // then they stream as a directory source would (`StreamedRound`),
+    // never held whole. Not where a spool lists files of the live
+    // generation (`resume`, `lend`: then the plan must reuse each), a
+    // signature is checked over the whole tree, a label is read from the
+    // spool, or on the second try.
+    let mut spooled = false;
+    let spooled_streams =
+        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
+    if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), stage.dir(), &kept)?;
+        spooled = true;
+        if let Some(recorded) = streams(cfg, live_gen, dest, sources) {
+            let q = spooled_quick(cfg, live_gen, sources, adjust, recorded.as_ref())?;
+            if let Some(mut q) = q {
+                for w in q.warnings.take_warnings() {
+                    warnings.warn(&w);
+                }
+                q.warnings = warnings;
+                return quick_end(cfg, vol, state.as_ref(), q, console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
+            // `--itemize`, `--verify`: planned a directory at a time first
+            // (where the live hardlinks drifted, by the whole trees).
+            let mut surveyed = planned_first(cfg)
+                .then(|| survey(cfg, dest, live_gen, sources, adjust))
+                .flatten();
+            let gen = live_gen.map(|l| l.gen.as_str());
+            if let Some(s) = surveyed.as_mut().filter(|s| s.up_to_date(cfg, gen)) {
+                s.after(&warnings);
+                return s
+                    .planned(cfg, vol, gen, true)?
+                    .end(cfg, vol, state.as_ref(), console, pass, start)
+                    .map(|r| Attempt::Done(Box::new(r)));
+            }
+            if !planned_first(cfg) || surveyed.is_some() {
+                let s = StreamedRound {
+                    surveyed,
+                    ..streamed_round(recorded)
+                };
+                let early = Early {
+                    state: st,
+                    stage: early.take().expect("matched"),
+                    fresh: fresh_state,
+                    made: &mut made,
+                    kept: &warnings,
+                };
+                return match s.run(console, start, Some(early))? {
+                    Ok(round) => Ok(Attempt::Done(Box::new(round))),
+                    // The live tree joined files its manifest has apart, and
+                    // the spool's files are moved out: spool again, whole.
+                    Err(_) => Ok(Attempt::Again(None)),
+                };
+            }
+        }
+    }
+    // A dry run of spooled sources, planned a directory at a time as a
+    // directory source's is (its spool outside the volume).
+    if let (true, Some(scratch)) = (spooled_streams && cfg.dry_run, scratch.as_ref()) {
+        let kept = Scanning {
+            kept: &warnings,
+            console: &console,
+        };
+        source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
+        spooled = true;
+        if let Some(mut s) = survey(cfg, dest, live_gen, sources, adjust) {
+            s.after(&warnings);
+            let gen = live_gen.map(|l| l.gen.as_str());
+            let up_to_date = s.up_to_date(cfg, gen);
+            return s
+                .planned(cfg, vol, gen, up_to_date)?
+                .end(cfg, vol, state.as_ref(), console, pass, start)
+                .map(|r| Attempt::Done(Box::new(r)));
+        }
+    }
+    let (scanned, live) = rayon::join(
+        || match recorded {
+            Some(tree) => Ok((tree, None)),
+            None => sources.scan(
+                spool_in.filter(|_| !spooled),
+                &cfg.filter,
+                &cfg.verify_keys,
+                cfg.trusting(),
+                &Scanning {
+                    kept: &warnings,
+                    console: &console,
+                },
+            ),
+        },
+        || load_live(vol, live_gen, dest, &warnings, !cfg.checksum),
+    );
+    let ((mut tree, verified), mut live) = (scanned?, live?);
+    // Unchanged since the live generation: the keys that verified it then.
+    let verified = verified.unwrap_or_else(|| {
+        live.manifest
+            .as_ref()
+            .map_or_else(Vec::new, |m| m.verified.clone())
+    });
+    // `--label auto` with a bundle that told its version only in the spool.
+    // Sources unchanged since the live generation (`noop`) are not
+    // spooled: the live label stands for what they hold.
+    let late;
+    let cfg = if cfg.label_auto && cfg.label.is_none() && !noop {
+        late = resolve_label(cfg, sources)?;
+        late.as_ref().unwrap_or(cfg)
+    } else {
+        cfg
+    };
+    if let Some(d) = &damage {
+        forget_damaged(&mut live, d);
+    }
+    let owners = adjust.mirrored;
+    adjust.tree(&mut tree);
+
+    // The recorded tree is compared by the quick check: it is the drift check.
+    let by_content = match (noop, cfg.set_mtime) {
+        (true, _) => 0,
+        // The sources' mtimes are not kept: every file by its content.
+        (false, Some(_)) => u64::MAX,
+        (false, None) => sources.by_content(),
+    };
+    let plan = plan(cfg, &mut tree, &mut live, sources, owners, by_content)?;
+    if noop && !up_to_date(cfg, &plan, &live, &verified) {
+        // Drift (or a new label): fetch after all.
+        debug_assert!(shortcut);
+        return Ok(Attempt::Again(None));
+    }
+    if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
+        // A file taken from the live generation drifted there (or a new
+        // layer needed a lower one's file: that is said): fetch every
+        // layer after all.
+        let why = sources.all.iter().find_map(|s| s.why_not_intact());
+        debug_assert!(shortcut);
+        return Ok(Attempt::Again(why));
+    }
+    let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
+    let live_names: Option<Vec<&[u8]>> = live
+        .tree
+        .as_ref()
+        .filter(|_| live.gen.is_some())
+        .map(|t| t.entries.iter().map(|e| &*e.name).collect());
+    let totals = Totals {
+        empty: tree.is_empty(),
+        live_nonempty: live.tree.as_ref().is_some_and(|t| !t.is_empty()),
+        deleted: plan.deleted,
+        names: &names,
+        live_names: live_names.as_deref(),
+    };
+    let live_label = live.manifest.as_ref().and_then(|m| m.label.as_deref());
+    let check = guards(cfg, vol, &totals, live.gen.as_deref(), live_label)?;
+    let up_to_date = up_to_date(cfg, &plan, &live, &verified);
+    let counts = (tree.count(), tree.bytes());
+    let mut summary = summary_of(cfg, vol, counts, &plan, live.gen.as_deref(), up_to_date);
+    if cfg.itemize {
+        report::itemize(&plan, output, &mut summary);
+    }
+    if cfg.dry_run || up_to_date {
+        let planned = Planned {
+            summary,
+            check,
+            warnings,
+            gen: live.gen.as_deref(),
+            live_label,
+            recorded: live_gen
+                .and_then(LiveGen::header)
+                .and_then(|h| h.label.as_deref()),
+            up_to_date,
+        };
+        return planned
+            .end(cfg, vol, state.as_ref(), console, pass, start)
+            .map(|r| Attempt::Done(Box::new(r)));
+    }
+    for w in warnings.take_warnings() {
+        console.warn(&w);
+    }
+    for w in crate::label::warnings(
+        &vol.display,
+        cfg.label.as_ref(),
+        live.gen.as_deref(),
+        live_label,
+        true,
+    ) {
+        console.warn(&w);
+    }
+
+    // Stage into this writer's own directory, removed whatever happens next.
+    let state = match state {
+        Some(state) if early.is_some() => state,
+        _ => vol.state(true)?.expect("created"),
+    };
+    let mut staging = match early.take() {
+        Some(stage) => stage,
+        None => Stage::new(&state)?,
+    };
+    made.armed = false; // from here on, as for any source (`layout::prepare`)
+    let swap = swap_for(dest, cfg);
+    layout::prepare(vol, &state, &mut staging, fresh_state, swap)?;
+    let caps = crate::caps::probe(staging.dir(), cfg.fsync).with_context(|| {
+        let at = format!("{}/stage/{}", state.path.display(), staging.name);
+        format!("cannot probe the volume at {at}")
+    })?;
+    console.begin(tree.count(), plan.copied_bytes);
+    let job = stage::Job {
+        sources: &sources.refs(),
+        live: live.dir.as_ref().and_then(|d| d.root()),
+        owners,
+        reporter: &console,
+        caps,
+        heartbeat: Some(staging.dir()),
+    };
+    let staged = stage::run(&job, &mut tree, staging.dir())?;
+    console.finish();
+    let owners = owners && staged.owner_failures == 0;
+    let manifest = manifest_of(cfg, sources, owners, &caps, tree, verified);
+    if cfg.verify {
+        let rules = verify::Rules::of(&manifest);
+        verify::staged(&staged.tree, &manifest.tree, rules)?;
+    }
+    note_staged(&mut summary, &staged, &console);
+    drop(staged); // closes the staged tree before it moves into gen/
+                  // A directory at DEST to take over is read now, while DEST is as it
+                  // was, and kept once the swap has taken it out (`Publish::run`).
+    let taken = match dest {
+        Dest::Directory => crate::takeover::record(vol, staging.dir(), &caps, cfg.fsync)?,
+        _ => None,
+    };
+    let staged = Publish {
+        vol,
+        state: &state,
+        staging,
+        was_live: live.gen.as_deref(),
+        caps,
+        swap,
+        spooled: None,
+        taken,
+    };
+    staged
+        .run(cfg, manifest, summary, console, start)
+        .map(|r| Attempt::Done(Box::new(r)))
 }
