@@ -1,13 +1,18 @@
-//! The pipeline: the only file that knows the order of the stages, and the
-//! owner of the thread pool (rayon's global one).
+//! The pipeline: the only module that knows the order of the stages, and
+//! the owner of the thread pool (rayon's global one).
 //!
 //! `round` reads as the story of one sync: validate → scan (sources and the
 //! live tree) → plan → guards → stage → verify → commit → retire, each step
 //! a call through its module; `sync` shows its report, or hands the whole
-//! to the loop of `--every` (`sidecar`), which runs it again and again. The functions below it are the
-//! joints between stages that belong to none of them: opening what the
-//! command line named, reading the live generation back, giving the tree
-//! its owners. Every other command is one call into `ops`.
+//! to the loop of `--every` (`sidecar`), which runs it again and again.
+//! Each try of a round (`round_on`) opens what it works on once
+//! (`Opened`), then ends at the first of its steps that applies: up to
+//! date (`quick.rs`), directories a directory at a time (`streamed.rs`,
+//! planned first by `survey.rs`), archives and images spooled and then the
+//! same, or whole trees (`whole.rs`); `publish.rs` ends it. The functions
+//! here are the joints between stages that belong to none of them: opening
+//! what the command line named, the guards, giving the tree its owners.
+//! Every other command is one call into `ops`.
 
 use std::time::Instant;
 
