@@ -27,6 +27,7 @@ use anyhow::{bail, Context, Result};
 use crate::escape::{percent, unpercent};
 use crate::staging::Stage;
 use crate::sys;
+use crate::tree::{Entry, Node, Time};
 use crate::volume::State;
 
 const MAGIC: &str = "packsync-damaged 1";
@@ -53,9 +54,41 @@ impl Damage {
         (self.paths.len() as u64) < self.total
     }
 
+    /// The record's paths, to look up as a sync compares (`Damaged`).
+    pub fn lookup(&self) -> Damaged {
+        Damaged {
+            all: self.everything(),
+            set: self.paths.iter().cloned().collect(),
+        }
+    }
+}
+
+/// A record's paths (at most `MAX_PATHS`), looked up by every comparer of
+/// a sync (the whole-tree plan, the plan a directory at a time, the
+/// streamed stage) alike.
+#[derive(Debug)]
+pub struct Damaged {
+    /// The list was cut: every file counts as damaged.
+    all: bool,
+    set: HashSet<Vec<u8>>,
+}
+
+impl Damaged {
     /// Whether the file at `path` is to be copied afresh.
-    pub fn covers(&self, set: &HashSet<&[u8]>, path: &[u8]) -> bool {
-        self.everything() || set.contains(path)
+    pub fn covers(&self, path: &[u8]) -> bool {
+        self.all || self.set.contains(path)
+    }
+
+    /// Make the live file `e` at `path` compare as changed where the record
+    /// names it: no hash, and an mtime no source file has. The file is
+    /// then copied from the source, never linked from the live generation.
+    pub fn forget(&self, path: &[u8], e: &mut Entry) {
+        if let Node::File(f) = &mut e.node {
+            if self.covers(path) {
+                f.hash = None;
+                e.meta.mtime = Time { s: i64::MIN, ns: 0 };
+            }
+        }
     }
 }
 
@@ -206,7 +239,9 @@ mod tests {
         let d = parse("g1", &format("g1", 7, &refs)).unwrap();
         assert_eq!((d.paths.len(), d.total), (MAX_PATHS, MAX_PATHS as u64 + 5));
         assert!(d.everything());
-        assert!(d.covers(&HashSet::new(), b"anything"));
+        assert!(d.lookup().covers(b"anything"));
+        let named = parse("g1", &format("g1", 7, &[b"x/y"])).unwrap().lookup();
+        assert!(named.covers(b"x/y") && !named.covers(b"x") && !named.covers(b"x/y/z"));
     }
 
     #[test]

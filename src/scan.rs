@@ -601,6 +601,8 @@ pub struct LiveSide<'a> {
     pub index: &'a crate::index::Index,
     /// How the manifest's entries are matched with the listing's.
     pub recorded: Compare,
+    /// Files `verify` found damaged: compared as changed.
+    pub damaged: Option<&'a crate::damage::Damaged>,
 }
 
 /// What `plan_live` found.
@@ -799,6 +801,11 @@ impl Surveying<'_> {
         let mut listed =
             source::Dir::list(live, rel, l.label, 0, &Filter::default(), self.s.reporter)?;
         attach_recorded(&mut listed, &l.index.entries(rel)?, &l.recorded);
+        if let Some(d) = l.damaged {
+            for e in listed.iter_mut() {
+                d.forget(&crate::tree::join(rel, &e.name), e);
+            }
+        }
         Ok(listed)
     }
 

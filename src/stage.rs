@@ -286,6 +286,9 @@ pub struct Stream<'a> {
     /// where its bytes and the source's have the same SHA-256, both read
     /// now (`checked_link`).
     pub checksum: bool,
+    /// Files `verify` found damaged in the live generation: compared as
+    /// changed, so copied afresh.
+    pub damaged: Option<&'a crate::damage::Damaged>,
 }
 
 /// What `stream` staged, and the manifest body it wrote.
@@ -703,7 +706,12 @@ impl Walker<'_> {
                 .fetch_add(entries.len() as u64, Ordering::Relaxed);
             return Ok(was_dir);
         };
-        let live = ix.entries(rel)?;
+        let mut live = ix.entries(rel)?;
+        if let Some(d) = self.s.damaged {
+            for e in live.iter_mut() {
+                d.forget(&join(rel, &e.name), e);
+            }
+        }
         // Where only content tells (`--set-mtime`), read the candidates first.
         crate::scan::hash_by_content(self.s.job.sources, srcs, rel, entries, &live, c)?;
         let (mut added, mut changed, mut deleted) = (0, 0, 0);

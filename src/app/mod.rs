@@ -327,10 +327,11 @@ struct Opened<'a> {
     state: Option<State>,
     live_gen: Option<LiveGen>,
     /// Files `verify` found damaged: the live manifest is not to be trusted
-    /// for them, so no shortcut that trusts it (the quick compare, the
-    /// streamed update, sources unchanged since the live generation) runs,
-    /// and the whole-tree plan copies them afresh (`forget_damaged`).
-    damage: Option<crate::damage::Damage>,
+    /// for them, so no shortcut that trusts it (the quick compare, sources
+    /// unchanged since the live generation, a spooled source streamed)
+    /// runs, and every plan and stage compares them as changed
+    /// (`Damaged::forget`): they are copied afresh.
+    damage: Option<crate::damage::Damaged>,
     adjust: Adjust<'a>,
     /// The live generation, where every SOURCE says it still holds what
     /// that generation was made from (`unchanged_live`).
@@ -388,7 +389,7 @@ impl<'a> Opened<'a> {
         early_label_guard(cfg, &vol, live_gen.as_ref())?;
         let damage = match (&dest, state.as_ref()) {
             (Dest::Live(gen), Some(state)) if !cfg.checksum => {
-                crate::damage::read_or_warn(state, gen, &|w| console.warn(w))
+                crate::damage::read_or_warn(state, gen, &|w| console.warn(w)).map(|d| d.lookup())
             }
             _ => None,
         };
@@ -429,6 +430,7 @@ impl<'a> Opened<'a> {
             adjust: &self.adjust,
             recorded,
             surveyed: None,
+            damaged: self.damage.as_ref(),
         }
     }
 }

@@ -95,6 +95,8 @@ pub(super) struct StreamedRound<'a> {
     /// the live listing, as the whole-tree path's), and `--itemize` lists
     /// its changes.
     pub(super) surveyed: Option<Surveyed>,
+    /// Files `verify` found damaged in the live generation: copied afresh.
+    pub(super) damaged: Option<&'a crate::damage::Damaged>,
 }
 
 impl StreamedRound<'_> {
@@ -219,6 +221,7 @@ impl StreamedRound<'_> {
                 (&r.index, compare)
             }),
             checksum: cfg.checksum,
+            damaged: self.damaged,
         };
         let Some(mut streamed) = stage::stream(&stream, staging.dir())? else {
             console.finish();
@@ -311,7 +314,7 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     let cfg = r.cfg;
     let live_gen = r.live();
     let mut console = console;
-    let streamed = (r.damage.is_none() && !r.trusting && !planned_first(cfg))
+    let streamed = (!r.trusting && !planned_first(cfg))
         .then(|| streams(cfg, live_gen, &r.dest, &r.sources))
         .flatten();
     if let Some(recorded) = streamed {
@@ -326,8 +329,17 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     // A dry run, `--itemize` or `--verify` of directories, planned a
     // directory at a time: only the changes are held (where `--itemize`
     // lists them).
-    let surveyed = (r.damage.is_none() && !r.trusting && r.same_gen.is_none())
-        .then(|| survey(cfg, &r.dest, live_gen, &r.sources, &r.adjust))
+    let surveyed = (!r.trusting && r.same_gen.is_none())
+        .then(|| {
+            survey(
+                cfg,
+                &r.dest,
+                live_gen,
+                &r.sources,
+                &r.adjust,
+                r.damage.as_ref(),
+            )
+        })
         .flatten();
     if let Some(mut surveyed) = surveyed {
         let gen = live_gen.map(|l| l.gen.as_str());

@@ -31,6 +31,7 @@ pub(super) fn survey(
     live: Option<&LiveGen>,
     sources: &Sources,
     adjust: &Adjust<'_>,
+    damaged: Option<&crate::damage::Damaged>,
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
     let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
@@ -63,6 +64,7 @@ pub(super) fn survey(
                 label: &live.label,
                 index,
                 recorded: as_recorded(header),
+                damaged,
             };
             Some(side)
         }

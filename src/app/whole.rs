@@ -227,19 +227,11 @@ pub(super) fn load_live(
 /// copies them from the source instead of linking them from the live
 /// generation. Their mtime is set to one no source file has, and without
 /// a hash no manifest line is attached to them.
-pub(super) fn forget_damaged(live: &mut Live, damage: &crate::damage::Damage) {
-    let set: HashSet<&[u8]> = damage.paths.iter().map(Vec::as_slice).collect();
+pub(super) fn forget_damaged(live: &mut Live, damaged: &crate::damage::Damaged) {
     let Some(tree) = live.tree.as_mut() else {
         return;
     };
-    tree.for_each_mut(&mut |path, e| {
-        if let Node::File(f) = &mut e.node {
-            if damage.covers(&set, path) {
-                f.hash = None;
-                e.meta.mtime = crate::tree::Time { s: i64::MIN, ns: 0 };
-            }
-        }
-    });
+    tree.for_each_mut(&mut |path, e| damaged.forget(path, e));
 }
 
 /// Copy each manifest hash onto the live file it still describes, and its
@@ -421,6 +413,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         adjust,
         recorded,
         surveyed: None,
+        damaged: damage.as_ref(),
     };
     // Scan the sources and the live generation at the same time. A
     // streamed source (an archive) is first read into a spool inside this
@@ -491,7 +484,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
             // `--itemize`, `--verify`: planned a directory at a time first
             // (where the live hardlinks drifted, by the whole trees).
             let mut surveyed = planned_first(cfg)
-                .then(|| survey(cfg, dest, live_gen, sources, adjust))
+                .then(|| survey(cfg, dest, live_gen, sources, adjust, damage.as_ref()))
                 .flatten();
             let gen = live_gen.map(|l| l.gen.as_str());
             if let Some(s) = surveyed.as_mut().filter(|s| s.up_to_date(cfg, gen)) {
@@ -531,7 +524,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
         spooled = true;
-        if let Some(mut s) = survey(cfg, dest, live_gen, sources, adjust) {
+        if let Some(mut s) = survey(cfg, dest, live_gen, sources, adjust, damage.as_ref()) {
             s.after(&warnings);
             let gen = live_gen.map(|l| l.gen.as_str());
             let up_to_date = s.up_to_date(cfg, gen);

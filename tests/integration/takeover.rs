@@ -233,6 +233,10 @@ fn what_verify_found_damaged_the_next_sync_repairs() {
         "{shown}"
     );
 
+    // A dry run plans it as a change, and lists it.
+    let planned = json(&f.sync(&["--dry-run", "--itemize", "--json"]).ok());
+    assert_eq!(planned["changed"], 1, "{planned}");
+    assert_eq!(planned["changes"][0]["path"], "core/a.py", "{planned}");
     // The quick compare would call it up to date: a new generation instead.
     let out = f.sync(&[]).ok();
     assert!(out.stdout.contains("1 copied"), "{}", out.stdout);
