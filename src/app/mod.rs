@@ -338,6 +338,8 @@ struct Opened<'a> {
     same_gen: Option<String>,
     /// Shortcuts allowed this try (not on the second, nor with damage).
     shortcut: bool,
+    /// The first try of the round (the second takes every step whole).
+    first_try: bool,
     /// With --verify-key: every source is verified after its scan, so no
     /// shortcut that skips the scan runs, but for sources unchanged since a
     /// live generation those same keys verified (`unchanged_live`). An image
@@ -393,6 +395,7 @@ impl<'a> Opened<'a> {
             }
             _ => None,
         };
+        let first_try = shortcut;
         let shortcut = shortcut && damage.is_none();
         let adjust = Adjust::of(cfg);
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
@@ -407,6 +410,7 @@ impl<'a> Opened<'a> {
             adjust,
             same_gen,
             shortcut,
+            first_try,
             trusting,
             pass,
             start,

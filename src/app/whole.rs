@@ -400,6 +400,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         ref adjust,
         ref same_gen,
         shortcut,
+        first_try,
         trusting,
         pass,
         start,
@@ -462,8 +463,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     // signature is checked over the whole tree, a label is read from the
     // spool, or on the second try.
     let mut spooled = false;
-    let spooled_streams =
-        shortcut && !trusting && damage.is_none() && !(cfg.label_auto && cfg.label.is_none());
+    let spooled_streams = first_try && !trusting && !(cfg.label_auto && cfg.label.is_none());
     if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
         let kept = Scanning {
             kept: &warnings,
@@ -472,7 +472,11 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
         if let Some(recorded) = streams(cfg, live_gen, dest, sources) {
-            let q = spooled_quick(cfg, live_gen, sources, adjust, recorded.as_ref())?;
+            // Up to date by the live manifest: not where it is known damaged.
+            let q = match damage {
+                None => spooled_quick(cfg, live_gen, sources, adjust, recorded.as_ref())?,
+                Some(_) => None,
+            };
             if let Some(mut q) = q {
                 for w in q.warnings.take_warnings() {
                     warnings.warn(&w);

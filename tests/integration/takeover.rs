@@ -268,6 +268,44 @@ fn what_verify_found_damaged_the_next_sync_repairs() {
 }
 
 #[test]
+fn what_verify_found_damaged_in_an_archive_s_tree_the_next_sync_repairs() {
+    // The archive is unchanged, so its own hash would call the tree up to
+    // date: the record sends the damaged file to be unpacked afresh.
+    let f = Fixture::new();
+    f.file("core/a.py", "good bytes\n");
+    f.file("core/b.py", "untouched\n");
+    let ok = std::process::Command::new("tar")
+        .args(["-cf", "packs.tar", "-C", "src", "."])
+        .current_dir(f.path(""))
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "tar");
+    let sync = |f: &Fixture| {
+        json(
+            &f.packsync(&["sync", "--json", "--grace", "0", "packs.tar", "vol/packs"])
+                .ok(),
+        )
+    };
+    sync(&f);
+    let first = live_gen(&f);
+    let b = ino(&f.dest().join("core/b.py"));
+    damage(&f.dest().join("core/a.py"), b"evil bytes\n");
+    f.packsync(&["verify", "vol/packs"]).fails(4, "recorded");
+    let v = sync(&f);
+    assert_eq!((&v["copied"], &v["reused"]), (&1.into(), &1.into()), "{v}");
+    assert_ne!(live_gen(&f), first);
+    assert_eq!(
+        fs::read(f.dest().join("core/a.py")).unwrap(),
+        b"good bytes\n"
+    );
+    assert_eq!(ino(&f.dest().join("core/b.py")), b, "still hardlinked");
+    f.packsync(&["verify", "vol/packs"]).ok();
+    let again = sync(&f);
+    assert_eq!(again["status"], "up to date", "{again}");
+}
+
+#[test]
 fn a_damage_record_that_does_not_parse_is_ignored_with_a_warning() {
     let f = Fixture::new();
     f.file("core/a.py", "good bytes\n");
