@@ -356,13 +356,13 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 32, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Random updates, each planned a directory at a time (`--dry-run
-    /// --itemize`: whole trees only where a hardlink group is on either
-    /// side) and then synced, in turn whole (`--checksum --itemize`: an
-    /// update under `--checksum` compares whole trees; no operation here
-    /// keeps a file's size and mtime while changing its bytes) and
-    /// streamed (`--itemize` alone, planned by directory again, then
-    /// staged by directory): the same counts, the same changes listed, the
-    /// same tree.
+    /// --itemize`) and then synced, in turn reading every candidate's
+    /// bytes on both sides (`--checksum --itemize`: no operation here
+    /// keeps a file's size and mtime while changing its bytes, so the
+    /// bytes agree with the metadata) and by metadata (`--itemize` alone):
+    /// the same counts, the same changes listed, the same tree. (The
+    /// whole-tree plan, `plan::build`, is the fold of the same `plan::dir`;
+    /// the differential test holds both against the previous binary.)
     #[test]
     fn a_streamed_update_finds_what_the_whole_tree_plan_finds(
         rounds in prop::collection::vec(
