@@ -15,16 +15,15 @@ use crate::volume::{Dest, Volume};
 use super::publish::{summary_of, Planned};
 use super::{as_recorded, guards, Adjust, Sources, Totals};
 
-/// A dry run, `--itemize` or `--verify` planned a directory at a time
-/// (`scan::plan_live`), with what its listings reported and the live
-/// manifest's header: for sources that list a directory at a time
+/// A dry run, `--itemize`, `--verify` or `--checksum` planned a directory
+/// at a time (`scan::plan_live`), with what its listings reported and the
+/// live manifest's header: for sources that list a directory at a time
 /// (directories; archives and images once spooled: a dry run's spool is
 /// outside the volume) onto nothing or onto a live generation whose
-/// manifest indexes and whose volume shows hardlinks, without `--set-mtime`
-/// or `--label auto` (those compare or read whole trees).
-/// `None` where it does not apply, where either side holds a hardlink
-/// group, or at any error: the whole-tree path then plans (and says what
-/// failed, as it always has).
+/// manifest indexes and whose volume shows hardlinks. `None` where it does
+/// not apply, where the live tree's hardlinks drifted from its manifest,
+/// or at any error: the whole-tree path then plans (and says what failed,
+/// as it always has).
 pub(super) fn survey(
     cfg: &SyncConfig,
     dest: &Dest,
@@ -35,7 +34,6 @@ pub(super) fn survey(
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
     let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
-        && (!cfg.label_auto || cfg.label.is_some())
         && sources
             .all
             .iter()
