@@ -359,6 +359,8 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         kept: std::sync::Mutex::new(Vec::new()),
         deferred: std::sync::Mutex::new(Vec::new()),
         reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::default()),
+        live_groups: std::sync::Mutex::new(HashMap::new()),
+        split: AtomicBool::new(false),
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         deleted: AtomicU64::new(0),
@@ -384,7 +386,11 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     crate::walk::run(&w, s.job.sources, &srcs, &root)?;
     drop(root);
     w.place_leaders(&out, live)?;
-    if !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct() {
+    // The live tree's hardlinks are not its manifest's (files joined or a
+    // group split on the volume since): the whole trees decide.
+    if w.split.load(Ordering::Relaxed)
+        || !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct()
+    {
         return Ok(None);
     }
     w.link_followers(&out)?;
@@ -467,6 +473,12 @@ struct Walker<'a> {
     /// The inode of each file hardlinked from the live generation (a
     /// group's first path only: its later links are to the staged copy).
     reused_inodes: std::sync::Mutex<crate::distinct::Distinct>,
+    /// Each live hardlink group the manifest records, by the live inode
+    /// its first path kept equal was found on: another path of the group
+    /// on another inode (split on the volume since) stops the stage.
+    live_groups: std::sync::Mutex<HashMap<u32, u64>>,
+    /// A recorded live group was found split.
+    split: AtomicBool,
     added: AtomicU64,
     changed: AtomicU64,
     deleted: AtomicU64,
@@ -581,7 +593,7 @@ impl Walker<'_> {
             let kind = e.kind();
             (self.s.adjust)(&mut e.meta, kind);
         }
-        let was_dir = self.against_recorded(srcs, rel, recorded, &mut entries)?;
+        let was_dir = self.against_recorded(srcs, live, rel, recorded, &mut entries)?;
         let holds_follower = std::sync::atomic::AtomicBool::new(false);
         // Files and symlinks first (their hashes go into the fragment).
         entries.par_iter_mut().try_for_each(|e| -> Result<()> {
@@ -696,6 +708,7 @@ impl Walker<'_> {
     fn against_recorded(
         &self,
         srcs: &[Option<&DirFd>],
+        live_dir: Option<&DirFd>,
         rel: &[u8],
         recorded: bool,
         entries: &mut [Entry],
@@ -716,6 +729,7 @@ impl Walker<'_> {
         crate::scan::hash_by_content(self.s.job.sources, srcs, rel, entries, &live, c)?;
         let (mut added, mut changed, mut deleted) = (0, 0, 0);
         let mut kept = Vec::new();
+        let mut grouped = Vec::new();
         let mut i = 0;
         crate::index::pair(entries, &live, |e, l| {
             if let Some(l) = l {
@@ -741,6 +755,9 @@ impl Walker<'_> {
                     if inode.is_some() || lf.group.is_some() {
                         kept.push((inode, lf.group));
                     }
+                    if let Some(g) = lf.group {
+                        grouped.push((e.name.clone(), g));
+                    }
                     // A file of one link never takes a live file that has
                     // others (the two would share an inode in the new
                     // tree): equal but for the inodes it shares, a change
@@ -761,6 +778,17 @@ impl Walker<'_> {
         });
         if !kept.is_empty() {
             self.kept.lock().unwrap().append(&mut kept);
+        }
+        // Each path of a recorded live group kept equal must still be on
+        // the group's one inode (a file replaced on the volume is not).
+        if let (false, Some(dir)) = (grouped.is_empty(), live_dir) {
+            let mut groups = self.live_groups.lock().unwrap();
+            for (name, g) in grouped {
+                let on = dir.stat(&name).map(|st| st.st_ino).unwrap_or(0);
+                if *groups.entry(g).or_insert(on) != on {
+                    self.split.store(true, Ordering::Relaxed);
+                }
+            }
         }
         self.added.fetch_add(added, Ordering::Relaxed);
         self.changed.fetch_add(changed, Ordering::Relaxed);

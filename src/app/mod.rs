@@ -440,9 +440,12 @@ impl<'a> Opened<'a> {
 }
 
 /// `--itemize`, `--verify` and `--checksum` are planned first, against
-/// the live listing, as the whole-tree path plans them.
-fn planned_first(cfg: &SyncConfig) -> bool {
-    cfg.itemize || cfg.verify || cfg.checksum
+/// the live listing, as the whole-tree path plans them; so is a sync onto
+/// a generation `verify` found damaged, which may be up to date all the
+/// same (the record named what has been put back since), and whose plan
+/// the record changes.
+fn planned_first(cfg: &SyncConfig, damaged: bool) -> bool {
+    cfg.itemize || cfg.verify || cfg.checksum || damaged
 }
 
 /// What shapes a generation's tree besides its sources (owners, `--chmod`),

@@ -100,9 +100,11 @@ pub(super) struct StreamedRound<'a> {
 }
 
 impl StreamedRound<'_> {
-    /// The round, or the console back when the staged tree would have
-    /// joined two live files (`stage::stream` gives `None`): its staging
-    /// directory is gone by then, and the caller takes the whole-tree path.
+    /// The round, or the console back when the live tree's hardlinks are
+    /// not its manifest's (the staged tree would have joined two live
+    /// files, or a recorded group was split on the volume: `stage::stream`
+    /// gives `None`): its staging directory is gone by then, and the caller
+    /// takes the whole-tree path.
     pub(super) fn run(
         self,
         console: Console,
@@ -314,14 +316,14 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     let cfg = r.cfg;
     let live_gen = r.live();
     let mut console = console;
-    let streamed = (!r.trusting && !planned_first(cfg))
+    let streamed = (!r.trusting && !planned_first(cfg, r.damage.is_some()))
         .then(|| streams(cfg, live_gen, &r.dest, &r.sources))
         .flatten();
     if let Some(recorded) = streamed {
         match r.streamed_round(recorded).run(console, r.start, None)? {
             Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),
-            // The live tree joined files its manifest has apart: the
-            // whole-tree path sees its inodes and copies them apart.
+            // The live tree's hardlinks drifted from its manifest (files
+            // joined or a group split): the whole-tree path sees its inodes.
             Err(back) => console = back,
         }
     }

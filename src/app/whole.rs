@@ -487,7 +487,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
             }
             // `--itemize`, `--verify`: planned a directory at a time first
             // (where the live hardlinks drifted, by the whole trees).
-            let mut surveyed = planned_first(cfg)
+            let mut surveyed = planned_first(cfg, damage.is_some())
                 .then(|| survey(cfg, dest, live_gen, sources, adjust, damage.as_ref()))
                 .flatten();
             let gen = live_gen.map(|l| l.gen.as_str());
@@ -498,7 +498,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
                     .end(cfg, vol, state.as_ref(), console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            if !planned_first(cfg) || surveyed.is_some() {
+            if !planned_first(cfg, damage.is_some()) || surveyed.is_some() {
                 let s = StreamedRound {
                     surveyed,
                     ..streamed_round(recorded)
@@ -512,7 +512,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
                 };
                 return match s.run(console, start, Some(early))? {
                     Ok(round) => Ok(Attempt::Done(Box::new(round))),
-                    // The live tree joined files its manifest has apart, and
+                    // The live tree's hardlinks drifted from its manifest, and
                     // the spool's files are moved out: spool again, whole.
                     Err(_) => Ok(Attempt::Again(None)),
                 };

@@ -113,6 +113,38 @@ fn hardlink_groups_inside_the_source_are_kept() {
 }
 
 #[test]
+fn a_live_hardlink_group_split_by_hand_is_published_as_the_source_has_it() {
+    // One path of a hardlinked pair replaced on the volume by a file of
+    // the same size, mode and mtime but other bytes: the pair no longer
+    // shares an inode, so neither path may be linked from the live tree.
+    let f = Fixture::new();
+    let a = f.file("a", "hello\n");
+    fs::create_dir(f.src().join("d")).unwrap();
+    fs::hard_link(&a, f.src().join("d/b")).unwrap();
+    f.sync(&[]).ok();
+    let live = fs::canonicalize(f.dest()).unwrap();
+    let root = crate::fixture::mtime(&live);
+    let (s, ns) = crate::fixture::mtime(&live.join("a"));
+    let mode = fs::metadata(live.join("a")).unwrap().permissions();
+    fs::write(live.join("a.new"), "HELLO\n").unwrap();
+    fs::set_permissions(live.join("a.new"), mode).unwrap();
+    crate::fixture::set_mtime(&live.join("a.new"), s, ns);
+    fs::rename(live.join("a.new"), live.join("a")).unwrap();
+    crate::fixture::set_mtime(&live, root.0, root.1);
+    f.sync(&[]).ok();
+    for p in ["a", "d/b"] {
+        assert_eq!(
+            fs::read_to_string(f.dest().join(p)).unwrap(),
+            "hello\n",
+            "{p}"
+        );
+    }
+    let ino = |p: &str| fs::metadata(f.dest().join(p)).unwrap().ino();
+    assert_eq!(ino("a"), ino("d/b"));
+    f.packsync(&["verify", "vol/packs"]).ok();
+}
+
+#[test]
 fn dry_run_with_itemize_writes_nothing() {
     let f = Fixture::new();
     f.file("a", "1");
