@@ -784,8 +784,10 @@ impl Walker<'_> {
         if let (false, Some(dir)) = (grouped.is_empty(), live_dir) {
             let mut groups = self.live_groups.lock().unwrap();
             for (name, g) in grouped {
-                let on = dir.stat(&name).map(|st| st.st_ino).unwrap_or(0);
-                if *groups.entry(g).or_insert(on) != on {
+                // A path gone from the volume is copied, as any file the
+                // stage cannot link: it splits nothing it would reuse.
+                let Ok(st) = dir.stat(&name) else { continue };
+                if *groups.entry(g).or_insert(st.st_ino) != st.st_ino {
                     self.split.store(true, Ordering::Relaxed);
                 }
             }
