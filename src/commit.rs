@@ -195,34 +195,20 @@ pub(crate) fn fresh_name(name: &str) -> String {
 }
 
 /// Whether generation `name` on the volume still holds exactly `manifest`'s
-/// tree; with `spooled`, the tree is read back from the staged manifest
-/// (held whole for this one check, which only a converging writer makes).
+/// tree; with `spooled`, against the body the streamed stage wrote there,
+/// a directory at a time (`verify::against_body`: no tree held whole).
+/// Content too: a file edited in place with its size and mtime kept
+/// passes every metadata check, and `sync --checksum` staged the fix.
 fn intact(state: &State, name: &str, manifest: &Manifest, spooled: Option<&DirFd>) -> bool {
     let Ok(fd) = state.open_gen(name) else {
         return false;
     };
-    let read_back;
-    let manifest = match spooled {
-        None => manifest,
-        Some(stage) => {
-            let Ok(m) = stage
-                .open_read(b"manifest")
-                .map_err(anyhow::Error::from)
-                .and_then(|mfd| {
-                    // The `File` only reads the descriptor `sys` opened in staging.
-                    Manifest::read(&mut std::io::BufReader::new(std::fs::File::from(mfd)))
-                })
-            else {
-                return false;
-            };
-            read_back = m;
-            &read_back
-        }
-    };
-    // Content too: a file edited in place with its size and mtime kept
-    // passes every metadata check, and `sync --checksum` staged the fix.
     let rules = crate::verify::Rules::of(manifest);
-    crate::verify::run(&fd, name, &manifest.tree, rules).is_ok_and(|d| d.is_empty())
+    let diffs = match spooled {
+        None => crate::verify::run(&fd, name, &manifest.tree, rules),
+        Some(stage) => crate::verify::against_body(&fd, name, stage, rules),
+    };
+    diffs.is_ok_and(|d| d.is_empty())
 }
 
 /// Our staging directory is still `stage/<me>`. A writer paused for longer

@@ -9,7 +9,7 @@
 //! Scanning never writes. Special files are reported through
 //! `Reporter::skipped` and left out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -592,15 +592,18 @@ pub struct Survey<'a> {
     pub list: bool,
 }
 
-/// The live generation as a dry run compares with it: its listing, with
-/// the hashes and attributes its manifest records for entries the listing
-/// still shows as recorded (how the whole-tree path attaches them).
+/// The live tree as a dry run compares with it: its listing, with the
+/// hashes, attributes and hardlink groups its manifest records for entries
+/// the listing still shows as recorded (how the whole-tree path attaches
+/// them); or its listing alone, where there is no manifest to read (a live
+/// generation whose manifest is missing, a DEST that is a plain directory
+/// to take over): no hash (nothing is reused), hardlink groups by inode.
 pub struct LiveSide<'a> {
     pub root: &'a DirFd,
     pub label: &'a str,
-    pub index: &'a crate::index::Index,
-    /// How the manifest's entries are matched with the listing's.
-    pub recorded: Compare,
+    /// The live manifest's index, and how its entries are matched with the
+    /// listing's; `None`: the listing alone.
+    pub recorded: Option<(&'a crate::index::Index, Compare)>,
     /// Files `verify` found damaged: compared as changed.
     pub damaged: Option<&'a crate::damage::Damaged>,
 }
@@ -648,8 +651,10 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
                 meta,
                 node: Node::Dir(Default::default()),
             };
-            if plan::same_entry(&dir(l.index.root), &dir(m), &l.recorded) {
-                m.xattrs = l.index.root.xattrs;
+            if let Some((ix, c)) = &l.recorded {
+                if plan::same_entry(&dir(ix.root), &dir(m), c) {
+                    m.xattrs = ix.root.xattrs;
+                }
             }
             Some(m)
         }
@@ -666,6 +671,7 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
         src_links: Mutex::new(HashMap::new()),
         live_groups: Mutex::new(HashMap::new()),
         live_inodes: Mutex::new(crate::distinct::Distinct::default()),
+        listed_links: Mutex::new(HashMap::new()),
         kept: Mutex::new(Vec::new()),
     };
     let roots: Vec<Option<&DirFd>> = s.sources.iter().map(|src| src.root()).collect();
@@ -674,18 +680,32 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
     if v.drifted.into_inner() {
         return Ok(None);
     }
-    // The live groups are the manifest's: each whole, on an inode of its own.
-    let mut apart = v.live_inodes.into_inner().unwrap();
-    for (g, (ino, n)) in v.live_groups.into_inner().unwrap() {
-        let recorded = s.live.as_ref().map_or(0, |l| l.index.group_paths(g));
-        if n < 2 || n != u64::from(recorded) {
-            return Ok(None);
+    // The live groups are the manifest's: each whole, on an inode of its
+    // own. A listing's are its inodes of two paths or more.
+    let live_groups = v.live_groups.into_inner().unwrap();
+    let index = s.live.as_ref().and_then(|l| l.recorded.as_ref());
+    let listed_groups: Option<HashSet<u32>> = match index {
+        Some((ix, _)) => {
+            let mut apart = v.live_inodes.into_inner().unwrap();
+            for (g, (ino, n)) in live_groups {
+                if n < 2 || n != u64::from(ix.group_paths(g)) {
+                    return Ok(None);
+                }
+                apart.insert(ino);
+            }
+            if !apart.all_distinct() {
+                return Ok(None);
+            }
+            None
         }
-        apart.insert(ino);
-    }
-    if !apart.all_distinct() {
-        return Ok(None);
-    }
+        None => Some(
+            live_groups
+                .into_iter()
+                .filter(|(_, (_, n))| *n > 1)
+                .map(|(g, _)| g)
+                .collect(),
+        ),
+    };
     let mut plan = v.plan.into_inner().unwrap();
     let mut bytes = v.bytes.into_inner();
     // A source inode of two paths or more is a group: its bytes once.
@@ -703,6 +723,7 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
         .into_iter()
         .map(|((path, sg, lg, outside), reused, size)| {
             let sg = sg.filter(|g| src_paths.contains_key(g));
+            let lg = lg.filter(|g| listed_groups.as_ref().is_none_or(|l| l.contains(g)));
             ((path, sg, lg, outside), reused, size)
         })
         .filter(|((_, sg, lg, _), ..)| sg.is_some() || lg.is_some())
@@ -756,6 +777,9 @@ struct Surveying<'a> {
     live_groups: Mutex<HashMap<u32, (u64, u64)>>,
     /// The inodes of the other live files: none may be two paths'.
     live_inodes: Mutex<crate::distinct::Distinct>,
+    /// A live listing without a manifest: each live inode of more than one
+    /// link, by (device, inode), and the group id it is given.
+    listed_links: Mutex<HashMap<(u64, u64), u32>>,
     /// Files kept equal that are hardlinked on either side (with a
     /// source inode's id as its group for now), whether each was to be
     /// reused, and its size.
@@ -795,12 +819,27 @@ pub(crate) fn inode_key(dev: u64, ino: u64) -> u64 {
 impl Surveying<'_> {
     /// The live directory at `rel`, with what its manifest records: each
     /// file as recorded gets the recorded hash and attributes, and every
-    /// file the group its manifest gives it.
+    /// file the group its manifest gives it. Without a manifest, each file
+    /// of more than one link gets its inode's group for now (a group if
+    /// two paths turn out to be on it, as the whole-tree path numbers them).
     fn live_entries(&self, live: &DirFd, rel: &[u8]) -> Result<Vec<Entry>> {
         let l = self.s.live.as_ref().expect("a live handle");
         let mut listed =
             source::Dir::list(live, rel, l.label, 0, &Filter::default(), self.s.reporter)?;
-        attach_recorded(&mut listed, &l.index.entries(rel)?, &l.recorded);
+        match &l.recorded {
+            Some((ix, c)) => attach_recorded(&mut listed, &ix.entries(rel)?, c),
+            None => {
+                let mut links = self.listed_links.lock().unwrap();
+                for e in listed.iter_mut() {
+                    if let Node::File(f) = &mut e.node {
+                        if f.nlink > 1 {
+                            let id = links.len() as u32;
+                            f.group = Some(*links.entry((f.dev, f.ino)).or_insert(id));
+                        }
+                    }
+                }
+            }
+        }
         if let Some(d) = l.damaged {
             for e in listed.iter_mut() {
                 d.forget(&crate::tree::join(rel, &e.name), e);
@@ -870,6 +909,8 @@ impl Surveying<'_> {
             }
         }
         drop(links);
+        // A listing's groups are its inodes: nothing to check them against.
+        let recorded = self.s.live.as_ref().is_some_and(|l| l.recorded.is_some());
         let mut keys = Vec::new();
         let mut groups = self.live_groups.lock().unwrap();
         for e in live {
@@ -883,7 +924,8 @@ impl Surveying<'_> {
                         self.drifted.store(true, Ordering::Relaxed);
                     }
                 }
-                None => keys.push(ino),
+                None if recorded => keys.push(ino),
+                None => {}
             }
         }
         drop(groups);

@@ -122,9 +122,24 @@ pub fn staged(out: &DirFd, tree: &Tree, rules: Rules) -> Result<()> {
 
 /// `sync --verify` of a tree staged a directory at a time: the staged
 /// tree in `out` against the manifest body the stage wrote (`body` in
-/// `staging`), read back a directory at a time (`by_directory`) with no
+/// `staging`), read back a directory at a time (`against_body`) with no
 /// tree held whole. Fails as `staged` does.
 pub fn staged_by_directory(out: &DirFd, staging: &DirFd, rules: Rules) -> Result<()> {
+    let fd = out.reopen().context("cannot reopen the staged tree")?;
+    refuse(&against_body(&fd, "staging", staging, rules)?)
+}
+
+/// The tree below `root` (named `label` in messages) against the manifest
+/// body a streamed stage wrote (`body` in `staging`), indexed and compared
+/// a directory at a time (`by_directory`): the differences `run` finds.
+/// Also how a writer converging on a generation of the same digest checks
+/// that generation (`commit`).
+pub fn against_body(
+    root: &DirFd,
+    label: &str,
+    staging: &DirFd,
+    rules: Rules,
+) -> Result<Vec<Difference>> {
     let shown = "the staged manifest body";
     let open = || -> Result<std::fs::File> {
         let fd = staging
@@ -135,16 +150,14 @@ pub fn staged_by_directory(out: &DirFd, staging: &DirFd, rules: Rules) -> Result
     let file = open()?;
     let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
     let ix = crate::index::Index::build(std::io::BufReader::new(file), reread, shown.into())?;
-    let fd = out.reopen().context("cannot reopen the staged tree")?;
-    let diffs = match by_directory(&fd, "staging", &ix, rules)? {
-        Some(diffs) => diffs,
+    match by_directory(root, label, &ix, rules)? {
+        Some(diffs) => Ok(diffs),
         // Hardlinks the manifest does not have: the whole walk says where.
         None => {
             let tree = crate::manifest::Manifest::read_body(&mut std::io::BufReader::new(open()?))?;
-            run(&fd, "staging", &tree, rules)?
+            run(root, label, &tree, rules)
         }
-    };
-    refuse(&diffs)
+    }
 }
 
 /// Fail with the first differences, nothing published.

@@ -423,16 +423,15 @@ impl<'a> Opened<'a> {
         self.live_gen.as_ref()
     }
 
-    /// A round staged a directory at a time onto the live generation
-    /// `recorded` records (or onto nothing), not planned first.
-    fn streamed_round(&self, recorded: Option<streamed::Recorded>) -> StreamedRound<'_> {
+    /// A round staged a directory at a time onto `onto`, not planned first.
+    fn streamed_round(&self, onto: streamed::Onto) -> StreamedRound<'_> {
         StreamedRound {
             cfg: self.cfg,
             vol: &self.vol,
             dest: &self.dest,
             sources: &self.sources,
             adjust: &self.adjust,
-            recorded,
+            onto,
             surveyed: None,
             damaged: self.damage.as_ref(),
         }

@@ -20,34 +20,43 @@ use crate::verify;
 use crate::volume::{Dest, State, Volume};
 
 use super::publish::{manifest_of, note_staged, swap_for, Publish};
-use super::survey::{survey, Surveyed};
+use super::survey::{self, survey, Surveyed};
 use super::{
     guards, max_delete, planned_first, Adjust, Attempt, MadeState, Opened, Sources, Totals,
 };
 
 /// Whether a sync can be staged a directory at a time (`stage::stream`;
-/// `--verify` then reads the staged tree back a directory at a time too):
-/// sources that all list a directory at a time (with `--itemize`, once
-/// `survey` has planned the changes it lists), without `--dry-run`
-/// (planned by `survey`) or `--checksum` (it reads both trees), onto
-/// nothing (a first sync:
-/// `Some(None)`) or a live generation whose manifest indexes (an update:
-/// `Some(Some(..))`; not where the volume does not show hardlinks, whose
-/// groups come from the manifest). `None`: whole trees are compared.
+/// `--verify` then reads the staged tree back a directory at a time too),
+/// and onto what: sources that all list a directory at a time (with
+/// `--itemize`, once `survey` has planned the changes it lists), without
+/// `--dry-run` (planned by `survey`), onto nothing (a first sync), a live
+/// generation whose manifest indexes (an update; not where the volume
+/// does not show hardlinks, whose groups come from the manifest), or a
+/// live tree with no manifest to read (`Onto::Listed`: planned by
+/// `survey` first). `None`: whole trees are compared.
 pub(super) fn streams(
     cfg: &SyncConfig,
+    vol: &Volume,
     live: Option<&LiveGen>,
     dest: &Dest,
     sources: &Sources,
-) -> Option<Option<Recorded>> {
+) -> Option<Onto> {
     let plain = !cfg.dry_run
         && sources
             .all
             .iter()
             .all(|s| s.root().is_some() && s.lists_by_directory());
+    if !plain {
+        return None;
+    }
+    if survey::listed_only(dest, vol, live).is_some() {
+        return Some(Onto::Listed {
+            gen: live.map(|l| l.gen.clone()),
+        });
+    }
     match dest {
-        Dest::Absent if plain => Some(None),
-        Dest::Live(_) if plain => {
+        Dest::Absent => Some(Onto::Nothing),
+        Dest::Live(_) => {
             let live = live?;
             let header = live.header()?.clone();
             if !header.hardlinks {
@@ -56,14 +65,51 @@ pub(super) fn streams(
             let root = live.root_owned()?;
             // A manifest that does not index costs the streaming only.
             let index = live.index()?;
-            Some(Some(Recorded {
+            Some(Onto::Recorded(Box::new(Recorded {
                 gen: live.gen.clone(),
                 header,
                 index,
                 live: root,
-            }))
+            })))
         }
         _ => None,
+    }
+}
+
+/// What a streamed round stages onto.
+pub(super) enum Onto {
+    /// Nothing: a first sync.
+    Nothing,
+    /// A live generation whose manifest indexes: files recorded with the
+    /// same metadata are hardlinked from it.
+    Recorded(Box<Recorded>),
+    /// A live tree with no manifest to read (a DEST that is a plain
+    /// directory to take over, `gen` `None`; a live generation `gen` whose
+    /// manifest is missing): nothing is reused, every file is copied, and
+    /// the round is planned first against its listing (`survey`).
+    Listed { gen: Option<String> },
+}
+
+impl Onto {
+    pub(super) fn recorded(&self) -> Option<&Recorded> {
+        match self {
+            Onto::Recorded(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Whether the round must be planned first, against the listing.
+    pub(super) fn listed(&self) -> bool {
+        matches!(self, Onto::Listed { .. })
+    }
+
+    /// The live generation replaced, if any.
+    fn gen(&self) -> Option<&str> {
+        match self {
+            Onto::Nothing => None,
+            Onto::Recorded(r) => Some(&r.gen),
+            Onto::Listed { gen } => gen.as_deref(),
+        }
     }
 }
 
@@ -88,8 +134,9 @@ pub(super) struct StreamedRound<'a> {
     pub(super) dest: &'a Dest,
     pub(super) sources: &'a Sources,
     pub(super) adjust: &'a Adjust<'a>,
-    /// An update: what is live.
-    pub(super) recorded: Option<Recorded>,
+    /// What is staged onto: nothing, the live generation, or a live tree
+    /// known only by its listing.
+    pub(super) onto: Onto,
     /// The plan made a directory at a time before staging (`--itemize`,
     /// `--verify`): the guards and the counts of changes are its (against
     /// the live listing, as the whole-tree path's), and `--itemize` lists
@@ -124,8 +171,8 @@ impl StreamedRound<'_> {
             crate::tree::merge_entries(&mut top, listed);
         }
         self.adjust.meta(&mut root, Kind::Dir);
-        let rec = self.recorded.as_ref();
-        let gen = rec.map(|r| r.gen.as_str());
+        let rec = self.onto.recorded();
+        let gen = self.onto.gen();
         let live_label = rec.and_then(|r| r.header.label.as_deref());
         // Only `--max-delete` needs to know what goes before staging: one
         // more walk of the sources, beside the live manifest (planned
@@ -280,6 +327,12 @@ impl StreamedRound<'_> {
         note_staged(&mut summary, &streamed.staged, &console);
         let stage::Streamed { staged, body, .. } = streamed;
         drop(staged); // closes the staged tree before it moves into gen/
+                      // A directory at DEST to take over is read now, while DEST is as it
+                      // was, and kept once the swap has taken it out (`Publish::run`).
+        let taken = match self.dest {
+            Dest::Directory => crate::takeover::record(vol, staging.dir(), &caps, cfg.fsync)?,
+            _ => None,
+        };
         let publish = Publish {
             vol,
             state,
@@ -288,7 +341,7 @@ impl StreamedRound<'_> {
             caps,
             swap,
             spooled: Some(&body),
-            taken: None,
+            taken,
         };
         publish.run(cfg, manifest, summary, console, start).map(Ok)
     }
@@ -307,20 +360,24 @@ pub(super) struct Early<'e, 'v> {
 }
 
 /// Directories staged a directory at a time (`stage::stream`), onto
-/// nothing or a live generation whose manifest indexes: planned first
-/// (`survey`) where a mode lists or checks the changes (`--dry-run`,
-/// `--itemize`, `--verify`, `--checksum`), which may end the round there
-/// (a dry run, or up to date). `Step::Next` gives the console back where
-/// this step does not apply, or the stage found the live hardlinks drifted.
+/// nothing, a live generation whose manifest indexes, or a live tree known
+/// by its listing: planned first (`survey`) where a mode lists or checks
+/// the changes (`--dry-run`, `--itemize`, `--verify`, `--checksum`, a
+/// damage record) or there is no manifest to count against, which may end
+/// the round there (a dry run, or up to date). `Step::Next` gives the
+/// console back where this step does not apply, or the stage found the
+/// live hardlinks drifted.
 pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     let cfg = r.cfg;
     let live_gen = r.live();
     let mut console = console;
+    let onto = || streams(cfg, &r.vol, live_gen, &r.dest, &r.sources);
     let streamed = (!r.trusting && !planned_first(cfg, r.damage.is_some()))
-        .then(|| streams(cfg, live_gen, &r.dest, &r.sources))
-        .flatten();
-    if let Some(recorded) = streamed {
-        match r.streamed_round(recorded).run(console, r.start, None)? {
+        .then(onto)
+        .flatten()
+        .filter(|o| !o.listed());
+    if let Some(onto) = streamed {
+        match r.streamed_round(onto).run(console, r.start, None)? {
             Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),
             // The live tree's hardlinks drifted from its manifest (files
             // joined or a group split): the whole-tree path sees its inodes.
@@ -328,14 +385,15 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
         }
     }
 
-    // A dry run, `--itemize` or `--verify` of directories, planned a
-    // directory at a time: only the changes are held (where `--itemize`
-    // lists them).
+    // A dry run, `--itemize`, `--verify` or a live tree without a manifest,
+    // planned a directory at a time: only the changes are held (where
+    // `--itemize` lists them).
     let surveyed = (!r.trusting && r.same_gen.is_none())
         .then(|| {
             survey(
                 cfg,
                 &r.dest,
+                &r.vol,
                 live_gen,
                 &r.sources,
                 &r.adjust,
@@ -354,10 +412,10 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
         }
         // Something to do: staged a directory at a time (its own listing
         // reports what it skips), guarded and counted as just planned.
-        if let Some(recorded) = streams(cfg, live_gen, &r.dest, &r.sources) {
+        if let Some(onto) = onto() {
             let round = StreamedRound {
                 surveyed: Some(surveyed),
-                ..r.streamed_round(recorded)
+                ..r.streamed_round(onto)
             };
             match round.run(console, r.start, None)? {
                 Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),

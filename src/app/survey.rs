@@ -10,10 +10,11 @@ use crate::manifest::Manifest;
 use crate::plan::Compare;
 use crate::report::{self, Collected, Output, Reporter};
 use crate::scan;
+use crate::sys::DirFd;
 use crate::volume::{Dest, Volume};
 
 use super::publish::{summary_of, Planned};
-use super::{as_recorded, guards, Adjust, Sources, Totals};
+use super::{as_recorded, guards, planned_first, Adjust, Sources, Totals};
 
 /// A dry run, `--itemize`, `--verify` or `--checksum` planned a directory
 /// at a time (`scan::plan_live`), with what its listings reported and the
@@ -27,45 +28,46 @@ use super::{as_recorded, guards, Adjust, Sources, Totals};
 pub(super) fn survey(
     cfg: &SyncConfig,
     dest: &Dest,
+    vol: &Volume,
     live: Option<&LiveGen>,
     sources: &Sources,
     adjust: &Adjust<'_>,
     damaged: Option<&crate::damage::Damaged>,
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
-    let applies = (cfg.dry_run || cfg.itemize || cfg.verify || cfg.checksum)
-        && sources
-            .all
-            .iter()
-            .all(|s| s.root().is_some() && s.lists_by_directory());
-    if !applies {
+    let lists = sources
+        .all
+        .iter()
+        .all(|s| s.root().is_some() && s.lists_by_directory());
+    let listed = listed_only(dest, vol, live);
+    if !lists || !(planned_first(cfg, damaged.is_some()) || cfg.dry_run || listed.is_some()) {
         return None;
     }
-    let (live, header, index) = match dest {
-        Dest::Absent => (None, None, None),
-        Dest::Live(_) => {
-            let live = live?;
-            let header = live.header()?.clone();
+    let (header, index) = match (dest, &listed) {
+        (Dest::Absent, _) | (_, Some(_)) => (None, None),
+        (Dest::Live(_), None) => {
+            let header = live?.header()?.clone();
             if !header.hardlinks {
                 return None;
             }
             // A manifest that does not index leaves the plan to whole trees.
-            let index = live.index()?;
-            (Some(live), Some(header), Some(index))
+            (Some(header), Some(live?.index()?))
         }
         _ => return None,
     };
-    let side = match (live, &header, &index) {
-        (Some(live), Some(header), Some(index)) => {
-            let side = scan::LiveSide {
-                root: live.root().ok()?,
-                label: &live.label,
-                index,
-                recorded: as_recorded(header),
-                damaged,
-            };
-            Some(side)
-        }
+    let side = match (live, &header, &index, &listed) {
+        (Some(live), Some(header), Some(index), _) => Some(scan::LiveSide {
+            root: live.root().ok()?,
+            label: &live.label,
+            recorded: Some((index, as_recorded(header))),
+            damaged,
+        }),
+        (_, _, _, Some((root, label))) => Some(scan::LiveSide {
+            root,
+            label,
+            recorded: None,
+            damaged,
+        }),
         _ => None,
     };
     let warnings = Collected::default();
@@ -93,6 +95,32 @@ pub(super) fn survey(
     })
 }
 
+/// The live tree where there is no manifest to read, only a listing: a
+/// DEST that is a plain directory (to take over), or a live generation
+/// whose manifest is missing (or whose header does not read). Its root and
+/// how it is named in messages. `None` elsewhere, and where the root does
+/// not open (the whole-tree path says why).
+pub(super) fn listed_only(
+    dest: &Dest,
+    vol: &Volume,
+    live: Option<&LiveGen>,
+) -> Option<(DirFd, String)> {
+    match dest {
+        Dest::Directory => {
+            let fd = vol.parent().ok()?.open_dir(&vol.name).ok()?;
+            Some((fd, vol.display.clone()))
+        }
+        Dest::Live(_) => {
+            let live = live?;
+            match live.header() {
+                Some(_) => None,
+                None => Some((live.root().ok()?.try_clone().ok()?, live.label.clone())),
+            }
+        }
+        _ => None,
+    }
+}
+
 /// A plan made a directory at a time (`survey`): what it found, what its
 /// listings reported, and the live manifest's header.
 pub(super) struct Surveyed {
@@ -117,9 +145,12 @@ impl Surveyed {
     }
 
     /// Whether the live generation `gen` already is what the sources give.
+    /// Never where the live generation's manifest is missing: it is
+    /// written again.
     pub(super) fn up_to_date(&self, cfg: &SyncConfig, gen: Option<&str>) -> bool {
         self.sv.plan.up_to_date()
             && gen.is_some()
+            && self.header.is_some()
             && (cfg.label.is_none() || cfg.label_text() == self.live_label())
     }
 

@@ -212,7 +212,9 @@ pub(super) fn load_live(
                 .and_then(|p| p.open_dir(&vol.name))
                 .with_context(|| format!("cannot open {}", vol.display))?;
             let dir = source::Dir::new(fd, vol.display.clone());
-            let tree = dir.scan(0, &Filter::default(), warn)?;
+            let mut tree = dir.scan(0, &Filter::default(), warn)?;
+            // Its hardlinks as they are, as a live generation's listing.
+            tree.assign_groups_by_inode();
             Ok(Live {
                 tree: Some(tree),
                 ..Live::nothing(None)
@@ -406,13 +408,13 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         start,
     } = r;
     let live_gen = live_gen.as_ref();
-    let streamed_round = |recorded| StreamedRound {
+    let streamed_round = |onto| StreamedRound {
         cfg,
         vol,
         dest,
         sources,
         adjust,
-        recorded,
+        onto,
         surveyed: None,
         damaged: damage.as_ref(),
     };
@@ -471,10 +473,10 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
-        if let Some(recorded) = streams(cfg, live_gen, dest, sources) {
+        if let Some(onto) = streams(cfg, vol, live_gen, dest, sources) {
             // Up to date by the live manifest: not where it is known damaged.
             let q = match damage {
-                None => spooled_quick(cfg, live_gen, sources, adjust, recorded.as_ref())?,
+                None => spooled_quick(cfg, live_gen, sources, adjust, onto.recorded())?,
                 Some(_) => None,
             };
             if let Some(mut q) = q {
@@ -485,10 +487,12 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
                 return quick_end(cfg, vol, state.as_ref(), q, console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            // `--itemize`, `--verify`: planned a directory at a time first
-            // (where the live hardlinks drifted, by the whole trees).
-            let mut surveyed = planned_first(cfg, damage.is_some())
-                .then(|| survey(cfg, dest, live_gen, sources, adjust, damage.as_ref()))
+            // `--itemize`, `--verify`, a live tree without a manifest:
+            // planned a directory at a time first (where the live hardlinks
+            // drifted, by the whole trees).
+            let first = planned_first(cfg, damage.is_some()) || onto.listed();
+            let mut surveyed = first
+                .then(|| survey(cfg, dest, vol, live_gen, sources, adjust, damage.as_ref()))
                 .flatten();
             let gen = live_gen.map(|l| l.gen.as_str());
             if let Some(s) = surveyed.as_mut().filter(|s| s.up_to_date(cfg, gen)) {
@@ -498,10 +502,10 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
                     .end(cfg, vol, state.as_ref(), console, pass, start)
                     .map(|r| Attempt::Done(Box::new(r)));
             }
-            if !planned_first(cfg, damage.is_some()) || surveyed.is_some() {
+            if !first || surveyed.is_some() {
                 let s = StreamedRound {
                     surveyed,
-                    ..streamed_round(recorded)
+                    ..streamed_round(onto)
                 };
                 let early = Early {
                     state: st,
@@ -528,7 +532,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
         spooled = true;
-        if let Some(mut s) = survey(cfg, dest, live_gen, sources, adjust, damage.as_ref()) {
+        if let Some(mut s) = survey(cfg, dest, vol, live_gen, sources, adjust, damage.as_ref()) {
             s.after(&warnings);
             let gen = live_gen.map(|l| l.gen.as_str());
             let up_to_date = s.up_to_date(cfg, gen);

@@ -56,6 +56,21 @@ struct Mode {
     /// live manifest, counting what drifted differently: a plain sync of
     /// an archive or an image (a directory's streamed already there).
     drifts: bool,
+    /// What the live side is before each round, besides what the syncs made.
+    bare: Bare,
+}
+
+/// A live side with no manifest to read, as the round starts.
+#[derive(Clone, Copy, PartialEq)]
+enum Bare {
+    /// As the last sync left it.
+    No,
+    /// The live generation's manifest is removed before every round.
+    ManifestLost,
+    /// Before the first round, DEST is a plain directory to take over: a
+    /// copy of the source (hardlinks not kept, as `cp -R` copies) that
+    /// then drifts.
+    TakeOver,
 }
 
 const SYNCED: &str = r#""status":"synced""#;
@@ -88,6 +103,15 @@ const MODES: &[Mode] = &[
         &[&["--dry-run", "--itemize"], &["--itemize"]],
     )
     .from(Source::Oci),
+    Mode::new("manifest lost", &[&["--dry-run", "--itemize"], &[]]).bare(Bare::ManifestLost),
+    Mode::new("manifest lost itemize", &[&["--itemize"]]).bare(Bare::ManifestLost),
+    Mode::new("archive manifest lost", &[&["--dry-run", "--itemize"], &[]])
+        .from(Source::Tar)
+        .bare(Bare::ManifestLost),
+    Mode::new("take over", &[&["--dry-run", "--itemize"], &[]]).bare(Bare::TakeOver),
+    Mode::new("archive take over", &[&["--itemize"]])
+        .from(Source::Tar)
+        .bare(Bare::TakeOver),
 ];
 
 impl Mode {
@@ -99,7 +123,12 @@ impl Mode {
             layout: Layout::Symlink,
             shows: &[SYNCED],
             drifts: true,
+            bare: Bare::No,
         }
+    }
+
+    const fn bare(self, bare: Bare) -> Mode {
+        Mode { bare, ..self }
     }
 
     const fn steady(self) -> Mode {
@@ -272,11 +301,12 @@ fn snapshot(f: &Fixture, layout: Layout, bin: &Path, name: &str) -> Snapshot {
         };
     }
     let (tree, link) = layout.live(&dest);
-    let manifest = status.1["live"]["generation"].as_str().map(|gen| {
+    // Missing where a round removed it (`Bare::ManifestLost`).
+    let manifest = status.1["live"]["generation"].as_str().and_then(|gen| {
         let path = layout.state(&dest).join(format!("meta/{gen}.manifest"));
-        let text = fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        let text = fs::read_to_string(&path).ok()?;
         let created = |l: &&str| l.starts_with("created ");
-        text.split_inclusive('\n').filter(|l| !created(l)).collect()
+        Some(text.split_inclusive('\n').filter(|l| !created(l)).collect())
     });
     let mut entries: Vec<String> = fs::read_dir(&dest)
         .unwrap()
@@ -286,13 +316,10 @@ fn snapshot(f: &Fixture, layout: Layout, bin: &Path, name: &str) -> Snapshot {
         .collect();
     entries.sort();
     Snapshot {
-        link: link.map(|l| {
-            unsuffixed(
-                &fs::read_link(l)
-                    .unwrap()
-                    .to_string_lossy()
-                    .replace(name, "DEST"),
-            )
+        // None where DEST is still a directory to take over.
+        link: link.and_then(|l| {
+            let to = fs::read_link(l).ok()?;
+            Some(unsuffixed(&to.to_string_lossy().replace(name, "DEST")))
         }),
         manifest,
         entries,
@@ -390,6 +417,29 @@ fn drift(live: &Path, seed: usize) {
     }
 }
 
+/// Make `dest` a plain directory holding a copy of `src` (by `cp -R`,
+/// keeping modes and times but not hardlinks), then drift it.
+fn take_over(src: &Path, dest: &Path, seed: usize) {
+    fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    let ok = Command::new("cp")
+        .args(["-R", "--preserve=mode,timestamps", "--no-dereference"])
+        .arg(src)
+        .arg(dest)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "cp -R of src/");
+    drift(dest, seed);
+}
+
+/// Remove the manifest of `dest`'s live generation, where it has one.
+fn lose_manifest(layout: Layout, dest: &Path) {
+    let Ok(tree) = fs::canonicalize(layout.live(dest).0) else {
+        return;
+    };
+    let gen = tree.file_name().unwrap().to_str().unwrap();
+    let _ = fs::remove_file(layout.state(dest).join(format!("meta/{gen}.manifest")));
+}
+
 /// One random history in `mode`: each round's syncs by both binaries must
 /// agree, and after the round each binary must find the other's DEST up to
 /// date. Each summary is added to `seen`.
@@ -407,6 +457,14 @@ fn history(
             apply(&f.src(), o, k);
         }
         let source = make_source(&f, mode.source);
+        for d in [OLD, NEW] {
+            let dest = f.path("vol").join(d);
+            match mode.bare {
+                Bare::TakeOver if n == 0 => take_over(&f.src(), &dest, n + k),
+                Bare::ManifestLost => lose_manifest(mode.layout, &dest),
+                _ => {}
+            }
+        }
         // Every third round, the live trees drift alike first: the plans
         // then differ from the manifests, as the whole-tree path sees them.
         if mode.drifts && n % 3 == 2 {

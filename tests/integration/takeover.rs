@@ -6,7 +6,7 @@ use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use crate::fixture::{json, mirror, set_mtime, write_at, Fixture, Run};
+use crate::fixture::{changes_as_lines, json, mirror, set_mtime, write_at, Fixture, Run};
 
 /// A tree as `cp -aR` leaves it at DEST: two packs, modes, old mtimes, a
 /// symlink, a hardlink.
@@ -126,6 +126,71 @@ fn a_directory_left_by_cp_is_kept_as_a_generation_that_rollback_restores() {
 #[test]
 fn with_layout_dir_a_directory_left_by_cp_is_kept_too() {
     takes_over_and_rolls_back(&["--layout", "dir"]);
+}
+
+/// `cp -a` of the source at DEST: the take-over plans no change, its
+/// hardlinks included (the pair is one inode on both sides), and only
+/// what was added since is listed. A copy that lost the hardlink (`cp -R`)
+/// lists the pair as changed: the sync joins it again.
+#[test]
+fn a_copy_left_by_cp_a_is_planned_as_it_is_hardlinks_included() {
+    let f = Fixture::new();
+    cp_left_tree(&f.src());
+    fs::create_dir_all(f.path("vol")).unwrap();
+    let cp = |flags: &[&str]| {
+        let ok = std::process::Command::new("cp")
+            .args(flags)
+            .arg(f.src())
+            .arg(f.dest())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    cp(&["-a"]);
+    let before = f.volume();
+    let v = json(&f.sync(&["--dry-run", "--itemize", "--json"]).ok());
+    assert_eq!(v["status"], "would sync", "{v}");
+    assert_eq!(changes_as_lines(&v), Vec::<String>::new(), "{v}");
+    assert_eq!(
+        (v["added"].as_u64(), v["changed"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert_eq!(f.volume(), before, "a dry run writes nothing");
+
+    f.file("linux/actions/new.py", "new\n");
+    let v = json(&f.sync(&["--itemize", "--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    assert_eq!(
+        changes_as_lines(&v),
+        ["~ linux/", "+ linux/actions/", "+ linux/actions/new.py"]
+    );
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    let links = |p: &Path| fs::metadata(p.join("core/pack.yaml")).unwrap().nlink();
+    assert_eq!(
+        fs::metadata(f.dest().join("core/pack.yaml")).unwrap().ino(),
+        fs::metadata(f.dest().join("core/same.yaml")).unwrap().ino(),
+        "the pair is one inode in the new generation"
+    );
+    assert!(links(&f.dest()) >= 2);
+
+    // The same source over a copy that split the pair.
+    let f2 = Fixture::new();
+    cp_left_tree(&f2.src());
+    fs::create_dir_all(f2.path("vol")).unwrap();
+    let ok = std::process::Command::new("cp")
+        .args(["-R", "--preserve=mode,timestamps", "--no-dereference"])
+        .arg(f2.src())
+        .arg(f2.dest())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let v = json(&f2.sync(&["--itemize", "--json"]).ok());
+    assert_eq!(
+        changes_as_lines(&v),
+        ["~ core/pack.yaml", "~ core/same.yaml"],
+        "{v}"
+    );
+    assert_eq!(mirror(&f2.dest()), mirror(&f2.src()));
 }
 
 /// The first sync into a DEST that a generation's directory was taken
