@@ -26,29 +26,9 @@ while [ $# -gt 0 ]; do
     *) echo "bench: unknown argument: $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-for var in PACKSYNC PACKSYNC_OLD; do
-    [ -x "${!var:-}" ] || { echo "bench: $var must name an executable" >&2; exit 2; }
-done
-cc="$(command -v gcc || command -v cc || true)"
-[ -n "$cc" ] || { echo "bench: missing: gcc" >&2; exit 2; }
-
-bench_dir="${BENCH_DIR:-/tmp/packsync-bench}"
-mkdir -p "$bench_dir/bin" "$bench_dir/trees/modes"
-bench_dir="$(cd "$bench_dir" && pwd)"
-if [ ! -x "$bench_dir/bin/measure" ] || [ "$here/measure.c" -nt "$bench_dir/bin/measure" ]; then
-    "$cc" -O2 -Wall -Wextra -o "$bench_dir/bin/measure" "$here/measure.c"
-fi
-measure="$bench_dir/bin/measure"
-cp "$PACKSYNC" "$bench_dir/bin/flags-new"
-cp "$PACKSYNC_OLD" "$bench_dir/bin/flags-old"
-
-tree="$bench_dir/trees/modes/n$files-v1"
-if [ ! -d "$tree" ]; then
-    BENCH_HERE="$here" python3 -c 'import os, sys; sys.path.insert(0, os.environ["BENCH_HERE"]); import scale; scale.generate(sys.argv[1], int(sys.argv[2]))' "$tree" "$files"
-fi
-work="$bench_dir/run/flags"
-rm -rf "$work"
-mkdir -p "$work"
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+bench_setup flags "$files"
 cp -a "$tree" "$work/src"
 # every 10th file an attribute; the update: 1% of contents, every 1000th attribute
 cat >"$work/mod.py" <<'EOF'
@@ -73,14 +53,6 @@ src_copy="$work/src.orig"
 cp -a "$work/src" "$src_copy"
 
 lines=()
-run() { # name flags... -- args
-    local who="$1"; shift
-    sync
-    "$measure" "$work/m.out" "$bench_dir/bin/flags-$who" "$@" >/dev/null 2>"$work/m.err" || true
-    read -r ns rss code cpu _ <"$work/m.out"
-    [ "$code" = 0 ] || { echo "bench: $who $* exited $code: $(head -1 "$work/m.err")" >&2; exit 1; }
-    printf '%s %s %s\n' "$(awk "BEGIN{printf \"%.3f\", $ns/1e9}")" "$(awk "BEGIN{printf \"%.2f\", $cpu/1e9}")" "$rss"
-}
 for flag in "--xattrs" "--set-mtime 1700000000"; do
     rm -rf "$work/src" "$work/v-new" "$work/v-old"
     cp -a "$src_copy" "$work/src"
@@ -91,7 +63,7 @@ for flag in "--xattrs" "--set-mtime 1700000000"; do
         [ "$step" = dry-run ] && extra=(--dry-run --itemize)
         for who in new old; do
             # shellcheck disable=SC2086
-            r=$(run "$who" sync -q $flag "${extra[@]}" "$work/src" "$work/v-$who/d")
+            r=$(bench_run "$who" sync -q $flag "${extra[@]}" "$work/src" "$work/v-$who/d")
             lines+=("$flag|$step|$who|$r")
             echo "bench: $flag $step $who: $r" >&2
         done

@@ -365,6 +365,10 @@ pub struct Fragments {
     pub links: std::collections::HashMap<Inode, u32>,
     /// The content hash of each multiply-linked inode, from its copy.
     pub hashes: std::collections::HashMap<Inode, [u8; 32]>,
+    /// Every path of a group keeps the hash its line has, not only the
+    /// first: a tree read as it is on the volume, every file hashed (a
+    /// directory taken over at DEST, as `verify::read` recorded it).
+    pub hash_every_path: bool,
 }
 
 /// A source inode: (dev, ino).
@@ -415,6 +419,94 @@ impl FragmentIndex {
         let r = &self.recs[i];
         Some((r.2, r.3))
     }
+}
+
+/// One directory's entries (`rel` its path) as fragment lines: `dev:ino`
+/// before each file of more than one link where `keyed` (the volume shows
+/// hardlinks), `-` before the others.
+pub fn fragment_text(rel: &[u8], entries: &[Entry], keyed: bool) -> String {
+    let mut text = String::new();
+    let mut line = String::new();
+    for e in entries {
+        let path = crate::tree::join(rel, &e.name);
+        match &e.node {
+            Node::File(f) if keyed && f.nlink > 1 => {
+                text.push_str(&format!("{}:{} ", f.dev, f.ino));
+            }
+            _ => text.push_str("- "),
+        }
+        line.clear();
+        entry_line(&mut line, &path, e);
+        text.push_str(&line);
+    }
+    text
+}
+
+/// The spool file of a body written a directory at a time (`lines` in a
+/// staging directory) and its length: each directory's fragment is
+/// appended and indexed (`append`), then the body assembled from it in
+/// pre-order (`assemble_spool`).
+pub struct LineSpool {
+    file: std::sync::Mutex<(std::os::fd::OwnedFd, u64)>,
+}
+
+impl LineSpool {
+    /// The spool on `fd`, a file just made, opened for writing.
+    pub fn new(fd: std::os::fd::OwnedFd) -> LineSpool {
+        LineSpool {
+            file: std::sync::Mutex::new((fd, 0)),
+        }
+    }
+
+    /// Append the fragment `text` of the directory at `rel`, indexed in `frags`.
+    pub fn append(
+        &self,
+        frags: &std::sync::Mutex<Fragments>,
+        rel: &[u8],
+        text: &str,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsFd;
+        let mut spool = self.file.lock().unwrap();
+        crate::sys::write_all(spool.0.as_fd(), text.as_bytes())?;
+        let off = spool.1;
+        spool.1 += text.len() as u64;
+        drop(spool);
+        let key = if rel.is_empty() {
+            Vec::new()
+        } else {
+            percent(rel).into_bytes()
+        };
+        frags
+            .lock()
+            .unwrap()
+            .index
+            .insert(&key, (off, text.len() as u32));
+        Ok(())
+    }
+}
+
+/// `assemble`, the fragments read back from the spool `lines` (opened for
+/// reading) by position.
+pub fn assemble_spool(
+    root: &Entry,
+    frags: &mut Fragments,
+    lines: std::os::fd::BorrowedFd<'_>,
+    label: Option<&str>,
+    w: &mut dyn Write,
+) -> Result<Spooled> {
+    let read = |off: u64, len: u32| -> std::io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        let mut got = 0;
+        while got < buf.len() {
+            let n = crate::sys::pread(lines, &mut buf[got..], off + got as u64)?;
+            if n == 0 {
+                return Err(std::io::Error::other("staged lines cut short"));
+            }
+            got += n;
+        }
+        Ok(buf)
+    };
+    assemble(root, frags, &read, label, w)
 }
 
 /// What `assemble` wrote.
@@ -503,7 +595,9 @@ impl Assembly<'_> {
                         hash = hex(h);
                         f[6] = hash.as_bytes();
                     } else {
-                        f[6] = b"-";
+                        if !self.frags.hash_every_path {
+                            f[6] = b"-";
+                        }
                         size = 0;
                     }
                     group = id.to_string();

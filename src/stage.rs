@@ -343,6 +343,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     let spool = staging
         .create_excl(b"lines")
         .with_context(|| in_stage("lines"))?;
+    let spool = crate::manifest::LineSpool::new(spool);
     let mut frags = crate::manifest::Fragments::default();
     if let Some((ix, _)) = &s.recorded {
         let (dirs, path_bytes) = ix.dirs_and_path_bytes();
@@ -351,7 +352,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     let w = Walker {
         s,
         ctx: Ctx::new(s.job),
-        spool: std::sync::Mutex::new((spool, 0)),
+        spool,
         frags: std::sync::Mutex::new(frags),
         copies: std::sync::Mutex::new(HashMap::new()),
         followers: std::sync::Mutex::new(Vec::new()),
@@ -403,18 +404,6 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     let lines = staging
         .open_read(b"lines")
         .with_context(|| in_stage("lines"))?;
-    let read = |off: u64, len: u32| -> io::Result<Vec<u8>> {
-        let mut buf = vec![0u8; len as usize];
-        let mut got = 0;
-        while got < buf.len() {
-            let n = sys::pread(lines.as_fd(), &mut buf[got..], off + got as u64)?;
-            if n == 0 {
-                return Err(io::Error::other("staged lines cut short"));
-            }
-            got += n;
-        }
-        Ok(buf)
-    };
     let body = staging
         .create_excl(b"body")
         .with_context(|| in_stage("body"))?;
@@ -425,8 +414,9 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         meta: s.root,
         node: Node::Dir(Default::default()),
     };
-    let spooled = crate::manifest::assemble(&root, &mut frags, &read, s.label, &mut bw)
-        .with_context(|| in_stage("body"))?;
+    let spooled =
+        crate::manifest::assemble_spool(&root, &mut frags, lines.as_fd(), s.label, &mut bw)
+            .with_context(|| in_stage("body"))?;
     use std::io::Write;
     bw.flush().with_context(|| in_stage("body"))?;
     drop(bw);
@@ -451,8 +441,8 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
 struct Walker<'a> {
     s: &'a Stream<'a>,
     ctx: Ctx<'a>,
-    /// The spool of fragments and its length.
-    spool: std::sync::Mutex<(std::os::fd::OwnedFd, u64)>,
+    /// The spool of fragments.
+    spool: crate::manifest::LineSpool,
     frags: std::sync::Mutex<crate::manifest::Fragments>,
     /// Each multiply-linked source inode → its first path staged.
     copies: std::sync::Mutex<HashMap<crate::manifest::Inode, Leader>>,
@@ -902,37 +892,13 @@ impl Walker<'_> {
 
     /// Append the manifest lines of one directory's entries to the spool.
     fn fragment(&self, rel: &[u8], entries: &[Entry]) -> Result<()> {
-        let mut text = String::new();
-        let mut line = String::new();
         if entries.iter().any(|e| !e.meta.xattrs.is_empty()) {
             self.xattrs.store(true, Ordering::Relaxed);
         }
-        for e in entries {
-            let path = join(rel, &e.name);
-            match &e.node {
-                Node::File(f) if f.nlink > 1 => {
-                    text.push_str(&format!("{}:{} ", f.dev, f.ino));
-                }
-                _ => text.push_str("- "),
-            }
-            line.clear();
-            crate::manifest::entry_line(&mut line, &path, e);
-            text.push_str(&line);
-        }
-        let mut spool = self.spool.lock().unwrap();
-        sys::write_all(spool.0.as_fd(), text.as_bytes())
-            .context("cannot write the manifest's lines in staging")?;
-        let off = spool.1;
-        spool.1 += text.len() as u64;
-        drop(spool);
-        let key = crate::escape::percent(rel).into_bytes();
-        let key = if rel.is_empty() { Vec::new() } else { key };
-        self.frags
-            .lock()
-            .unwrap()
-            .index
-            .insert(&key, (off, text.len() as u32));
-        Ok(())
+        let text = crate::manifest::fragment_text(rel, entries, true);
+        self.spool
+            .append(&self.frags, rel, &text)
+            .context("cannot write the manifest's lines in staging")
     }
 
     /// Link every later link of an inode to its first path, then set the

@@ -1,0 +1,50 @@
+# Shared by bench/flags.sh and bench/bare.sh (sourced, not run): the
+# binaries to compare, bench/measure.c built once, the generated trees
+# bench/modes.sh keeps, and one measured run.
+#
+#   bench_setup NAME FILES  -> $bench_dir, $measure, $tree, $work (emptied),
+#                              $bench_dir/bin/NAME-new and NAME-old
+#   bench_run WHO ARGS...   -> prints "wall-s cpu-s rss-KiB" of
+#                              $bench_dir/bin/NAME-WHO ARGS (WHO new or old;
+#                              any other WHO is run as a command: rsync, cp)
+
+bench_setup() {
+    bench_name="$1"
+    local files="$2" here cc var
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    for var in PACKSYNC PACKSYNC_OLD; do
+        [ -x "${!var:-}" ] || { echo "bench: $var must name an executable" >&2; exit 2; }
+    done
+    cc="$(command -v gcc || command -v cc || true)"
+    [ -n "$cc" ] || { echo "bench: missing: gcc" >&2; exit 2; }
+    bench_dir="${BENCH_DIR:-/tmp/packsync-bench}"
+    mkdir -p "$bench_dir/bin" "$bench_dir/trees/modes"
+    bench_dir="$(cd "$bench_dir" && pwd)"
+    if [ ! -x "$bench_dir/bin/measure" ] || [ "$here/measure.c" -nt "$bench_dir/bin/measure" ]; then
+        "$cc" -O2 -Wall -Wextra -o "$bench_dir/bin/measure" "$here/measure.c"
+    fi
+    measure="$bench_dir/bin/measure"
+    cp "$PACKSYNC" "$bench_dir/bin/$bench_name-new"
+    cp "$PACKSYNC_OLD" "$bench_dir/bin/$bench_name-old"
+    tree="$bench_dir/trees/modes/n$files-v1"
+    if [ ! -d "$tree" ]; then
+        BENCH_HERE="$here" python3 -c 'import os, sys; sys.path.insert(0, os.environ["BENCH_HERE"]); import scale; scale.generate(sys.argv[1], int(sys.argv[2]))' "$tree" "$files"
+    fi
+    work="$bench_dir/run/$bench_name"
+    rm -rf "$work"
+    mkdir -p "$work"
+}
+
+bench_run() {
+    local who="$1" cmd ns rss code cpu
+    shift
+    case "$who" in
+    new | old) cmd="$bench_dir/bin/$bench_name-$who" ;;
+    *) cmd="$who" ;;
+    esac
+    sync
+    "$measure" "$work/m.out" "$cmd" "$@" >/dev/null 2>"$work/m.err" || true
+    read -r ns rss code cpu _ <"$work/m.out"
+    [ "$code" = 0 ] || { echo "bench: $who $* exited $code: $(head -1 "$work/m.err")" >&2; exit 1; }
+    printf '%s %s %s\n' "$(awk "BEGIN{printf \"%.3f\", $ns/1e9}")" "$(awk "BEGIN{printf \"%.2f\", $cpu/1e9}")" "$rss"
+}
