@@ -382,6 +382,16 @@ pub(super) fn hash_candidates(tree: &mut Tree, live: &Tree, sources: &Sources) -
     )
 }
 
+/// `--label auto` where a source tells its version only once spooled (a
+/// bundle's): the sync's options with the label it gives, read from the
+/// spools filled by now. `None` where the label was known before.
+fn late_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfig>> {
+    match cfg.label_auto && cfg.label.is_none() {
+        true => resolve_label(cfg, sources),
+        false => Ok(None),
+    }
+}
+
 /// The rest of a round: archives and images are spooled (into this
 /// writer's staging directory; a dry run's outside the volume), then
 /// planned and staged a directory at a time as directories are
@@ -408,7 +418,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         start,
     } = r;
     let live_gen = live_gen.as_ref();
-    let streamed_round = |onto| StreamedRound {
+    let streamed_round = |cfg, onto| StreamedRound {
         cfg,
         vol,
         dest,
@@ -462,10 +472,10 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     // then they stream as a directory source would (`StreamedRound`),
     // never held whole. Not where a spool lists files of the live
     // generation (`resume`, `lend`: then the plan must reuse each), a
-    // signature is checked over the whole tree, a label is read from the
-    // spool, or on the second try.
+    // signature is checked over the whole tree, or on the second try. A
+    // label `--label auto` reads from the spool is read once it is filled.
     let mut spooled = false;
-    let spooled_streams = first_try && !trusting && !(cfg.label_auto && cfg.label.is_none());
+    let spooled_streams = first_try && !trusting;
     if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
         let kept = Scanning {
             kept: &warnings,
@@ -473,6 +483,9 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
+        // `--label auto` with a bundle that tells its version in the spool.
+        let late = late_label(cfg, sources)?;
+        let cfg = late.as_ref().unwrap_or(cfg);
         if let Some(onto) = streams(cfg, vol, live_gen, dest, sources) {
             // Up to date by the live manifest: not where it is known damaged.
             let q = match damage {
@@ -505,7 +518,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
             if !first || surveyed.is_some() {
                 let s = StreamedRound {
                     surveyed,
-                    ..streamed_round(onto)
+                    ..streamed_round(cfg, onto)
                 };
                 let early = Early {
                     state: st,
@@ -532,6 +545,8 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
         spooled = true;
+        let late = late_label(cfg, sources)?;
+        let cfg = late.as_ref().unwrap_or(cfg);
         if let Some(mut s) = survey(cfg, dest, vol, live_gen, sources, adjust, damage.as_ref()) {
             s.after(&warnings);
             let gen = live_gen.map(|l| l.gen.as_str());
@@ -569,11 +584,11 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     // Sources unchanged since the live generation (`noop`) are not
     // spooled: the live label stands for what they hold.
     let late;
-    let cfg = if cfg.label_auto && cfg.label.is_none() && !noop {
-        late = resolve_label(cfg, sources)?;
-        late.as_ref().unwrap_or(cfg)
-    } else {
+    let cfg = if noop {
         cfg
+    } else {
+        late = late_label(cfg, sources)?;
+        late.as_ref().unwrap_or(cfg)
     };
     if let Some(d) = &damage {
         forget_damaged(&mut live, d);
