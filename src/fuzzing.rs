@@ -55,8 +55,20 @@ pub fn manifest_index(data: &[u8]) {
 /// written (every name one path component, siblings in strictly increasing
 /// byte order, modes within `0o7777`, times with nanoseconds below 10^9),
 /// writes back to text that parses to the same manifest, and streams
-/// (header, then entries one at a time) to the same entries in the same order.
+/// (header, then entries one at a time) to the same entries in the same
+/// order; one whose digest matches line by line reads whole and checks.
 pub fn manifest(data: &[u8]) {
+    // Checked a line at a time (`verify`, `rollback`), never more lenient
+    // than checked whole.
+    let mut r = data;
+    if let Ok(header) = Manifest::read_header(&mut r) {
+        if header.digest_matches(&mut r) {
+            assert!(
+                Manifest::read_checked(&mut &data[..]).is_ok(),
+                "its digest matches line by line, not whole"
+            );
+        }
+    }
     let Ok(mut m) = Manifest::read(&mut &data[..]) else {
         return;
     };

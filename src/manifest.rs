@@ -257,6 +257,41 @@ impl Manifest {
         Ok(m)
     }
 
+    /// Whether the entries `r` holds after the header (`self`, its header,
+    /// read from it) match the header's digest, read one at a time with no
+    /// tree held: the root first, the paths in pre-order, each line as
+    /// `read_checked` would check it. `false` where they do not (or do not
+    /// read): `read_checked` then says why.
+    pub fn digest_matches(&self, r: &mut dyn BufRead) -> bool {
+        let mut h = Sha256::new();
+        let mut line = String::new();
+        let mut prev: Option<Vec<u8>> = None;
+        let read = for_each_entry(r, &mut |path, e| {
+            let in_order = match &prev {
+                None => path == b".",
+                Some(p) if p == b"." => path != b".",
+                Some(p) => cmp_preorder(p, &path) == std::cmp::Ordering::Less,
+            };
+            if !in_order {
+                bail!("out of order");
+            }
+            line.clear();
+            entry_line(&mut line, &path, &e);
+            h.update(line.as_bytes());
+            prev = Some(path);
+            Ok(())
+        });
+        if read.is_err() || prev.is_none() {
+            return false;
+        }
+        h.update(b"label ");
+        h.update(self.label.as_deref().unwrap_or("").as_bytes());
+        for (i, fp) in &self.verified {
+            h.update(format!("\nverified {i} {}", percent(fp.as_bytes())).as_bytes());
+        }
+        hex(&h.finalize()) == self.digest
+    }
+
     /// Read the header, up to and including `---`; the tree is left empty.
     pub fn read_header(r: &mut dyn BufRead) -> Result<Manifest> {
         let mut first = String::new();
@@ -907,6 +942,54 @@ mod tests {
         let mut streamed = Vec::new();
         m.write(&mut streamed).unwrap();
         assert_eq!(streamed, text.as_bytes());
+        // Checked a line at a time, as `read_checked` checks it whole.
+        let matches = |text: &str| {
+            let mut r = text.as_bytes();
+            let header = Manifest::read_header(&mut r).unwrap();
+            let streaming = header.digest_matches(&mut r);
+            assert_eq!(
+                streaming,
+                Manifest::read_checked(&mut text.as_bytes()).is_ok(),
+                "{text}"
+            );
+            streaming
+        };
+        assert!(matches(&text));
+        assert!(matches(&plain));
+        let edited = text.replacen(&"01".repeat(32), &"02".repeat(32), 1);
+        assert_ne!(edited, text);
+        assert!(!matches(&edited), "an edited line");
+        let cut = &text[..text.rfind("\nl ").unwrap() + 1];
+        assert!(!matches(cut), "cut short at a line");
+        // Two lines swapped, and the digest made for that order.
+        let lines: Vec<&str> = text.lines().collect();
+        let (x, z) = (
+            lines.iter().position(|l| l.contains(" 0 z ")).unwrap(),
+            lines.iter().position(|l| l.contains(" link")).unwrap(),
+        );
+        // The manifest of `lines` with the digest its body gives.
+        let forge = |lines: &[&str]| -> String {
+            let body: String = lines[lines.iter().position(|l| *l == "---").unwrap() + 1..]
+                .iter()
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let mut h = Sha256::new();
+            h.update(body.as_bytes());
+            h.update(b"label v1.2 beta");
+            h.update(b"\nverified 0 SHA256:ab+/c");
+            lines
+                .iter()
+                .map(|l| match l.strip_prefix("digest ") {
+                    Some(_) => format!("digest {}\n", hex(&h.clone().finalize())),
+                    None => format!("{l}\n"),
+                })
+                .collect()
+        };
+        assert_eq!(forge(&lines), text, "the digest as `seal` computes it");
+        let mut swapped = lines.clone();
+        swapped.swap(x, z);
+        let forged = forge(&swapped);
+        assert!(!matches(&forged), "out of order, whatever its digest");
     }
 
     #[test]

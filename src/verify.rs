@@ -160,6 +160,67 @@ pub fn against_body(
     }
 }
 
+/// What `against_manifest` found: the manifest's header, its entries and
+/// bytes (as its tree would count them), and the differences.
+pub struct Checked {
+    pub header: crate::manifest::Manifest,
+    pub entries: u64,
+    pub bytes: u64,
+    pub differences: Vec<Difference>,
+}
+
+/// A published generation at `root` (named `label` in messages) against
+/// its manifest (`file`, named `shown`), with no tree held whole: the
+/// manifest read once to check it against its digest
+/// (`Manifest::digest_matches`) and once to index it, then compared a
+/// directory at a time (`by_directory`). `None` where that does not apply
+/// (a manifest that does not read whole, match its digest or index, or
+/// hardlinks the whole walk must name): the caller reads it whole, which
+/// says why or compares, as before.
+pub fn against_manifest(
+    root: &DirFd,
+    label: &str,
+    file: std::fs::File,
+    shown: &str,
+) -> Result<Option<Checked>> {
+    use std::io::{Seek, SeekFrom};
+    // Each pass reads through a duplicate from the start (they share the
+    // offset, and run one after the other).
+    let from_start = || -> Option<std::io::BufReader<std::fs::File>> {
+        let mut f = file.try_clone().ok()?;
+        f.seek(SeekFrom::Start(0)).ok()?;
+        Some(std::io::BufReader::with_capacity(256 * 1024, f))
+    };
+    let Some(mut r) = from_start() else {
+        return Ok(None);
+    };
+    let Ok(header) = crate::manifest::Manifest::read_header(&mut r) else {
+        return Ok(None);
+    };
+    if !header.digest_matches(&mut r) {
+        return Ok(None);
+    }
+    let Some(mut r) = from_start() else {
+        return Ok(None);
+    };
+    if crate::manifest::Manifest::read_header(&mut r).is_err() {
+        return Ok(None);
+    }
+    let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
+    let Ok(ix) = crate::index::Index::build(r, reread, shown.to_string()) else {
+        return Ok(None);
+    };
+    let rules = Rules::of(&header);
+    Ok(
+        by_directory(root, label, &ix, rules)?.map(|differences| Checked {
+            entries: ix.entries,
+            bytes: ix.bytes,
+            header,
+            differences,
+        }),
+    )
+}
+
 /// Fail with the first differences, nothing published.
 fn refuse(diffs: &[Difference]) -> Result<()> {
     if diffs.is_empty() {

@@ -29,18 +29,26 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
     // Leased from here until it is live: no collector removes it meanwhile.
     let lease = super::exec::Lease::take(&t.state, &gen)?;
     let fd = t.state.open_gen(&gen)?;
-    let manifest = t.state.read_manifest(&gen).map_err(|e| {
-        error::refused(format!(
-            "{}: generation {gen} cannot be rolled back to: {e:#}",
-            t.shown()
-        ))
-    })?;
-    let diffs = verify::run(
-        &fd,
-        &format!("{}/gen/{gen}", t.state.path.display()),
-        &manifest.tree,
-        Rules::of(&manifest),
-    )?;
+    let label = format!("{}/gen/{gen}", t.state.path.display());
+    // A directory at a time where the manifest allows; else whole, as
+    // always (and its fault said from there).
+    let checked = match t.state.manifest_reader(&gen) {
+        Ok((r, shown)) => verify::against_manifest(&fd, &label, r.into_inner(), &shown)?,
+        Err(_) => None,
+    };
+    let (diffs, gen_label) = match checked {
+        Some(c) => (c.differences, c.header.label),
+        None => {
+            let manifest = t.state.read_manifest(&gen).map_err(|e| {
+                error::refused(format!(
+                    "{}: generation {gen} cannot be rolled back to: {e:#}",
+                    t.shown()
+                ))
+            })?;
+            let diffs = verify::run(&fd, &label, &manifest.tree, Rules::of(&manifest))?;
+            (diffs, manifest.label)
+        }
+    };
     drop(fd);
     if !diffs.is_empty() {
         return Err(error::refused(format!(
@@ -74,8 +82,7 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
             Some(old) => format!("from generation {old}"),
             None => "(nothing was live)".into(),
         },
-        manifest
-            .label
+        gen_label
             .as_deref()
             .map(|l| format!(" (label {l})"))
             .unwrap_or_default()

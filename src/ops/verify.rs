@@ -102,13 +102,38 @@ pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
 
 fn check(t: &Target) -> Result<Report> {
     let live = t.live()?;
-    let manifest = t.state.read_manifest(&live.gen)?;
-    let differences = verify::run(
-        &live.root,
-        &t.vol.display,
-        &manifest.tree,
-        Rules::of(&manifest),
-    )?;
+    let checked = match t.state.manifest_reader(&live.gen) {
+        Ok((r, shown)) => {
+            verify::against_manifest(&live.root, &t.vol.display, r.into_inner(), &shown)?
+        }
+        Err(_) => None,
+    };
+    // Where it does not go a directory at a time, the whole manifest and
+    // tree, as always (and the manifest's fault said from there).
+    let checked = match checked {
+        Some(c) => c,
+        None => {
+            let manifest = t.state.read_manifest(&live.gen)?;
+            let differences = verify::run(
+                &live.root,
+                &t.vol.display,
+                &manifest.tree,
+                Rules::of(&manifest),
+            )?;
+            verify::Checked {
+                entries: manifest.tree.count(),
+                bytes: manifest.tree.bytes(),
+                header: manifest,
+                differences,
+            }
+        }
+    };
+    let verify::Checked {
+        header: manifest,
+        entries,
+        bytes,
+        differences,
+    } = checked;
     // Kept for the next sync, which would otherwise trust the manifest:
     // a file edited with its size and mtime put back passes every other check.
     let recorded = if differences.is_empty() {
@@ -129,8 +154,8 @@ fn check(t: &Target) -> Result<Report> {
         dest: t.vol.display.clone(),
         slot: t.vol.slot.clone(),
         ok: differences.is_empty(),
-        entries: manifest.tree.count(),
-        bytes: manifest.tree.bytes(),
+        entries,
+        bytes,
         label: manifest.label,
         generation: live.gen,
         differences,
