@@ -478,6 +478,22 @@ impl State {
         Manifest::read_checked(&mut r).with_context(|| format!("bad manifest {shown}"))
     }
 
+    /// The header of `meta/<GEN>.manifest`, once the whole manifest is
+    /// found to match its digest, as `read_manifest` checks it but a line
+    /// at a time (`Manifest::digest_matches`), holding no tree; where that
+    /// check fails, `read_manifest` reads it whole and says why.
+    pub fn checked_header(&self, gen: &str) -> Result<Manifest> {
+        let (mut r, _) = self.manifest_reader(gen)?;
+        if let Ok(header) = Manifest::read_header(&mut r) {
+            if header.digest_matches(&mut r) {
+                return Ok(header);
+            }
+        }
+        let mut m = self.read_manifest(gen)?;
+        m.tree = Default::default();
+        Ok(m)
+    }
+
     /// A buffered reader over `meta/<GEN>.manifest`, and its path for messages.
     /// The `std::fs::File` only reads the descriptor `sys` opened through the
     /// `meta/` handle (no symlink followed): no path reaches std.

@@ -101,7 +101,7 @@ fn find(t: &Target, spec: &str) -> Result<String> {
         .iter()
         .filter(|g| {
             t.state
-                .read_manifest(g)
+                .checked_header(g)
                 .is_ok_and(|m| m.label.as_deref() == Some(spec))
         })
         .collect();
