@@ -336,8 +336,6 @@ struct Opened<'a> {
     /// The live generation, where every SOURCE says it still holds what
     /// that generation was made from (`unchanged_live`).
     same_gen: Option<String>,
-    /// Shortcuts allowed this try (not on the second, nor with damage).
-    shortcut: bool,
     /// The first try of the round (the second takes every step whole).
     first_try: bool,
     /// With --verify-key: every source is verified after its scan, so no
@@ -396,8 +394,8 @@ impl<'a> Opened<'a> {
             _ => None,
         };
         let first_try = shortcut;
-        let shortcut = shortcut && damage.is_none();
         let adjust = Adjust::of(cfg);
+        let shortcut = first_try && damage.is_none();
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
         let r = Opened {
             cfg,
@@ -409,13 +407,17 @@ impl<'a> Opened<'a> {
             damage,
             adjust,
             same_gen,
-            shortcut,
             first_try,
             trusting,
             pass,
             start,
         };
         Ok((r, console))
+    }
+
+    /// Shortcuts allowed this try: not on the second, nor with damage.
+    fn shortcut(&self) -> bool {
+        self.first_try && self.damage.is_none()
     }
 
     /// The live generation, where DEST has one.

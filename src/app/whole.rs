@@ -401,6 +401,7 @@ fn late_label(cfg: &SyncConfig, sources: &Sources) -> Result<Option<SyncConfig>>
 pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attempt> {
     let console = console;
     let output = Output::of(r.cfg.json, r.cfg.quiet);
+    let shortcut = r.shortcut();
     let Opened {
         cfg,
         ref sources,
@@ -411,7 +412,6 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         ref damage,
         ref adjust,
         ref same_gen,
-        shortcut,
         first_try,
         trusting,
         pass,
