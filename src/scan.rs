@@ -604,6 +604,9 @@ pub struct LiveSide<'a> {
     /// The live manifest's index, and how its entries are matched with the
     /// listing's; `None`: the listing alone.
     pub recorded: Option<(&'a crate::index::Index, Compare)>,
+    /// Where what the live listing skips (a FIFO) is reported: no stage
+    /// lists the live tree again to say it.
+    pub reporter: &'a dyn Reporter,
     /// Files `verify` found damaged: compared as changed.
     pub damaged: Option<&'a crate::damage::Damaged>,
 }
@@ -824,8 +827,7 @@ impl Surveying<'_> {
     /// two paths turn out to be on it, as the whole-tree path numbers them).
     fn live_entries(&self, live: &DirFd, rel: &[u8]) -> Result<Vec<Entry>> {
         let l = self.s.live.as_ref().expect("a live handle");
-        let mut listed =
-            source::Dir::list(live, rel, l.label, 0, &Filter::default(), self.s.reporter)?;
+        let mut listed = source::Dir::list(live, rel, l.label, 0, &Filter::default(), l.reporter)?;
         match &l.recorded {
             Some((ix, c)) => attach_recorded(&mut listed, &ix.entries(rel)?, c),
             None => {

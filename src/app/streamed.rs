@@ -50,7 +50,8 @@ pub(super) fn streams(
         return None;
     }
     if survey::listed_only(dest, vol, live).is_some() {
-        return Some(Onto::Listed {
+        // `--checksum` reuses what it reads of the listing: whole trees.
+        return (!cfg.checksum).then(|| Onto::Listed {
             gen: live.map(|l| l.gen.clone()),
         });
     }
@@ -185,6 +186,10 @@ impl StreamedRound<'_> {
         let output = Output::of(cfg.json, cfg.quiet);
         if let Some(s) = &self.surveyed {
             s.guards(cfg, vol, gen)?;
+            // What the live listing skipped (no stage lists it again).
+            for w in s.live_warnings.take_warnings() {
+                console.warn(&w);
+            }
             // Listed before staging, as the whole-tree path lists them.
             if cfg.itemize && output != Output::Json {
                 report::print_itemized(&s.sv.plan);
@@ -388,7 +393,10 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     // A dry run, `--itemize`, `--verify` or a live tree without a manifest,
     // planned a directory at a time: only the changes are held (where
     // `--itemize` lists them).
-    let surveyed = (!r.trusting && r.same_gen.is_none())
+    // Only where it can end the round (a dry run, up to date) or be staged
+    // from: else the whole trees plan again.
+    let useful = cfg.dry_run || onto().is_some();
+    let surveyed = (!r.trusting && r.same_gen.is_none() && useful)
         .then(|| {
             survey(
                 cfg,

@@ -43,6 +43,11 @@ pub(super) fn survey(
     if !lists || !(planned_first(cfg, damaged.is_some()) || cfg.dry_run || listed.is_some()) {
         return None;
     }
+    // `--checksum` may reuse files of a listing it reads (the whole trees
+    // do, and say so in a dry run too).
+    if listed.is_some() && cfg.checksum {
+        return None;
+    }
     let (header, index) = match (dest, &listed) {
         (Dest::Absent, _) | (_, Some(_)) => (None, None),
         (Dest::Live(_), None) => {
@@ -55,22 +60,25 @@ pub(super) fn survey(
         }
         _ => return None,
     };
+    let warnings = Collected::default();
+    let live_warnings = Collected::default();
     let side = match (live, &header, &index, &listed) {
         (Some(live), Some(header), Some(index), _) => Some(scan::LiveSide {
             root: live.root().ok()?,
             label: &live.label,
             recorded: Some((index, as_recorded(header))),
+            reporter: &live_warnings,
             damaged,
         }),
         (_, _, _, Some((root, label))) => Some(scan::LiveSide {
             root,
             label,
             recorded: None,
+            reporter: &live_warnings,
             damaged,
         }),
         _ => None,
     };
-    let warnings = Collected::default();
     let survey = scan::Survey {
         sources: &sources.refs(),
         filter: &cfg.filter,
@@ -91,6 +99,7 @@ pub(super) fn survey(
     Some(Surveyed {
         sv,
         warnings,
+        live_warnings,
         header,
     })
 }
@@ -125,7 +134,11 @@ pub(super) fn listed_only(
 /// listings reported, and the live manifest's header.
 pub(super) struct Surveyed {
     pub(super) sv: scan::Surveyed,
+    /// What the sources' listings reported (a stage that follows lists
+    /// them again, and says it then).
     pub(super) warnings: Collected,
+    /// What the live listing reported: said by the round either way.
+    pub(super) live_warnings: Collected,
     pub(super) header: Option<Manifest>,
 }
 
@@ -191,6 +204,9 @@ impl Surveyed {
         let mut summary = summary_of(cfg, vol, counts, &sv.plan, gen, up_to_date);
         if cfg.itemize {
             report::itemize(&sv.plan, Output::of(cfg.json, cfg.quiet), &mut summary);
+        }
+        for w in self.live_warnings.take_warnings() {
+            self.warnings.warn(&w);
         }
         Ok(Planned {
             summary,

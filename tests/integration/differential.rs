@@ -108,7 +108,13 @@ const MODES: &[Mode] = &[
     Mode::new("archive manifest lost", &[&["--dry-run", "--itemize"], &[]])
         .from(Source::Tar)
         .bare(Bare::ManifestLost),
+    Mode::new(
+        "manifest lost checksum",
+        &[&["--checksum", "--dry-run"], &["--checksum"]],
+    )
+    .bare(Bare::ManifestLost),
     Mode::new("take over", &[&["--dry-run", "--itemize"], &[]]).bare(Bare::TakeOver),
+    Mode::new("take over checksum", &[&["--checksum", "--itemize"]]).bare(Bare::TakeOver),
     Mode::new("archive take over", &[&["--itemize"]])
         .from(Source::Tar)
         .bare(Bare::TakeOver),
