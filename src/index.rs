@@ -108,7 +108,19 @@ pub struct Index {
 impl Index {
     /// Index the manifest `r` reads (positioned after its header; `file` is
     /// the same open file, read again by offset later).
-    pub fn build<R: BufRead + Seek>(mut r: R, file: Box<dyn At>, shown: String) -> Result<Index> {
+    pub fn build<R: BufRead + Seek>(r: R, file: Box<dyn At>, shown: String) -> Result<Index> {
+        Index::build_each(r, file, shown, &mut |_, _| ())
+    }
+
+    /// `build`, handing `each` every entry read (the root's `.` first), in
+    /// the manifest's order: what a reader that checks the manifest as it
+    /// indexes it needs (`verify::against_manifest`).
+    pub fn build_each<R: BufRead + Seek>(
+        mut r: R,
+        file: Box<dyn At>,
+        shown: String,
+        each: &mut dyn FnMut(&[u8], &Entry),
+    ) -> Result<Index> {
         let mut off = r
             .stream_position()
             .with_context(|| format!("cannot read {shown}"))?;
@@ -149,6 +161,7 @@ impl Index {
             }
             let text = std::str::from_utf8(&line[..len - 1]).with_context(|| bad("not text"))?;
             let (path, e) = parse_entry(text).with_context(|| bad("bad entry"))?;
+            each(&path, &e);
             if path == b"." {
                 if n != 1 {
                     bail!(bad("the root after other entries"));

@@ -259,37 +259,16 @@ impl Manifest {
 
     /// Whether the entries `r` holds after the header (`self`, its header,
     /// read from it) match the header's digest, read one at a time with no
-    /// tree held: the root first, the paths in pre-order, each line as
-    /// `read_checked` would check it. `false` where they do not (or do not
-    /// read): `read_checked` then says why.
+    /// tree held (`LineDigest`): the root first, the paths in pre-order,
+    /// each line as `read_checked` would check it. `false` where they do
+    /// not (or do not read): `read_checked` then says why.
     pub fn digest_matches(&self, r: &mut dyn BufRead) -> bool {
-        let mut h = Sha256::new();
-        let mut line = String::new();
-        let mut prev: Option<Vec<u8>> = None;
-        let read = for_each_entry(r, &mut |path, e| {
-            let in_order = match &prev {
-                None => path == b".",
-                Some(p) if p == b"." => path != b".",
-                Some(p) => cmp_preorder(p, &path) == std::cmp::Ordering::Less,
-            };
-            if !in_order {
-                bail!("out of order");
-            }
-            line.clear();
-            entry_line(&mut line, &path, &e);
-            h.update(line.as_bytes());
-            prev = Some(path);
-            Ok(())
+        let mut d = LineDigest::default();
+        let read = for_each_entry(r, &mut |path, e| match d.entry(&path, &e) {
+            true => Ok(()),
+            false => bail!("out of order"),
         });
-        if read.is_err() || prev.is_none() {
-            return false;
-        }
-        h.update(b"label ");
-        h.update(self.label.as_deref().unwrap_or("").as_bytes());
-        for (i, fp) in &self.verified {
-            h.update(format!("\nverified {i} {}", percent(fp.as_bytes())).as_bytes());
-        }
-        hex(&h.finalize()) == self.digest
+        read.is_ok() && d.matches(self)
     }
 
     /// Read the header, up to and including `---`; the tree is left empty.
@@ -453,6 +432,50 @@ impl FragmentIndex {
         let i = self.recs.binary_search_by(|r| self.key(r).cmp(key)).ok()?;
         let r = &self.recs[i];
         Some((r.2, r.3))
+    }
+}
+
+/// A manifest's digest taken a line at a time as its entries are read
+/// (`entry`, each once, in the order read), as `digest` takes it over a
+/// whole tree; the order `read_checked` requires is checked on the way:
+/// the root first, then every path in pre-order.
+#[derive(Default)]
+pub struct LineDigest {
+    h: Sha256,
+    line: String,
+    prev: Option<Vec<u8>>,
+    in_order: bool,
+}
+
+impl LineDigest {
+    /// Take the entry at `path`; `false` once the order is broken.
+    pub fn entry(&mut self, path: &[u8], e: &Entry) -> bool {
+        let in_order = match &self.prev {
+            None => path == b".",
+            Some(p) if p == b"." => path != b".",
+            Some(p) => cmp_preorder(p, path) == std::cmp::Ordering::Less,
+        };
+        self.in_order = in_order && (self.prev.is_none() || self.in_order);
+        self.line.clear();
+        entry_line(&mut self.line, path, e);
+        self.h.update(self.line.as_bytes());
+        self.prev = Some(path.to_vec());
+        self.in_order
+    }
+
+    /// Whether the entries taken, in order and at least the root, give
+    /// the digest `header` records (with its label and `verified` records).
+    pub fn matches(self, header: &Manifest) -> bool {
+        if self.prev.is_none() || !self.in_order {
+            return false;
+        }
+        let mut h = self.h;
+        h.update(b"label ");
+        h.update(header.label.as_deref().unwrap_or("").as_bytes());
+        for (i, fp) in &header.verified {
+            h.update(format!("\nverified {i} {}", percent(fp.as_bytes())).as_bytes());
+        }
+        hex(&h.finalize()) == header.digest
     }
 }
 

@@ -171,8 +171,8 @@ pub struct Checked {
 
 /// A published generation at `root` (named `label` in messages) against
 /// its manifest (`file`, named `shown`), with no tree held whole: the
-/// manifest read once to check it against its digest
-/// (`Manifest::digest_matches`) and once to index it, then compared a
+/// manifest read once, indexed and checked against its digest as it goes
+/// (`Index::build_each`, `manifest::LineDigest`), then the tree compared a
 /// directory at a time (`by_directory`). `None` where that does not apply
 /// (a manifest that does not read whole, match its digest or index, or
 /// hardlinks the whole walk must name): the caller reads it whole, which
@@ -184,32 +184,25 @@ pub fn against_manifest(
     shown: &str,
 ) -> Result<Option<Checked>> {
     use std::io::{Seek, SeekFrom};
-    // Each pass reads through a duplicate from the start (they share the
-    // offset, and run one after the other).
-    let from_start = || -> Option<std::io::BufReader<std::fs::File>> {
-        let mut f = file.try_clone().ok()?;
-        f.seek(SeekFrom::Start(0)).ok()?;
-        Some(std::io::BufReader::with_capacity(256 * 1024, f))
-    };
-    let Some(mut r) = from_start() else {
+    let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
+    let mut file = file;
+    if file.seek(SeekFrom::Start(0)).is_err() {
         return Ok(None);
-    };
+    }
+    let mut r = std::io::BufReader::with_capacity(256 * 1024, file);
     let Ok(header) = crate::manifest::Manifest::read_header(&mut r) else {
         return Ok(None);
     };
-    if !header.digest_matches(&mut r) {
-        return Ok(None);
-    }
-    let Some(mut r) = from_start() else {
+    let mut digest = crate::manifest::LineDigest::default();
+    let mut each = |path: &[u8], e: &crate::tree::Entry| {
+        digest.entry(path, e);
+    };
+    let Ok(ix) = crate::index::Index::build_each(r, reread, shown.to_string(), &mut each) else {
         return Ok(None);
     };
-    if crate::manifest::Manifest::read_header(&mut r).is_err() {
+    if !digest.matches(&header) {
         return Ok(None);
     }
-    let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
-    let Ok(ix) = crate::index::Index::build(r, reread, shown.to_string()) else {
-        return Ok(None);
-    };
     let rules = Rules::of(&header);
     Ok(
         by_directory(root, label, &ix, rules)?.map(|differences| Checked {
