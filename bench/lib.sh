@@ -1,12 +1,23 @@
 # Shared by bench/flags.sh and bench/bare.sh (sourced, not run): the
 # binaries to compare, bench/measure.c built once, the generated trees
-# bench/modes.sh keeps, and one measured run.
+# bench/modes.sh keeps, and one measured run. bench/modes.sh uses
+# bench_measure_bin.
 #
+#   bench_measure_bin CC    -> $bench_dir/bin/measure, built where missing
+#                              or older than bench/measure.c
 #   bench_setup NAME FILES  -> $bench_dir, $measure, $tree, $work (emptied),
 #                              $bench_dir/bin/NAME-new and NAME-old
 #   bench_run WHO ARGS...   -> prints "wall-s cpu-s rss-KiB" of
 #                              $bench_dir/bin/NAME-WHO ARGS (WHO new or old;
 #                              any other WHO is run as a command: rsync, cp)
+
+bench_measure_bin() {
+    local here
+    here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+    if [ ! -x "$bench_dir/bin/measure" ] || [ "$here/measure.c" -nt "$bench_dir/bin/measure" ]; then
+        "$1" -O2 -Wall -Wextra -o "$bench_dir/bin/measure" "$here/measure.c"
+    fi
+}
 
 bench_setup() {
     bench_name="$1"
@@ -20,9 +31,7 @@ bench_setup() {
     bench_dir="${BENCH_DIR:-/tmp/packsync-bench}"
     mkdir -p "$bench_dir/bin" "$bench_dir/trees/modes"
     bench_dir="$(cd "$bench_dir" && pwd)"
-    if [ ! -x "$bench_dir/bin/measure" ] || [ "$here/measure.c" -nt "$bench_dir/bin/measure" ]; then
-        "$cc" -O2 -Wall -Wextra -o "$bench_dir/bin/measure" "$here/measure.c"
-    fi
+    bench_measure_bin "$cc"
     measure="$bench_dir/bin/measure"
     cp "$PACKSYNC" "$bench_dir/bin/$bench_name-new"
     cp "$PACKSYNC_OLD" "$bench_dir/bin/$bench_name-old"

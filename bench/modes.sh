@@ -72,9 +72,9 @@ fi
 bench_dir="${BENCH_DIR:-/tmp/packsync-bench}"
 mkdir -p "$bench_dir/bin" "$bench_dir/logs"
 bench_dir="$(cd "$bench_dir" && pwd)"
-if [ ! -x "$bench_dir/bin/measure" ] || [ "$here/measure.c" -nt "$bench_dir/bin/measure" ]; then
-    "$cc" -O2 -Wall -Wextra -o "$bench_dir/bin/measure" "$here/measure.c"
-fi
+# shellcheck source=bench/lib.sh
+. "$here/lib.sh"
+bench_measure_bin "$cc"
 MEASURE_BIN="$bench_dir/bin/measure"
 
 # The binaries under test, copied so that a rebuild during the run does not

@@ -370,8 +370,7 @@ impl Visit for Paired<'_> {
     }
 
     fn enter(&self, live: &DirFd, _: &(), name: &[u8], path: &[u8]) -> Result<DirFd> {
-        live.open_dir(name)
-            .with_context(|| format!("cannot open directory {}", display(self.a.live_label, path)))
+        crate::walk::open_sub(live, name, self.a.live_label, path)
     }
 
     fn stopped(&self) -> bool {
@@ -1041,9 +1040,7 @@ impl Visit for Surveying<'_> {
         match (live, keep) {
             (Some(fd), true) => {
                 let label = self.s.live.as_ref().map_or("", |l| l.label);
-                fd.open_dir(name)
-                    .map(Some)
-                    .with_context(|| format!("cannot open directory {}", display(label, path)))
+                crate::walk::open_sub(fd, name, label, path).map(Some)
             }
             _ => Ok(None),
         }

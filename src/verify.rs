@@ -381,12 +381,7 @@ impl crate::walk::Visit for Checking<'_> {
     }
 
     fn enter(&self, dir: &DirFd, _: &(), name: &[u8], path: &[u8]) -> Result<DirFd> {
-        dir.open_dir(name).with_context(|| {
-            format!(
-                "cannot open directory {}",
-                crate::escape::display(self.label, path)
-            )
-        })
+        crate::walk::open_sub(dir, name, self.label, path)
     }
 
     fn stopped(&self) -> bool {

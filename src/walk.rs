@@ -46,6 +46,18 @@ pub fn subdirs(entries: Vec<Entry>) -> Vec<Sub<()>> {
         .collect()
 }
 
+/// The subdirectory `name` of `dir` (at `path` below the root `label`
+/// names), opened for a visitor's `enter`: the one message a failure gives.
+pub fn open_sub(dir: &DirFd, name: &[u8], label: &str, path: &[u8]) -> Result<DirFd> {
+    use anyhow::Context;
+    dir.open_dir(name).with_context(|| {
+        format!(
+            "cannot open directory {}",
+            crate::escape::display(label, path)
+        )
+    })
+}
+
 /// What a visit of one directory gives: its own number and the
 /// subdirectories to walk.
 pub type Visited<K> = (u64, Vec<Sub<K>>);

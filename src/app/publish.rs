@@ -34,8 +34,10 @@ pub(super) struct Publish<'a> {
     pub(super) caps: crate::caps::Caps,
     pub(super) swap: Swap,
     pub(super) spooled: Option<&'a crate::manifest::Spooled>,
-    /// The directory at DEST this commit takes over, read (`takeover::record`).
-    pub(super) taken: Option<crate::takeover::Recorded>,
+    /// DEST is a plain directory this commit takes over: it is read
+    /// (`takeover::record`) before the commit, while DEST is as it was, and
+    /// kept once the swap has taken it out.
+    pub(super) take_over: bool,
 }
 
 impl Publish<'_> {
@@ -48,6 +50,10 @@ impl Publish<'_> {
         start: Instant,
     ) -> Result<Round> {
         let (vol, state) = (self.vol, self.state);
+        let taken = match self.take_over {
+            true => crate::takeover::record(vol, self.staging.dir(), &self.caps, cfg.fsync)?,
+            false => None,
+        };
         // Commit: name the tree by its digest and publish it in one rename.
         let commit = commit::Commit {
             vol,
@@ -63,7 +69,7 @@ impl Publish<'_> {
             spooled: self.spooled,
         };
         let gen = commit::run(&commit, &mut manifest)?;
-        if let (Some(rec), Some(at)) = (&self.taken, gen.taken_over) {
+        if let (Some(rec), Some(at)) = (&taken, gen.taken_over) {
             console.warn(
                 &match crate::takeover::file(state, self.staging.dir(), at, rec) {
                     Ok(kept) => format!(

@@ -36,7 +36,6 @@ use super::{
 /// `survey` first). `None`: whole trees are compared.
 pub(super) fn streams(
     cfg: &SyncConfig,
-    vol: &Volume,
     live: Option<&LiveGen>,
     dest: &Dest,
     sources: &Sources,
@@ -49,7 +48,7 @@ pub(super) fn streams(
     if !plain {
         return None;
     }
-    if survey::listed_only(dest, vol, live).is_some() {
+    if survey::bare(dest, live) {
         // `--checksum` reuses what it reads of the listing: whole trees.
         return (!cfg.checksum).then(|| Onto::Listed {
             gen: live.map(|l| l.gen.clone()),
@@ -332,12 +331,6 @@ impl StreamedRound<'_> {
         note_staged(&mut summary, &streamed.staged, &console);
         let stage::Streamed { staged, body, .. } = streamed;
         drop(staged); // closes the staged tree before it moves into gen/
-                      // A directory at DEST to take over is read now, while DEST is as it
-                      // was, and kept once the swap has taken it out (`Publish::run`).
-        let taken = match self.dest {
-            Dest::Directory => crate::takeover::record(vol, staging.dir(), &caps, cfg.fsync)?,
-            _ => None,
-        };
         let publish = Publish {
             vol,
             state,
@@ -346,7 +339,7 @@ impl StreamedRound<'_> {
             caps,
             swap,
             spooled: Some(&body),
-            taken,
+            take_over: matches!(self.dest, Dest::Directory),
         };
         publish.run(cfg, manifest, summary, console, start).map(Ok)
     }
@@ -376,7 +369,7 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     let cfg = r.cfg;
     let live_gen = r.live();
     let mut console = console;
-    let onto = || streams(cfg, &r.vol, live_gen, &r.dest, &r.sources);
+    let onto = || streams(cfg, live_gen, &r.dest, &r.sources);
     let streamed = (!r.trusting && !planned_first(cfg, r.damage.is_some()))
         .then(onto)
         .flatten()

@@ -114,19 +114,26 @@ pub(super) fn listed_only(
     vol: &Volume,
     live: Option<&LiveGen>,
 ) -> Option<(DirFd, String)> {
-    match dest {
-        Dest::Directory => {
+    if !bare(dest, live) {
+        return None;
+    }
+    match (dest, live) {
+        (Dest::Directory, _) => {
             let fd = vol.parent().ok()?.open_dir(&vol.name).ok()?;
             Some((fd, vol.display.clone()))
         }
-        Dest::Live(_) => {
-            let live = live?;
-            match live.header() {
-                Some(_) => None,
-                None => Some((live.root().ok()?.try_clone().ok()?, live.label.clone())),
-            }
-        }
+        (_, Some(live)) => Some((live.root().ok()?.try_clone().ok()?, live.label.clone())),
         _ => None,
+    }
+}
+
+/// Whether the live side has no manifest to read (`listed_only`'s cases),
+/// told without opening anything.
+pub(super) fn bare(dest: &Dest, live: Option<&LiveGen>) -> bool {
+    match dest {
+        Dest::Directory => true,
+        Dest::Live(_) => live.is_some_and(|l| l.header().is_none()),
+        _ => false,
     }
 }
 

@@ -486,7 +486,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         // `--label auto` with a bundle that tells its version in the spool.
         let late = late_label(cfg, sources)?;
         let cfg = late.as_ref().unwrap_or(cfg);
-        if let Some(onto) = streams(cfg, vol, live_gen, dest, sources) {
+        if let Some(onto) = streams(cfg, live_gen, dest, sources) {
             // Up to date by the live manifest: not where it is known damaged.
             let q = match damage {
                 None => spooled_quick(cfg, live_gen, sources, adjust, onto.recorded())?,
@@ -702,12 +702,6 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     }
     note_staged(&mut summary, &staged, &console);
     drop(staged); // closes the staged tree before it moves into gen/
-                  // A directory at DEST to take over is read now, while DEST is as it
-                  // was, and kept once the swap has taken it out (`Publish::run`).
-    let taken = match dest {
-        Dest::Directory => crate::takeover::record(vol, staging.dir(), &caps, cfg.fsync)?,
-        _ => None,
-    };
     let staged = Publish {
         vol,
         state: &state,
@@ -716,7 +710,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         caps,
         swap,
         spooled: None,
-        taken,
+        take_over: matches!(dest, Dest::Directory),
     };
     staged
         .run(cfg, manifest, summary, console, start)

@@ -181,6 +181,35 @@ pub fn meta_time(state: &State, name: &str) -> Option<i64> {
     Some(sys::mtime_of(&st).0)
 }
 
+/// Generation `gen` of `state`, at `root` (named `label`), against its
+/// manifest: a directory at a time where the manifest allows
+/// (`verify::against_manifest`), else the whole manifest and tree, as
+/// always. A manifest that does not read is the error `bad_manifest`
+/// makes of it (what the command says and its exit code).
+fn check_generation(
+    state: &State,
+    gen: &str,
+    root: &DirFd,
+    label: &str,
+    bad_manifest: &dyn Fn(anyhow::Error) -> anyhow::Error,
+) -> Result<crate::verify::Checked> {
+    use crate::verify;
+    if let Ok((r, shown)) = state.manifest_reader(gen) {
+        if let Some(c) = verify::against_manifest(root, label, r.into_inner(), &shown)? {
+            return Ok(c);
+        }
+    }
+    let manifest = state.read_manifest(gen).map_err(bad_manifest)?;
+    let rules = verify::Rules::of(&manifest);
+    let differences = verify::run(root, label, &manifest.tree, rules)?;
+    Ok(verify::Checked {
+        entries: manifest.tree.count(),
+        bytes: manifest.tree.bytes(),
+        header: manifest,
+        differences,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

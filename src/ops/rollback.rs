@@ -11,7 +11,7 @@ use crate::commit::{self, Swap};
 use crate::error;
 use crate::retire;
 use crate::staging::Stage;
-use crate::verify::{self, Rules};
+use crate::verify;
 
 use super::Target;
 
@@ -30,25 +30,14 @@ pub fn run(dest: &Path, slot: Option<&str>, to: Option<&str>) -> Result<i32> {
     let lease = super::exec::Lease::take(&t.state, &gen)?;
     let fd = t.state.open_gen(&gen)?;
     let label = format!("{}/gen/{gen}", t.state.path.display());
-    // A directory at a time where the manifest allows; else whole, as
-    // always (and its fault said from there).
-    let checked = match t.state.manifest_reader(&gen) {
-        Ok((r, shown)) => verify::against_manifest(&fd, &label, r.into_inner(), &shown)?,
-        Err(_) => None,
+    let refused = |e: anyhow::Error| {
+        error::refused(format!(
+            "{}: generation {gen} cannot be rolled back to: {e:#}",
+            t.shown()
+        ))
     };
-    let (diffs, gen_label) = match checked {
-        Some(c) => (c.differences, c.header.label),
-        None => {
-            let manifest = t.state.read_manifest(&gen).map_err(|e| {
-                error::refused(format!(
-                    "{}: generation {gen} cannot be rolled back to: {e:#}",
-                    t.shown()
-                ))
-            })?;
-            let diffs = verify::run(&fd, &label, &manifest.tree, Rules::of(&manifest))?;
-            (diffs, manifest.label)
-        }
-    };
+    let checked = super::check_generation(&t.state, &gen, &fd, &label, &refused)?;
+    let (diffs, gen_label) = (checked.differences, checked.header.label);
     drop(fd);
     if !diffs.is_empty() {
         return Err(error::refused(format!(

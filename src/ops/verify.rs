@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use crate::error::Failure;
 use crate::report;
-use crate::verify::{self, Difference, Rules};
+use crate::verify::{self, Difference};
 
 use super::Target;
 
@@ -102,32 +102,7 @@ pub fn run(dest: &Path, slot: Option<&str>, json: bool) -> Result<i32> {
 
 fn check(t: &Target) -> Result<Report> {
     let live = t.live()?;
-    let checked = match t.state.manifest_reader(&live.gen) {
-        Ok((r, shown)) => {
-            verify::against_manifest(&live.root, &t.vol.display, r.into_inner(), &shown)?
-        }
-        Err(_) => None,
-    };
-    // Where it does not go a directory at a time, the whole manifest and
-    // tree, as always (and the manifest's fault said from there).
-    let checked = match checked {
-        Some(c) => c,
-        None => {
-            let manifest = t.state.read_manifest(&live.gen)?;
-            let differences = verify::run(
-                &live.root,
-                &t.vol.display,
-                &manifest.tree,
-                Rules::of(&manifest),
-            )?;
-            verify::Checked {
-                entries: manifest.tree.count(),
-                bytes: manifest.tree.bytes(),
-                header: manifest,
-                differences,
-            }
-        }
-    };
+    let checked = super::check_generation(&t.state, &live.gen, &live.root, &t.vol.display, &|e| e)?;
     let verify::Checked {
         header: manifest,
         entries,
