@@ -116,14 +116,13 @@ fn write_manifest(c: &Commit<'_>, stage: &DirFd, manifest: &mut Manifest) -> Res
     let mut w = std::io::BufWriter::with_capacity(256 * 1024, std::fs::File::from(mfd));
     match c.spooled {
         None => manifest.write(&mut w).with_context(in_stage)?,
-        Some(body) => {
-            manifest.digest = body.digest.clone();
-            manifest
-                .write_header(&mut w, body.entries, body.bytes)
-                .with_context(in_stage)?;
-            let lines = stage.open_read(b"body").with_context(in_stage)?;
+        Some(spooled) => {
+            let body = stage.open_read(b"body").with_context(in_stage)?;
             // The `File` only reads the descriptor `sys` opened in staging.
-            std::io::copy(&mut std::fs::File::from(lines), &mut w).with_context(in_stage)?;
+            let mut body = std::fs::File::from(body);
+            manifest
+                .write_spooled(&mut w, spooled, &mut body)
+                .with_context(in_stage)?;
         }
     }
     let file = w

@@ -197,6 +197,21 @@ impl Manifest {
 
     /// The header, up to and including `---`, with `digest` as it is and
     /// the counts given (a streamed body's: `Spooled`).
+    /// Write the manifest whose body a stage spooled (`spooled`, what
+    /// `assemble` wrote; `body`, a reader of it): its digest is the body's,
+    /// the header first, then the body as written.
+    pub fn write_spooled(
+        &mut self,
+        w: &mut dyn Write,
+        spooled: &Spooled,
+        body: &mut dyn std::io::Read,
+    ) -> std::io::Result<()> {
+        self.digest = spooled.digest.clone();
+        self.write_header(w, spooled.entries, spooled.bytes)?;
+        std::io::copy(body, w)?;
+        Ok(())
+    }
+
     pub fn write_header(&self, w: &mut dyn Write, entries: u64, bytes: u64) -> std::io::Result<()> {
         writeln!(w, "{MAGIC} {VERSION}")?;
         if let Some(l) = &self.label {

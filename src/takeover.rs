@@ -1,9 +1,10 @@
 //! A plain directory at DEST (left by `cp -aR`) that the first sync takes
 //! over is kept, never deleted: `record` reads it before the swap into a
 //! manifest of its own (the way `verify` reads a tree: every entry, files
-//! hashed; a directory at a time, no tree held whole), and `file` moves it, once the swap has taken it out of DEST,
-//! into `gen/` as a retained generation like any other. `rollback` then
-//! publishes it again, and `--keep`/`--grace` retire it.
+//! hashed; a directory at a time, no tree held whole), and `file` moves
+//! it, once the swap has taken it out of DEST, into `gen/` as a retained
+//! generation like any other. `rollback` then publishes it again, and
+//! `--keep`/`--grace` retire it.
 //!
 //! Recording comes before the swap so that anything that fails (a file that
 //! cannot be read, a full volume) fails the sync with DEST as it was; after
@@ -104,7 +105,7 @@ pub fn record(
     // would tie.
     let now = crate::clock::now_pair();
     let made = root_meta.mtime.pair().min((now.0 - 1, now.1));
-    let manifest = Manifest {
+    let mut manifest = Manifest {
         verified: Vec::new(),
         label: None,
         created: made,
@@ -120,18 +121,18 @@ pub fn record(
         xattrs: false,
         set_mtime: None,
         layers: Vec::new(),
-        digest: spooled.digest.clone(),
+        digest: String::new(),
         tree: crate::tree::Tree::default(),
     };
     let fd = stage.create_excl(MANIFEST).with_context(in_stage)?;
     // The `File` only writes the descriptor `sys` created in staging.
     let mut w = std::io::BufWriter::new(std::fs::File::from(fd));
-    manifest
-        .write_header(&mut w, spooled.entries, spooled.bytes)
-        .with_context(in_stage)?;
     let body = stage.open_read(BODY).with_context(in_stage)?;
     // The `File` only reads the descriptor `sys` opened in staging.
-    std::io::copy(&mut std::fs::File::from(body), &mut w).with_context(in_stage)?;
+    let mut body = std::fs::File::from(body);
+    manifest
+        .write_spooled(&mut w, &spooled, &mut body)
+        .with_context(in_stage)?;
     let file = w
         .into_inner()
         .map_err(|e| e.into_error())
