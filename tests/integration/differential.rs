@@ -58,6 +58,10 @@ struct Mode {
     drifts: bool,
     /// What the live side is before each round, besides what the syncs made.
     bare: Bare,
+    /// The volume is taken for one that does not show hardlinks
+    /// (`PACKSYNC_TEST_HARDLINKS=hidden`, as sshfs): manifests keep the
+    /// groups (`hardlinks 0`).
+    hidden_links: bool,
 }
 
 /// A live side with no manifest to read, as the round starts.
@@ -118,6 +122,18 @@ const MODES: &[Mode] = &[
     Mode::new("archive take over", &[&["--itemize"]])
         .from(Source::Tar)
         .bare(Bare::TakeOver),
+    Mode::new("hardlinks hidden", &[&[]]).hidden_links(),
+    Mode::new(
+        "hardlinks hidden itemize",
+        &[&["--dry-run", "--itemize"], &["--itemize"]],
+    )
+    .hidden_links(),
+    Mode::new("hardlinks hidden checksum", &[&["--checksum"]]).hidden_links(),
+    Mode::new("hardlinks hidden verify", &[&["--verify"]]).hidden_links(),
+    Mode::new("hardlinks hidden archive", &[&[]])
+        .from(Source::Tar)
+        .steady()
+        .hidden_links(),
 ];
 
 impl Mode {
@@ -130,6 +146,14 @@ impl Mode {
             shows: &[SYNCED],
             drifts: true,
             bare: Bare::No,
+            hidden_links: false,
+        }
+    }
+
+    const fn hidden_links(self) -> Mode {
+        Mode {
+            hidden_links: true,
+            ..self
         }
     }
 
@@ -196,14 +220,23 @@ impl Layout {
 /// `bin ARGS` in `dir` with the fixture's environment: its exit code, its
 /// stdout as JSON (null when empty) and its stderr, with `dest` (the DEST's
 /// name) written `DEST` and the timings taken out (`strip_times`).
-fn run(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, String) {
-    unsuffix(run_as_is(bin, dir, args, dest))
+fn run(bin: &Path, dir: &Path, args: &[String], dest: &str, mode: &Mode) -> (i32, Value, String) {
+    unsuffix(run_as_is(bin, dir, args, dest, mode))
 }
 
 /// `run`, generation names as they are.
-fn run_as_is(bin: &Path, dir: &Path, args: &[String], dest: &str) -> (i32, Value, String) {
+fn run_as_is(
+    bin: &Path,
+    dir: &Path,
+    args: &[String],
+    dest: &str,
+    mode: &Mode,
+) -> (i32, Value, String) {
     let mut c = Command::new(bin);
     clean_env(&mut c).args(args).current_dir(dir);
+    if mode.hidden_links {
+        c.env("PACKSYNC_TEST_HARDLINKS", "hidden");
+    }
     let out = Run::from(c.output().unwrap());
     let stdout = out.stdout.replace(dest, "DEST");
     let mut json = if stdout.trim().is_empty() {
@@ -293,10 +326,10 @@ struct Snapshot {
     status: (i32, Value, String),
 }
 
-fn snapshot(f: &Fixture, layout: Layout, bin: &Path, name: &str) -> Snapshot {
-    let dest = f.path("vol").join(name);
+fn snapshot(f: &Fixture, mode: &Mode, bin: &Path, name: &str) -> Snapshot {
+    let (dest, layout) = (f.path("vol").join(name), mode.layout);
     let args = ["status".into(), "--json".into(), format!("vol/{name}")];
-    let status = run_as_is(bin, f.dir.path(), &args, name);
+    let status = run_as_is(bin, f.dir.path(), &args, name, mode);
     if fs::symlink_metadata(&dest).is_err() {
         return Snapshot {
             link: None,
@@ -488,24 +521,45 @@ fn history(
         };
         let mut last = 0;
         for flags in mode.runs {
-            let was = run(old, f.dir.path(), &args(flags, OLD), OLD);
-            let now = run(&crate::fixture::bin(), f.dir.path(), &args(flags, NEW), NEW);
+            let was = run(old, f.dir.path(), &args(flags, OLD), OLD, mode);
+            let now = run(
+                &crate::fixture::bin(),
+                f.dir.path(),
+                &args(flags, NEW),
+                NEW,
+                mode,
+            );
             seen.borrow_mut().push_str(&now.1.to_string());
             prop_assert_eq!(&was, &now, "round {}, flags {:?}", n, flags);
             prop_assert_eq!(
-                snapshot(&f, mode.layout, old, OLD),
-                snapshot(&f, mode.layout, &crate::fixture::bin(), NEW),
+                snapshot(&f, mode, old, OLD),
+                snapshot(&f, mode, &crate::fixture::bin(), NEW),
                 "round {}, flags {:?}",
                 n,
                 flags
             );
+            if mode.hidden_links {
+                let manifest = snapshot(&f, mode, old, OLD).manifest.unwrap_or_default();
+                prop_assert!(
+                    manifest.is_empty() || manifest.contains("\nhardlinks 0\n"),
+                    "round {}: the volume showed hardlinks: {}",
+                    n,
+                    manifest
+                );
+            }
             last = now.0;
         }
         if last == 0 {
             // The other way round: each binary syncs the other's DEST again.
             let flags = mode.runs.last().unwrap();
-            let was = run(old, f.dir.path(), &args(flags, NEW), NEW);
-            let now = run(&crate::fixture::bin(), f.dir.path(), &args(flags, OLD), OLD);
+            let was = run(old, f.dir.path(), &args(flags, NEW), NEW, mode);
+            let now = run(
+                &crate::fixture::bin(),
+                f.dir.path(),
+                &args(flags, OLD),
+                OLD,
+                mode,
+            );
             prop_assert!(
                 was.1["status"] == "up to date",
                 "round {}: the old binary on the new one's DEST: {:?}",
