@@ -199,9 +199,16 @@ impl StreamedRound<'_> {
             let live_names: Option<Vec<&[u8]>> = live_top
                 .as_ref()
                 .map(|t| t.iter().map(Vec::as_slice).collect());
+            // An empty source against a live tree its manifest says is
+            // empty: whatever was dropped into it since counts, as the
+            // whole-tree path sees the tree.
+            let live_nonempty = rec.is_some_and(|r| {
+                r.index.entries > 0
+                    || (top.is_empty() && r.live.list().is_ok_and(|l| !l.is_empty()))
+            });
             let totals = Totals {
                 empty: top.is_empty(),
-                live_nonempty: rec.is_some_and(|r| r.index.entries > 0),
+                live_nonempty,
                 deleted,
                 names: &names,
                 live_names: live_names.as_deref(),

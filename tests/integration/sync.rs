@@ -443,6 +443,23 @@ fn empty_source_does_not_replace_a_full_tree() {
     assert_eq!(fs::read_dir(f.dest()).unwrap().count(), 0);
 }
 
+/// A generation published empty, then files dropped into it on the
+/// volume: an empty source does not wipe them without `--allow-empty`,
+/// whichever way the sync is planned.
+#[test]
+fn empty_source_does_not_replace_files_dropped_into_an_empty_generation() {
+    let f = Fixture::new();
+    f.sync(&["--allow-empty"]).ok();
+    fs::write(f.dest().join("dropped"), "kept").unwrap();
+    let before = f.volume();
+    for flags in [&[][..], &["--itemize"], &["--checksum"], &["--dry-run"]] {
+        f.sync_refused(flags, 3, "--allow-empty");
+        assert_eq!(f.volume(), before, "{flags:?}");
+    }
+    f.sync(&["--allow-empty"]).ok();
+    assert_eq!(fs::read_dir(f.dest()).unwrap().count(), 0);
+}
+
 #[test]
 fn max_delete_guards_mass_deletion() {
     let f = Fixture::new();
