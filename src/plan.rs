@@ -33,6 +33,11 @@ pub struct Compare {
     /// manifest's onto a listing), so that the manifest's are trusted as
     /// its hashes are.
     pub xattrs: bool,
+    /// A live group of hardlinks is one inode on the volume (the live
+    /// manifest's `hardlinks 1`). False where the volume does not show
+    /// hardlinks (`hardlinks 0`, sshfs): a live file's group is the one
+    /// its manifest records, and its inode tells nothing of it.
+    pub hardlinks: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -625,6 +630,7 @@ mod tests {
         link_meta: true,
         by_content: 0,
         xattrs: true,
+        hardlinks: true,
     };
 
     fn f(name: &str, size: u64, mtime: i64) -> Entry {
@@ -1314,6 +1320,7 @@ mod tests {
                 link_meta,
                 by_content: 0,
                 xattrs: true,
+                hardlinks: true,
             })
     }
 

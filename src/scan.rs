@@ -350,6 +350,11 @@ impl Visit for Paired<'_> {
             let kind = e.kind();
             (a.adjust)(&mut e.meta, kind);
         }
+        if a.recorded.is_some() && !a.compare.hardlinks {
+            // The volume shows no hardlinks: its files are in the groups
+            // the manifest records for them (its entries here, `merged`).
+            attach_recorded(&mut live_entries, &merged, &a.compare);
+        }
         if a.recorded.is_none() {
             hash_by_content(a.sources, srcs, rel, &mut merged, &live_entries, &a.compare)?;
         }
@@ -504,14 +509,7 @@ impl Visit for Recorded<'_> {
 /// it pairs a source's.
 fn recorded_entries(ix: &crate::index::Index, rel: &[u8]) -> Result<Vec<Entry>> {
     let mut entries = ix.entries(rel)?;
-    for e in entries.iter_mut() {
-        if let Node::File(f) = &mut e.node {
-            (f.dev, f.ino, f.nlink) = match f.group {
-                Some(g) => (u64::MAX, u64::from(g), 2),
-                None => (u64::MAX, 0, 1),
-            };
-        }
-    }
+    entries.iter_mut().for_each(group_identity);
     Ok(entries)
 }
 
@@ -633,7 +631,10 @@ pub struct Surveyed {
 /// a recorded group is there, on one inode, and no other live file (a
 /// few bits each, `distinct::Distinct`) is on it or on another's. `None`
 /// where that does not hold (the live tree's hardlinks drifted from its
-/// manifest): the whole trees decide then.
+/// manifest): the whole trees decide then. On a volume that does not show
+/// hardlinks (`hardlinks 0`) the inodes say nothing: a group is on one
+/// inode by its recorded number (`attach_recorded`), and every path of it
+/// must still be there as recorded.
 pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
     let mut root = Meta::default();
     for src in s.sources {
@@ -793,21 +794,47 @@ struct Surveying<'a> {
 /// sorted by name): each file its recorded hardlink group, and each entry
 /// still as recorded (matched by `c`, as the whole-tree path attaches
 /// them) its recorded extended attributes and hash.
+///
+/// Where the volume does not show hardlinks (`c.hardlinks` false), the
+/// groups are only the manifest's: a file still as recorded takes its
+/// recorded group, and with it the identity `group_identity` gives, so
+/// that the group's paths share an inode as `plan::Links` sees them; any
+/// other file is a file of one link.
 fn attach_recorded(listed: &mut [Entry], recorded: &[Entry], c: &Compare) {
     for e in listed.iter_mut() {
-        let Ok(i) = recorded.binary_search_by(|r| r.name.cmp(&e.name)) else {
+        let me = recorded
+            .binary_search_by(|r| r.name.cmp(&e.name))
+            .ok()
+            .map(|i| &recorded[i]);
+        let same = me.is_some_and(|me| plan::same_entry(me, e, c));
+        if let (Node::File(f), Some(Node::File(mf))) = (&mut e.node, me.map(|me| &me.node)) {
+            f.group = mf.group.filter(|_| c.hardlinks || same);
+        }
+        if !c.hardlinks {
+            group_identity(e);
+        }
+        let Some(me) = me.filter(|_| same) else {
             continue;
         };
-        let me = &recorded[i];
-        if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
-            f.group = mf.group;
-        }
-        if !plan::same_entry(me, e, c) {
-            continue;
-        }
         e.meta.xattrs = me.meta.xattrs;
         if let (Node::File(f), Node::File(mf)) = (&mut e.node, &me.node) {
             f.hash = mf.hash;
+        }
+    }
+}
+
+/// A file's identity as its recorded hardlink group gives it: the paths
+/// of group `g` on one inode (on a device no volume has, numbered down
+/// from the last inode number, far from any a filesystem hands out), a
+/// file of no group of one link (on the inode it has). For the entries of
+/// a manifest (`recorded_entries`), and for a listing of a volume that
+/// does not show hardlinks once each file has its recorded group
+/// (`attach_recorded`).
+fn group_identity(e: &mut Entry) {
+    if let Node::File(f) = &mut e.node {
+        match f.group {
+            Some(g) => (f.dev, f.ino, f.nlink) = (u64::MAX, u64::MAX - u64::from(g), 2),
+            None => f.nlink = 1,
         }
     }
 }
@@ -1070,5 +1097,76 @@ mod tests {
         assert!(!f.excludes(b"pack/__pycache__", false));
         assert!(f.excludes(b".git", true));
         assert!(!f.excludes(b"actions/run.py", false));
+    }
+
+    /// A listing of a volume that shows no hardlinks (each path its own
+    /// inode, one link) against its manifest's group of `a` and `b`.
+    #[test]
+    fn a_volume_without_hardlinks_takes_its_groups_from_the_manifest() {
+        let file = |name: &str, ino: u64, group: Option<u32>| Entry {
+            name: name.as_bytes().into(),
+            meta: Meta {
+                mode: 0o644,
+                size: 1,
+                ..Meta::default()
+            },
+            node: Node::File(crate::tree::File {
+                ino,
+                nlink: 1,
+                group,
+                ..Default::default()
+            }),
+        };
+        let recorded = [
+            file("a", 0, Some(7)),
+            file("b", 0, Some(7)),
+            file("c", 0, None),
+        ];
+        let c = |hardlinks| Compare {
+            owners: true,
+            checksum: false,
+            granularity_ns: 1,
+            link_meta: true,
+            by_content: 0,
+            xattrs: false,
+            hardlinks,
+        };
+        // A source pair: `a` and `b` on one inode, `c` alone.
+        let mut src = [file("a", 1, None), file("b", 1, None), file("c", 2, None)];
+        for e in src.iter_mut().take(2) {
+            if let Node::File(f) = &mut e.node {
+                f.nlink = 2;
+            }
+        }
+        let same = |live: &[Entry]| {
+            let links = Mutex::new(plan::Links::default());
+            same_here(&src, live, &c(false), &links).is_some()
+                && links.into_inner().unwrap().consistent()
+        };
+        let listed = || {
+            vec![
+                file("a", 10, None),
+                file("b", 11, None),
+                file("c", 12, None),
+            ]
+        };
+        // As the volume lists them, the pair is two files: not the source's.
+        assert!(!same(&listed()));
+        // With the manifest's group, one inode: the same.
+        let mut live = listed();
+        attach_recorded(&mut live, &recorded, &c(false));
+        assert!(same(&live), "{live:?}");
+        // `b` replaced since (another size): not in the group any more.
+        let mut live = listed();
+        live[1].meta.size = 2;
+        attach_recorded(&mut live, &recorded, &c(false));
+        let Node::File(b) = &live[1].node else {
+            panic!("a file")
+        };
+        assert_eq!((b.group, b.nlink), (None, 1));
+        // A volume that shows hardlinks keeps its listing's inodes.
+        let mut live = listed();
+        attach_recorded(&mut live, &recorded, &c(true));
+        assert!(!same(&live));
     }
 }

@@ -770,8 +770,10 @@ impl Walker<'_> {
             self.kept.lock().unwrap().append(&mut kept);
         }
         // Each path of a recorded live group kept equal must still be on
-        // the group's one inode (a file replaced on the volume is not).
-        if let (false, Some(dir)) = (grouped.is_empty(), live_dir) {
+        // the group's one inode (a file replaced on the volume is not),
+        // where the volume shows hardlinks: else the groups are only the
+        // manifest's.
+        if let (false, Some(dir), true) = (grouped.is_empty(), live_dir, c.hardlinks) {
             let mut groups = self.live_groups.lock().unwrap();
             for (name, g) in grouped {
                 // A path gone from the volume is copied, as any file the

@@ -785,6 +785,7 @@ fn as_recorded(header: &Manifest) -> Compare {
         link_meta: header.link_meta,
         by_content: 0,
         xattrs: false,
+        hardlinks: header.hardlinks,
     }
 }
 

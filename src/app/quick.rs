@@ -96,6 +96,7 @@ pub(super) fn spooled_quick(
         link_meta: rec.header.link_meta,
         by_content: sources.compared_by_content(cfg),
         xattrs: true,
+        hardlinks: rec.header.hardlinks,
     };
     // What this listing skips is reported by the scan that stages.
     let same = scan::same_as_recorded(
@@ -122,9 +123,9 @@ pub(super) struct Quick {
 /// a directory at a time (`scan::compare_live`) with nothing whole held:
 /// `None` where it is not, or where this compare does not apply and the
 /// sync goes on to plan (`--dry-run`, which plans a directory at a time
-/// itself; a DEST that is not a generation, a manifest that is missing or
-/// gives the hardlink groups itself, a label to change, a source that is
-/// not a directory, any error: the full path reports it).
+/// itself; a DEST that is not a generation, a manifest that is missing, a
+/// label to change, a source that is not a directory, any error: the full
+/// path reports it).
 pub(super) fn quick(
     cfg: &SyncConfig,
     live: &LiveGen,
@@ -152,8 +153,8 @@ pub(super) fn quick(
 /// a `Quick` when it is up to date. Files are compared by size, mtime and
 /// mode (and, with `--checksum`, against the sources by their bytes; under
 /// `--set-mtime`, the sources' bytes against the recorded hashes). `None`
-/// where this compare does not apply (a new label, a volume without
-/// hardlinks) or it found a difference.
+/// where this compare does not apply (a new label) or it found a
+/// difference.
 pub(super) fn compare_quick(
     cfg: &SyncConfig,
     live: &LiveGen,
@@ -162,18 +163,23 @@ pub(super) fn compare_quick(
     sources: &[&dyn crate::source::Source],
     recorded: Option<&crate::index::Index>,
 ) -> Option<Quick> {
-    if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
+    if cfg.label.is_some() && cfg.label_text() != header.label.as_deref() {
         return None;
     }
-    // A listing shows no attributes, nor hashes: where the live generation
-    // has attributes, or `--set-mtime` leaves only content to tell files
-    // apart, each live entry still as recorded takes its manifest's (the
-    // index costs one more pass over the manifest).
+    // A listing shows no attributes, nor hashes, nor hardlinks where the
+    // volume does not (`hardlinks 0`): where the live generation has
+    // attributes, `--set-mtime` leaves only content to tell files apart,
+    // or its groups are only its manifest's, each live entry still as
+    // recorded takes its manifest's (the index costs one more pass over
+    // the manifest).
     let by_content = match (cfg.set_mtime, recorded) {
         (Some(_), None) => u64::MAX,
         _ => 0,
     };
-    let index = match ((header.xattrs || by_content != 0), recorded) {
+    let index = match (
+        (header.xattrs || by_content != 0 || !header.hardlinks),
+        recorded,
+    ) {
         (true, None) => Some(live.index()?),
         _ => None,
     };
@@ -195,6 +201,7 @@ pub(super) fn compare_quick(
             // the live entries. The live tree against its own manifest (a
             // drift check): a listing has none to compare.
             xattrs: recorded.is_none(),
+            hardlinks: header.hardlinks,
         },
         recorded,
         as_recorded: index.as_ref().map(|ix| (ix, as_recorded(&header))),
@@ -289,7 +296,7 @@ pub(super) fn trusted_by(cfg: &SyncConfig, header: &Manifest, n: usize) -> bool 
 /// manifest's index), so that the sync is up to date holding no whole
 /// tree. `None` where it is not (drift: the whole-tree path below fetches
 /// and repairs), or where this compare does not apply (`--dry-run`, a new
-/// label, a volume without hardlinks, a manifest that does not index).
+/// label, a manifest that does not index).
 pub(super) fn recorded_quick(
     cfg: &SyncConfig,
     live: &LiveGen,
@@ -299,7 +306,7 @@ pub(super) fn recorded_quick(
         return None;
     }
     let header = live.header()?.clone();
-    if !header.hardlinks || (cfg.label.is_some() && cfg.label_text() != header.label.as_deref()) {
+    if cfg.label.is_some() && cfg.label_text() != header.label.as_deref() {
         return None;
     }
     let index = live.index()?;

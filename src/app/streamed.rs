@@ -30,10 +30,10 @@ use super::{
 /// and onto what: sources that all list a directory at a time (with
 /// `--itemize`, once `survey` has planned the changes it lists), without
 /// `--dry-run` (planned by `survey`), onto nothing (a first sync), a live
-/// generation whose manifest indexes (an update; not where the volume
-/// does not show hardlinks, whose groups come from the manifest), or a
-/// live tree with no manifest to read (`Onto::Listed`: planned by
-/// `survey` first). `None`: whole trees are compared.
+/// generation whose manifest indexes (an update; where the volume does
+/// not show hardlinks, its groups are the manifest's), or a live tree
+/// with no manifest to read (`Onto::Listed`: planned by `survey` first).
+/// `None`: whole trees are compared.
 pub(super) fn streams(
     cfg: &SyncConfig,
     live: Option<&LiveGen>,
@@ -59,9 +59,6 @@ pub(super) fn streams(
         Dest::Live(_) => {
             let live = live?;
             let header = live.header()?.clone();
-            if !header.hardlinks {
-                return None;
-            }
             let root = live.root_owned()?;
             // A manifest that does not index costs the streaming only.
             let index = live.index()?;
@@ -277,6 +274,7 @@ impl StreamedRound<'_> {
                     // file's under `--set-mtime`).
                     by_content: self.sources.compared_by_content(cfg),
                     xattrs: true,
+                    hardlinks: r.header.hardlinks,
                 };
                 (&r.index, compare)
             }),

@@ -21,7 +21,7 @@ use super::{as_recorded, guards, planned_first, Adjust, Sources, Totals};
 /// live manifest's header: for sources that list a directory at a time
 /// (directories; archives and images once spooled: a dry run's spool is
 /// outside the volume) onto nothing or onto a live generation whose
-/// manifest indexes and whose volume shows hardlinks. `None` where it does
+/// manifest indexes. `None` where it does
 /// not apply, where the live tree's hardlinks drifted from its manifest,
 /// or at any error: the whole-tree path then plans (and says what failed,
 /// as it always has).
@@ -52,9 +52,6 @@ pub(super) fn survey(
         (Dest::Absent, _) | (_, Some(_)) => (None, None),
         (Dest::Live(_), None) => {
             let header = live?.header()?.clone();
-            if !header.hardlinks {
-                return None;
-            }
             // A manifest that does not index leaves the plan to whole trees.
             (Some(header), Some(live?.index()?))
         }
@@ -91,6 +88,7 @@ pub(super) fn survey(
             link_meta: header.as_ref().is_none_or(|m| m.link_meta),
             by_content: sources.compared_by_content(cfg),
             xattrs: true,
+            hardlinks: header.as_ref().is_none_or(|m| m.hardlinks),
         },
         live: side,
         list: cfg.itemize,

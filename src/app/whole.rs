@@ -317,6 +317,7 @@ pub(super) fn plan(
         link_meta: live.manifest.as_ref().is_none_or(|m| m.link_meta),
         by_content,
         xattrs: true,
+        hardlinks: live.manifest.as_ref().is_none_or(|m| m.hardlinks),
     };
     if cfg.checksum || cfg.set_mtime.is_some() {
         if let Some(lt) = live.tree.as_ref() {

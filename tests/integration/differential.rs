@@ -54,7 +54,8 @@ struct Mode {
     /// The live trees drift between rounds (`drift`). Not where the base
     /// binary took the whole-tree path and this one streams against the
     /// live manifest, counting what drifted differently: a plain sync of
-    /// an archive or an image (a directory's streamed already there).
+    /// an archive or an image (a directory's streamed already there), and
+    /// a plain sync on a volume that does not show hardlinks.
     drifts: bool,
     /// What the live side is before each round, besides what the syncs made.
     bare: Bare,
@@ -122,7 +123,11 @@ const MODES: &[Mode] = &[
     Mode::new("archive take over", &[&["--itemize"]])
         .from(Source::Tar)
         .bare(Bare::TakeOver),
-    Mode::new("hardlinks hidden", &[&[]]).hidden_links(),
+    // Steady: the base binary compared whole trees on such a volume, this
+    // one stages against the live manifest (see `drifts`).
+    Mode::new("hardlinks hidden", &[&[]])
+        .steady()
+        .hidden_links(),
     Mode::new(
         "hardlinks hidden itemize",
         &[&["--dry-run", "--itemize"], &["--itemize"]],

@@ -20,7 +20,7 @@ use std::thread;
 use std::time::Duration;
 
 use super::{code, common_paths, entries, ok, packsync, variant_of, variant_tree, Victim};
-use crate::fixture::{links, set_mtime, Fixture};
+use crate::fixture::{links, mtime, set_mtime, Fixture};
 
 const FILES: usize = 20;
 const ROUNDS: usize = 8;
@@ -395,9 +395,8 @@ fn fidelity(backend: &str, rig: &Rig) {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     // Every unchanged file is hardlinked, not copied: the other FILES - 1,
     // only-1.txt and d1/hardlink, the second name of d0/f0000.txt. Each
-    // path counts, as --dry-run counts them, whether the update is staged
-    // a directory at a time (gluster) or whole (sshfs keeps no hardlink
-    // groups: the manifest's `hardlinks 0`).
+    // path counts, as --dry-run counts them. On sshfs, which shows no
+    // hardlinks, the groups are the manifest's (`hardlinks 0`).
     let reused = FILES + 1;
     assert_eq!(
         (v["copied"].as_u64(), v["reused"].as_u64()),
@@ -405,6 +404,51 @@ fn fidelity(backend: &str, rig: &Rig) {
         "{v}"
     );
     victim.assert_untouched();
+    // The groups change: the pair split (its second name a file of its
+    // own, with the same bytes and times) and a new pair joined across
+    // directories. Seen from the other client, on the server as in the
+    // source, then up to date from both, and as its manifest says.
+    let second = src.join("d1/hardlink");
+    let (bytes, (s, ns)) = (fs::read(&second).unwrap(), mtime(&second));
+    let (ds, dns) = mtime(&src.join("d1"));
+    fs::remove_file(&second).unwrap();
+    fs::write(&second, bytes).unwrap();
+    set_mtime(&second, s, ns);
+    set_mtime(&src.join("d1"), ds, dns);
+    fs::hard_link(src.join("d2/f0002.txt"), src.join("d3/joined")).unwrap();
+    let out = ok(sync(&a, &["--json", "--itemize"]));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut changed: Vec<String> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            format!(
+                "{} {}",
+                c["change"].as_str().unwrap(),
+                c["path"].as_str().unwrap()
+            )
+        })
+        .collect();
+    changed.sort();
+    assert_eq!(
+        changed,
+        [
+            "+ d3/joined",
+            "~ d0/f0000.txt",
+            "~ d1/hardlink",
+            "~ d2/f0002.txt",
+            "~ d3/"
+        ],
+        "{backend}: {v}"
+    );
+    server_hardlinks(rig, "fid/packs", &src);
+    for dest in [&a, &b] {
+        let out = ok(sync(dest, &["--json", "--itemize"]));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["status"], "up to date", "{backend}: {v}");
+    }
+    ok(packsync().arg("verify").arg(&b).output().unwrap());
     // On a shared volume nothing younger than 2 minutes is collected, even
     // with --grace 0: another client may still be resolving it.
     let gens = || {
