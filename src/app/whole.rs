@@ -122,7 +122,8 @@ pub(super) fn up_to_date(
         && live.manifest.is_some()
         && (cfg.label.is_none() || cfg.label_text() == live_label)
         // Verified now but not then (or by other keys): the record is news.
-        && live.manifest.as_ref().is_some_and(|m| m.verified == verified)
+        // Without keys, what a keyed sync verified of the same tree stands.
+        && (!cfg.trusting() || live.manifest.as_ref().is_some_and(|m| m.verified == verified))
 }
 
 /// The live tree as it is on the volume, with hashes from its manifest where
@@ -576,10 +577,10 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     );
     let ((mut tree, verified), mut live) = (scanned?, live?);
     // Unchanged since the live generation: the keys that verified it then.
-    let verified = verified.unwrap_or_else(|| {
-        live.manifest
-            .as_ref()
-            .map_or_else(Vec::new, |m| m.verified.clone())
+    // Else, without keys, none: what was not checked claims no key.
+    let verified = verified.unwrap_or_else(|| match (noop, live.manifest.as_ref()) {
+        (true, Some(m)) => m.verified.clone(),
+        _ => Vec::new(),
     });
     // `--label auto` with a bundle that told its version only in the spool.
     // Sources unchanged since the live generation (`noop`) are not

@@ -539,3 +539,44 @@ fn a_verified_bundle_answering_304_is_up_to_date_only_for_the_keys_that_verified
     assert!(both.stdout.contains("up to date"), "{}", both.stdout);
     assert!(server.requests()[3].contains("if-none-match=\""));
 }
+
+/// A sync without keys publishes what it did not verify: its generation
+/// claims no key, so a keyed sync answered 304 for it checks the bundle
+/// again, and refuses it when the key never signed it.
+#[test]
+fn a_generation_made_without_keys_claims_no_verification_it_did_not_make() {
+    let Some(f) = setup() else { return };
+    sign_src(&f, "ed", "EdDSA");
+    let server = Server::start(&f);
+    let bundle = server.www.join("bundle.tar.gz");
+    tar_gz(&f.src(), &bundle);
+    let url = server.url("/bundle.tar.gz");
+    let ed = key_arg(&f, "ed");
+    f.packsync(&keyed(&ed, &url)).ok();
+    let verified = |f: &Fixture| {
+        let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
+        let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+        v["live"]["verified"].clone()
+    };
+    assert!(verified(&f)[0]["key"].is_string());
+    // The bundle changed after signing; synced without a key it lands as
+    // ordinary files, and nothing says the key verified them. Two live
+    // files joined by hand (one inode) send `--itemize` to the whole trees.
+    f.file(
+        "authz/policy.rego",
+        "package authz\ndefault allow := true\n",
+    );
+    tar_gz(&f.src(), &bundle);
+    let live = f.dest();
+    fs::remove_file(live.join("authz/data.json")).unwrap();
+    fs::hard_link(live.join(".manifest"), live.join("authz/data.json")).unwrap();
+    let plain = f
+        .packsync(&["sync", "--grace", "0", "--itemize", &url, "vol/packs"])
+        .ok();
+    assert!(plain.stdout.contains("synced"), "{}", plain.stdout);
+    let claimed = verified(&f);
+    assert!(claimed.as_array().is_none_or(|a| a.is_empty()), "{claimed}");
+    // With the key again: the server answers 304, which proves nothing
+    // here; the bundle is fetched and checked, and refused by name.
+    f.unchanged_but_staging(|| f.packsync(&keyed(&ed, &url)).fails(6, "authz/policy.rego"));
+}
