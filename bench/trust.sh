@@ -8,10 +8,15 @@
 #   * the same tree as an OPA bundle over HTTP (a tar.gz whose
 #     /.signatures.json lists every file's SHA-256, ES256): cold publish
 #     verified vs unverified, and the verified no-op (a 304);
-#   * syscalls per entry of the cold publish, verified and not (strace -c -f).
+#   * syscalls per entry of the cold publish, verified and not (strace -c -f);
+#   * peak RSS (/usr/bin/time's %M) of each cold publish, verified and not.
 #
 #   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --target x86_64-unknown-linux-gnu
 #   bench/trust.sh            # RUNS=7 by default; prints median, min, max
+#
+# FILES (default 5000) and MAXSIZE (bytes, default 15360) change the tree:
+# FILES files of 1 KiB to MAXSIZE bytes (0 to MAXSIZE below 1 KiB), in 50
+# packs. PACKSYNC names the binary.
 #
 # Needs docker-registry, skopeo, openssl, curl, python3 and strace.
 # Everything lives in a temporary directory; the servers it starts are
@@ -29,7 +34,7 @@ openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$W/key.pem"
 openssl pkey -in "$W/key.pem" -pubout -out "$W/key.pub"
 
 # The tree, the image (tag 1) with its cosign signature, and the signed bundle.
-python3 - "$W" <<'PY'
+FILES=${FILES:-5000} MAXSIZE=${MAXSIZE:-15360} python3 - "$W" <<'PY'
 import base64, gzip, hashlib, io, json, os, random, subprocess, sys, tarfile
 w = sys.argv[1]
 random.seed(25)
@@ -40,8 +45,9 @@ def put(data, media):
     open(os.path.join(lay, "blobs", "sha256", d), "wb").write(data)
     return {"mediaType": media, "digest": "sha256:" + d, "size": len(data)}
 files = {}
-for i in range(5000):
-    size = random.randint(1024, 15 * 1024)
+nfiles, maxsize = int(os.environ.get("FILES", "5000")), int(os.environ.get("MAXSIZE", "15360"))
+for i in range(nfiles):
+    size = random.randint(min(1024, maxsize), maxsize)
     half = size // 2
     files["packs/p%02d/actions/a%04d.py" % (i % 50, i)] = (os.urandom(half) + b"#" * (size - half))
 def tar_of(entries):
@@ -195,11 +201,19 @@ b() { "$P" sync -q "$url" "$W/vol/b"; }
 pair "OPA bundle over HTTP, cold, --verify-key" "OPA bundle over HTTP, cold, no key"
 pair_noop "OPA bundle over HTTP, no-op (304), --verify-key" "OPA bundle over HTTP, no-op (304), no key" "$url"
 
+# The entries: FILES files, packs/, 50 pN/ and their actions/.
+entries=$(( ${FILES:-5000} + 101 ))
+rss_kib() { /usr/bin/time -f %M -o "$W/time.out" "$@" >/dev/null 2>&1; cat "$W/time.out"; }
+for what in img url; do
+  src=${!what}
+  fresh; row "  $what cold --verify-key: peak RSS"; echo "$(rss_kib "$P" sync -q "${key[@]}" "$src" "$W/vol/a") KiB"
+  fresh; row "  $what cold no key: peak RSS"; echo "$(rss_kib "$P" sync -q "$src" "$W/vol/b") KiB"
+done
 sys_per_entry() { strace -c -f -o "$W/strace.out" "$@" >/dev/null 2>&1; awk '$NF == "total" { print $(NF-2) }' "$W/strace.out"; }
 for what in img url; do
   src=${!what}
   fresh; n=$(sys_per_entry "$P" sync -q "${key[@]}" "$src" "$W/vol/a")
-  row "  $what cold --verify-key: syscalls per entry"; awk -v n="$n" 'BEGIN { printf "%.1f (%d in all)\n", n / 5101, n }'
+  row "  $what cold --verify-key: syscalls per entry"; awk -v n="$n" -v e="$entries" 'BEGIN { printf "%.1f (%d in all)\n", n / e, n }'
   fresh; n=$(sys_per_entry "$P" sync -q "$src" "$W/vol/b")
-  row "  $what cold no key: syscalls per entry"; awk -v n="$n" 'BEGIN { printf "%.1f (%d in all)\n", n / 5101, n }'
+  row "  $what cold no key: syscalls per entry"; awk -v n="$n" -v e="$entries" 'BEGIN { printf "%.1f (%d in all)\n", n / e, n }'
 done

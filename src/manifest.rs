@@ -166,6 +166,12 @@ pub fn for_each_line(tree: &Tree, f: &mut dyn FnMut(&str)) {
 pub fn digest(tree: &Tree, label: Option<&str>, verified: &[(usize, String)]) -> String {
     let mut h = Sha256::new();
     for_each_line(tree, &mut |l| h.update(l.as_bytes()));
+    sealed(h, label, verified)
+}
+
+/// The digest of entry lines hashed into `h`: their label, then the
+/// `verified` records, hashed after them.
+fn sealed(mut h: Sha256, label: Option<&str>, verified: &[(usize, String)]) -> String {
     h.update(b"label ");
     h.update(label.unwrap_or("").as_bytes());
     for (i, fp) in verified {
@@ -206,7 +212,7 @@ impl Manifest {
         spooled: &Spooled,
         body: &mut dyn std::io::Read,
     ) -> std::io::Result<()> {
-        self.digest = spooled.digest.clone();
+        self.digest = spooled.digest(self.label.as_deref(), &self.verified);
         self.write_header(w, spooled.entries, spooled.bytes)?;
         std::io::copy(body, w)?;
         Ok(())
@@ -484,13 +490,7 @@ impl LineDigest {
         if self.prev.is_none() || !self.in_order {
             return false;
         }
-        let mut h = self.h;
-        h.update(b"label ");
-        h.update(header.label.as_deref().unwrap_or("").as_bytes());
-        for (i, fp) in &header.verified {
-            h.update(format!("\nverified {i} {}", percent(fp.as_bytes())).as_bytes());
-        }
-        hex(&h.finalize()) == header.digest
+        sealed(self.h, header.label.as_deref(), &header.verified) == header.digest
     }
 }
 
@@ -564,7 +564,6 @@ pub fn assemble_spool(
     root: &Entry,
     frags: &mut Fragments,
     lines: std::os::fd::BorrowedFd<'_>,
-    label: Option<&str>,
     w: &mut dyn Write,
 ) -> Result<Spooled> {
     let read = |off: u64, len: u32| -> std::io::Result<Vec<u8>> {
@@ -579,26 +578,35 @@ pub fn assemble_spool(
         }
         Ok(buf)
     };
-    assemble(root, frags, &read, label, w)
+    assemble(root, frags, &read, w)
 }
 
 /// What `assemble` wrote.
 pub struct Spooled {
-    pub digest: String,
+    /// Its entry lines hashed: the digest but for the header's label and
+    /// `verified` records (`digest`).
+    lines: Sha256,
     pub entries: u64,
     pub bytes: u64,
+}
+
+impl Spooled {
+    /// The digest of a manifest of this body with `label` and `verified`:
+    /// what `digest` computes for the same tree.
+    pub fn digest(&self, label: Option<&str>, verified: &[(usize, String)]) -> String {
+        sealed(self.lines.clone(), label, verified)
+    }
 }
 
 /// Write the body of a manifest whose fragments `read` hands out (by
 /// offset and length) in pre-order to `w`, after the root's own line:
 /// hardlink groups numbered in the order they first appear, the hash kept
 /// on that first path only, as `for_each_line` writes them. The digest is
-/// the one `digest` computes for the same tree.
+/// the one `digest` computes for the same tree (`Spooled::digest`).
 pub fn assemble(
     root: &Entry,
     frags: &mut Fragments,
     read: &dyn Fn(u64, u32) -> std::io::Result<Vec<u8>>,
-    label: Option<&str>,
     w: &mut dyn Write,
 ) -> Result<Spooled> {
     frags.index.sort();
@@ -618,10 +626,8 @@ pub fn assemble(
         bytes: 0,
     };
     a.dir(b"")?;
-    a.h.update(b"label ");
-    a.h.update(label.unwrap_or("").as_bytes());
     Ok(Spooled {
-        digest: hex(&a.h.finalize()),
+        lines: a.h,
         entries: a.entries,
         bytes: a.bytes,
     })
@@ -1143,12 +1149,14 @@ mod tests {
             node: Node::Dir(Dir::default()),
         };
         let mut got = Vec::new();
-        let body = assemble(&root, &mut frags, &read, Some("v1"), &mut got).unwrap();
+        let body = assemble(&root, &mut frags, &read, &mut got).unwrap();
         assert_eq!(
             String::from_utf8(got).unwrap(),
             String::from_utf8(want).unwrap()
         );
-        assert_eq!(body.digest, digest(&tree, Some("v1"), &[]));
+        assert_eq!(body.digest(Some("v1"), &[]), digest(&tree, Some("v1"), &[]));
+        let verified = [(0, "SHA256:ab+/c".to_string())];
+        assert_eq!(body.digest(None, &verified), digest(&tree, None, &verified));
         assert_eq!((body.entries, body.bytes), (tree.count(), tree.bytes()));
     }
 

@@ -278,7 +278,6 @@ pub struct Stream<'a> {
     pub adjust: &'a (dyn Fn(&mut Meta, crate::tree::Kind) + Sync),
     /// The root's metadata, adjusted.
     pub root: Meta,
-    pub label: Option<&'a str>,
     /// An update: the live generation's manifest (its root is `job.live`)
     /// and how its entries are compared with the sources'.
     pub recorded: Option<(&'a crate::index::Index, crate::plan::Compare)>,
@@ -414,9 +413,8 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         meta: s.root,
         node: Node::Dir(Default::default()),
     };
-    let spooled =
-        crate::manifest::assemble_spool(&root, &mut frags, lines.as_fd(), s.label, &mut bw)
-            .with_context(|| in_stage("body"))?;
+    let spooled = crate::manifest::assemble_spool(&root, &mut frags, lines.as_fd(), &mut bw)
+        .with_context(|| in_stage("body"))?;
     use std::io::Write;
     bw.flush().with_context(|| in_stage("body"))?;
     drop(bw);

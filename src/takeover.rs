@@ -93,9 +93,8 @@ pub fn record(
     let body = stage.create_excl(BODY).with_context(in_stage)?;
     // The `File` only writes the descriptor `sys` created in staging.
     let mut bw = std::io::BufWriter::with_capacity(256 * 1024, std::fs::File::from(body));
-    let spooled =
-        crate::manifest::assemble_spool(&root_entry, &mut frags, lines.as_fd(), None, &mut bw)
-            .with_context(in_stage)?;
+    let spooled = crate::manifest::assemble_spool(&root_entry, &mut frags, lines.as_fd(), &mut bw)
+        .with_context(in_stage)?;
     bw.flush().with_context(in_stage)?;
     drop((bw, frags, lines));
     let _ = stage.unlink(LINES);
@@ -143,7 +142,7 @@ pub fn record(
         sys::fsync(file.as_fd()).with_context(in_stage)?;
     }
     Ok(Some(Recorded {
-        name: spooled.digest[..crate::volume::GEN_LEN].to_string(),
+        name: manifest.digest[..crate::volume::GEN_LEN].to_string(),
         top,
     }))
 }

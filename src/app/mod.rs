@@ -338,11 +338,13 @@ struct Opened<'a> {
     same_gen: Option<String>,
     /// The first try of the round (the second takes every step whole).
     first_try: bool,
-    /// With --verify-key: every source is verified after its scan, so no
-    /// shortcut that skips the scan runs, but for sources unchanged since a
-    /// live generation those same keys verified (`unchanged_live`). An image
-    /// checks its cosign signature as its digest is resolved, which
-    /// `unchanged_live` does for every one before anything is written.
+    /// With --verify-key, where a source is verified after its scan (a
+    /// bundle): no shortcut that skips the scan runs, but for sources
+    /// unchanged since a live generation those same keys verified
+    /// (`unchanged_live`). Not where every source is an image, which
+    /// checks its cosign signature as its digest is resolved
+    /// (`unchanged_live` does that for every one before anything is
+    /// written): those stream as any image does (`Sources::verified_early`).
     trusting: bool,
     pass: Pass,
     start: Instant,
@@ -397,6 +399,7 @@ impl<'a> Opened<'a> {
         let adjust = Adjust::of(cfg);
         let shortcut = first_try && damage.is_none();
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
+        let trusting = trusting && sources.verified_early(cfg).is_none();
         let r = Opened {
             cfg,
             sources,
@@ -493,6 +496,26 @@ impl Sources {
             Some(_) => u64::MAX,
             None => self.by_content(),
         }
+    }
+
+    /// Under `--verify-key` (or a keyless identity): the SOURCE index and
+    /// key of each source whose signature was checked as it was resolved,
+    /// before anything was written (an image: its cosign signature, with
+    /// its digest), where every source was; `None` where one is checked
+    /// over its scanned tree (a bundle's `/.signatures.json`: the
+    /// whole-tree path). Without keys, none.
+    fn verified_early(&self, cfg: &SyncConfig) -> Option<Vec<(usize, String)>> {
+        if !cfg.trusting() {
+            return Some(Vec::new());
+        }
+        self.all
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let image = crate::trust::is_image(s.label());
+                Some((i, s.verified_by().filter(|_| image)?))
+            })
+            .collect()
     }
 
     /// A bit per source that hashed its files as they streamed.

@@ -262,7 +262,6 @@ impl StreamedRound<'_> {
             filter: &cfg.filter,
             adjust: &|m, kind| adjust.meta(m, kind),
             root,
-            label: cfg.label_text(),
             recorded: rec.map(|r| {
                 let compare = Compare {
                     owners: adjust.mirrored,
@@ -311,7 +310,8 @@ impl StreamedRound<'_> {
                 owners,
                 &caps,
                 Tree::default(),
-                Vec::new(),
+                // Images under `--verify-key`: the keys that verified them.
+                self.sources.verified_early(cfg).unwrap_or_default(),
             )
         };
         if cfg.verify {

@@ -99,6 +99,7 @@ pub(super) fn survey(
         warnings,
         live_warnings,
         header,
+        verified: sources.verified_early(cfg).unwrap_or_default(),
     })
 }
 
@@ -145,6 +146,9 @@ pub(super) struct Surveyed {
     /// What the live listing reported: said by the round either way.
     pub(super) live_warnings: Collected,
     pub(super) header: Option<Manifest>,
+    /// Under `--verify-key`: the keys that verified each source as it was
+    /// resolved (`Sources::verified_early`).
+    pub(super) verified: Vec<(usize, String)>,
 }
 
 impl Surveyed {
@@ -165,10 +169,14 @@ impl Surveyed {
     /// Whether the live generation `gen` already is what the sources give.
     /// Never where the live generation's manifest is missing: it is
     /// written again.
+    /// Under `--verify-key`, only where the same keys verified it then.
     pub(super) fn up_to_date(&self, cfg: &SyncConfig, gen: Option<&str>) -> bool {
         self.sv.plan.up_to_date()
             && gen.is_some()
-            && self.header.is_some()
+            && self
+                .header
+                .as_ref()
+                .is_some_and(|h| !cfg.trusting() || h.verified == self.verified)
             && (cfg.label.is_none() || cfg.label_text() == self.live_label())
     }
 

@@ -441,7 +441,8 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         _ => None,
     };
     let noop = recorded.is_some();
-    let resumed = !noop && !trusting && resume_live(cfg, sources, live_gen, shortcut)?;
+    // Not under keys: the layers taken from the live tree were not checked now.
+    let resumed = !noop && !cfg.trusting() && resume_live(cfg, sources, live_gen, shortcut)?;
     // An image's signature covers its manifest, hence the TOC's digest
     // and every file's: lending skips no check, so `--verify-key` keeps it.
     let lent = !noop && !resumed && lend_live(cfg, sources, live_gen, shortcut)?;

@@ -431,3 +431,58 @@ fn a_p384_signature_and_an_oci_archive_land() {
         ),
     );
 }
+
+/// The live generation's `verified` record: the key that checked it, as
+/// `status --json` shows it, and the generation's name.
+fn live_key(f: &Fixture) -> (String, Option<String>) {
+    let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let live = &v["live"];
+    (
+        live["generation"].as_str().unwrap().to_string(),
+        live["verified"][0]["key"].as_str().map(str::to_string),
+    )
+}
+
+/// One tree published without the key and then with it: two generations,
+/// the second naming the key; up to date with the key and without it; an
+/// update signed by the key lands naming it again, and one whose
+/// signature names another digest is refused with the volume untouched.
+#[test]
+fn a_verified_generation_is_its_own_and_a_signed_update_keeps_the_key() {
+    let Some((f, digest)) = setup() else { return };
+    sign(&f, &f.path("layout"), &digest, &digest, "ec", "ec");
+    let fp = openssl_fingerprint(&f.path("keys"), "ec");
+    let src = layout_src(&f);
+    let ec = key(&f, "ec");
+    published_unverified(&f);
+    let (unverified, none) = live_key(&f);
+    assert_eq!(none, None);
+    f.packsync(&keyed(&ec, &src)).ok();
+    let (verified, named) = live_key(&f);
+    assert_ne!(
+        verified, unverified,
+        "the same tree verified is another generation"
+    );
+    assert_eq!(named.as_deref(), Some(fp.as_str()));
+    let again = f.unchanged_by(|| f.packsync(&keyed(&ec, &src)).ok());
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+    let plain = f.unchanged_by(|| {
+        f.packsync(&["sync", "--grace", "0", &src, "vol/packs"])
+            .ok()
+    });
+    assert!(plain.stdout.contains("up to date"), "{}", plain.stdout);
+
+    let v2 = write_layout(&f.path("layout"), &image("v2"), "1.0").remove(0);
+    sign(&f, &f.path("layout"), &v2, &v2, "ec", "ec");
+    f.packsync(&keyed(&ec, &src)).ok();
+    assert_eq!(tree(&f.dest()), ["packs/", "packs/core.yaml=core v2"]);
+    let (updated, named) = live_key(&f);
+    assert_ne!(updated, verified);
+    assert_eq!(named.as_deref(), Some(fp.as_str()));
+
+    let v3 = write_layout(&f.path("layout"), &image("v3"), "1.0").remove(0);
+    sign(&f, &f.path("layout"), &v3, &v2, "ec", "ec");
+    f.unchanged_by(|| f.refused(&keyed(&ec, &src), 6, &v3));
+    assert_eq!(tree(&f.dest()), ["packs/", "packs/core.yaml=core v2"]);
+}
