@@ -134,13 +134,35 @@ fn exists_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<bool> {
 /// The listing starts at the beginning even on a handle listed before.
 fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
     rfs::seek(dir, rfs::SeekFrom::Start(0))?;
+    let (out, dots) = read_dir(dir)?;
+    if dots {
+        return Ok(out);
+    }
+    // Not even `.` and `..`: the handle was read to its end before and
+    // the filesystem does not start it again (sshfs answers nothing once
+    // a directory handle has reached its end, rewound or not). A handle
+    // of its own on the same directory lists it from the start.
+    let fresh = rfs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(read_dir(fresh.as_fd())?.0)
+}
+
+/// Every entry of `dir` from where its handle is, but `.` and `..`; and
+/// whether those two were among them.
+fn read_dir(dir: BorrowedFd<'_>) -> io::Result<(Vec<Listed>, bool)> {
     let mut buf = [MaybeUninit::<u8>::uninit(); 32 * 1024];
     let mut raw = RawDir::new(dir, &mut buf);
     let mut out = Vec::new();
+    let mut dots = false;
     while let Some(entry) = raw.next() {
         let entry = entry?;
         let name = entry.file_name().to_bytes();
         if name == b"." || name == b".." {
+            dots = true;
             continue;
         }
         out.push(Listed {
@@ -148,7 +170,7 @@ fn list_dir(dir: BorrowedFd<'_>) -> io::Result<Vec<Listed>> {
             file_type: entry.file_type(),
         });
     }
-    Ok(out)
+    Ok((out, dots))
 }
 
 fn readlink_at(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
