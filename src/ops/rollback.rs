@@ -89,6 +89,16 @@ fn find(t: &Target, spec: &str) -> Result<String> {
     let mut by_label: Vec<&String> = gens
         .iter()
         .filter(|g| {
+            // The label as its header says it: only a generation that
+            // names `spec` there has its manifest's digest checked.
+            let header = t
+                .state
+                .manifest_reader(g)
+                .ok()
+                .and_then(|(mut r, _)| crate::manifest::Manifest::read_header(&mut r).ok());
+            if header.is_some_and(|h| h.label.as_deref() != Some(spec)) {
+                return false;
+            }
             t.state
                 .checked_header(g)
                 .is_ok_and(|m| m.label.as_deref() == Some(spec))
