@@ -534,7 +534,7 @@ pub fn opa_signatures(data: &[u8]) {
     const ED: &str = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEAGb9ECWmEzf6FQbrBZ9w7lshQhqowtrbLDFw4rXAxZuE=\n-----END PUBLIC KEY-----\n";
     let key = Key::from_pem(std::path::Path::new("fuzz.pem"), ED).expect("the fixed key");
     assert!(
-        opa::signed(data, std::slice::from_ref(&key)).is_err(),
+        opa::signed(data.to_vec(), std::slice::from_ref(&key)).is_err(),
         "unsigned bytes verified"
     );
     if let Ok(text) = std::str::from_utf8(data) {

@@ -290,14 +290,21 @@ fn round_on(
     // 1. Up to date, found a directory at a time (the sources against the
     //    live generation, or sources unchanged since it against its
     //    manifest): nothing was held whole.
+    //    Under `--verify-key`, the sources against a live generation the
+    //    same keys verified (the sources were checked as `Opened` opened).
+    let verified = r.sources.verified_early(cfg);
     let quick = r
         .live()
         .filter(|_| r.damage.is_none() && !r.trusting)
         .and_then(|live| {
-            quick(cfg, live, &r.sources, &r.adjust).or_else(|| {
-                r.same_gen.as_ref()?;
-                recorded_quick(cfg, live, &r.adjust)
-            })
+            let same_keys =
+                |q: &quick::Quick| !cfg.trusting() || Some(&q.header.verified) == verified.as_ref();
+            quick(cfg, live, &r.sources, &r.adjust)
+                .filter(same_keys)
+                .or_else(|| {
+                    r.same_gen.as_ref()?;
+                    recorded_quick(cfg, live, &r.adjust)
+                })
         });
     if let Some(q) = quick {
         return quick_end(cfg, &r.vol, r.state.as_ref(), q, console, pass, start)
@@ -399,7 +406,9 @@ impl<'a> Opened<'a> {
         let adjust = Adjust::of(cfg);
         let shortcut = first_try && damage.is_none();
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
-        let trusting = trusting && sources.verified_early(cfg).is_none();
+        // A bundle in a directory is checked here, a directory at a time,
+        // before anything is written (exit 6); spooled ones once spooled.
+        let trusting = trusting && !sources.check_listed(cfg, &Collected::default())?;
         let r = Opened {
             cfg,
             sources,
@@ -473,6 +482,9 @@ fn shape_of(cfg: &SyncConfig) -> Option<String> {
 /// The SOURCEs, each opened once: what is scanned is what is staged from.
 struct Sources {
     all: Vec<Box<dyn Source>>,
+    /// Under `--verify-key`: every source's key, once each was checked a
+    /// directory at a time (`check_listed`).
+    checked: std::sync::OnceLock<Vec<(usize, String)>>,
 }
 
 impl Sources {
@@ -480,6 +492,7 @@ impl Sources {
     fn open(cfg: &SyncConfig) -> Result<Sources> {
         Ok(Sources {
             all: source::open_all(&cfg.sources, &cfg.remote)?,
+            checked: std::sync::OnceLock::new(),
         })
     }
 
@@ -499,14 +512,17 @@ impl Sources {
     }
 
     /// Under `--verify-key` (or a keyless identity): the SOURCE index and
-    /// key of each source whose signature was checked as it was resolved,
-    /// before anything was written (an image: its cosign signature, with
-    /// its digest), where every source was; `None` where one is checked
-    /// over its scanned tree (a bundle's `/.signatures.json`: the
-    /// whole-tree path). Without keys, none.
+    /// key of each source, where every one is checked already: an image as
+    /// it was resolved, before anything was written (its cosign signature,
+    /// with its digest), or every source by `check_listed`. `None` where
+    /// one is still to be checked (a bundle's `/.signatures.json`, over
+    /// its listing or its scanned tree). Without keys, none.
     fn verified_early(&self, cfg: &SyncConfig) -> Option<Vec<(usize, String)>> {
         if !cfg.trusting() {
             return Some(Vec::new());
+        }
+        if let Some(checked) = self.checked.get() {
+            return Some(checked.clone());
         }
         self.all
             .iter()
@@ -516,6 +532,34 @@ impl Sources {
                 Some((i, s.verified_by().filter(|_| image)?))
             })
             .collect()
+    }
+
+    /// Under `--verify-key`, where every source lists a directory at a
+    /// time (directories, spools once filled): each one's signature
+    /// checked that way (`trust::check_listed`; exit 6 naming the first
+    /// that is not trusted, before anything is staged), so that
+    /// `verified_early` gives their keys. False where one does not list so
+    /// (the whole-tree path checks it over its scanned tree).
+    fn check_listed(&self, cfg: &SyncConfig, reporter: &dyn Reporter) -> Result<bool> {
+        if self.verified_early(cfg).is_some() {
+            return Ok(true);
+        }
+        if !self
+            .all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory())
+        {
+            return Ok(false);
+        }
+        let mut keys = Vec::with_capacity(self.all.len());
+        for (i, s) in self.all.iter().enumerate() {
+            keys.push((
+                i,
+                crate::trust::check_listed(&**s, &cfg.verify_keys, &cfg.filter, reporter)?,
+            ));
+        }
+        let _ = self.checked.set(keys);
+        Ok(true)
     }
 
     /// A bit per source that hashed its files as they streamed.

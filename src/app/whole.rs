@@ -474,11 +474,12 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     // Spooled, the sources list a directory at a time as a directory does:
     // then they stream as a directory source would (`StreamedRound`),
     // never held whole. Not where a spool lists files of the live
-    // generation (`resume`, `lend`: then the plan must reuse each), a
-    // signature is checked over the whole tree, or on the second try. A
-    // label `--label auto` reads from the spool is read once it is filled.
+    // generation (`resume`, `lend`: then the plan must reuse each), or on
+    // the second try. A bundle's signature (`--verify-key`) is checked over
+    // its spool a directory at a time, before anything is staged. A label
+    // `--label auto` reads from the spool is read once it is filled.
     let mut spooled = false;
-    let spooled_streams = first_try && !trusting;
+    let spooled_streams = first_try;
     if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
         let kept = Scanning {
             kept: &warnings,
@@ -486,10 +487,11 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
+        let checked = !trusting || sources.check_listed(cfg, &kept)?;
         // `--label auto` with a bundle that tells its version in the spool.
         let late = late_label(cfg, sources)?;
         let cfg = late.as_ref().unwrap_or(cfg);
-        if let Some(onto) = streams(cfg, live_gen, dest, sources) {
+        if let Some(onto) = streams(cfg, live_gen, dest, sources).filter(|_| checked) {
             // Up to date by the live manifest: not where it is known damaged.
             let q = match damage {
                 None => spooled_quick(cfg, live_gen, sources, adjust, onto.recorded())?,
@@ -548,9 +550,13 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), scratch.dir(), &kept)?;
         spooled = true;
+        let checked = !trusting || sources.check_listed(cfg, &kept)?;
         let late = late_label(cfg, sources)?;
         let cfg = late.as_ref().unwrap_or(cfg);
-        if let Some(mut s) = survey(cfg, dest, vol, live_gen, sources, adjust, damage.as_ref()) {
+        let surveyed = checked
+            .then(|| survey(cfg, dest, vol, live_gen, sources, adjust, damage.as_ref()))
+            .flatten();
+        if let Some(mut s) = surveyed {
             s.after(&warnings);
             let gen = live_gen.map(|l| l.gen.as_str());
             let up_to_date = s.up_to_date(cfg, gen);

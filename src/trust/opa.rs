@@ -49,20 +49,74 @@ struct SignaturesFile {
 #[derive(Deserialize)]
 struct Payload {
     #[serde(default)]
-    files: Vec<FileInfo>,
-    #[serde(default)]
-    keyid: String,
+    files: Files,
     #[serde(default)]
     scope: String,
 }
 
+/// The payload's `keyid` alone (its files are not kept).
 #[derive(Deserialize)]
-struct FileInfo {
+struct Hint {
+    #[serde(default)]
+    keyid: String,
+}
+
+/// The payload's `files`, read straight into a map by name (no list of
+/// them is held beside it): the first name listed twice, and how many
+/// were listed (past `MAX_FILES`, no more are kept).
+#[derive(Default)]
+struct Files {
+    by_name: std::collections::HashMap<String, FileInfo>,
+    twice: Option<String>,
+    listed: usize,
+}
+
+#[derive(Deserialize)]
+struct Listed {
     name: String,
     #[serde(default)]
     hash: String,
     #[serde(default)]
     algorithm: String,
+}
+
+struct FileInfo {
+    hash: String,
+    algorithm: String,
+}
+
+impl<'de> Deserialize<'de> for Files {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Files, D::Error> {
+        struct Each;
+        impl<'de> serde::de::Visitor<'de> for Each {
+            type Value = Files;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a sequence")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Files, A::Error> {
+                let mut files = Files::default();
+                while let Some(l) = seq.next_element::<Listed>()? {
+                    files.listed += 1;
+                    if files.listed > MAX_FILES {
+                        continue;
+                    }
+                    let info = FileInfo {
+                        hash: l.hash,
+                        algorithm: l.algorithm,
+                    };
+                    if files.by_name.insert(l.name.clone(), info).is_some() && files.twice.is_none()
+                    {
+                        files.twice = Some(l.name);
+                    }
+                }
+                Ok(files)
+            }
+        }
+        d.deserialize_seq(Each)
+    }
 }
 
 /// What the signature of a bundle says, once its token verified.
@@ -72,49 +126,55 @@ pub struct Signed<'k> {
 }
 
 /// Parse `.signatures.json` (`text`) and verify its token with `keys`.
-pub fn signed<'k>(text: &[u8], keys: &'k [Key]) -> Result<Signed<'k>, String> {
-    let sf: SignaturesFile = serde_json::from_slice(text)
+/// Each form of the file list (the text, the token, the signed payload)
+/// is let go once the next is made: a signature lists every file.
+pub fn signed<'k>(text: Vec<u8>, keys: &'k [Key]) -> Result<Signed<'k>, String> {
+    let sf: SignaturesFile = serde_json::from_slice(&text)
         .map_err(|e| format!("/.signatures.json is not {{\"signatures\": [JWT]}}: {e}"))?;
+    drop(text);
     if !sf.plugin.is_empty() {
         return Err(format!(
             "/.signatures.json names verifier plugin {:?}, which packsync does not have",
             sf.plugin
         ));
     }
-    let token = match sf.signatures.as_slice() {
-        [one] => one,
+    let mut tokens = sf.signatures;
+    let token = match tokens.as_slice() {
+        [_] => tokens.pop().expect("one"),
         [] => return Err("/.signatures.json holds no JWT (expected exactly one)".into()),
         _ => return Err("/.signatures.json holds several JWTs (expected exactly one)".into()),
     };
     // The deprecated `keyid` claim is read from the payload before it is
     // verified only to order the keys.
-    let hint = jws::parse(token)
+    let hint = jws::parse(&token)
         .ok()
         .and_then(|t| t.kid.is_none().then_some(t))
-        .and_then(|t| serde_json::from_slice::<Payload>(t.payload()).ok())
+        .and_then(|t| serde_json::from_slice::<Hint>(t.payload()).ok())
         .map(|p| p.keyid);
-    let v = jws::verify(token, keys, hint.as_deref())?;
+    let v = jws::verify(&token, keys, hint.as_deref())?;
+    drop(token);
     let p: Payload = serde_json::from_slice(&v.payload)
         .map_err(|e| format!("the signed payload is not OPA's {{\"files\": [...]}}: {e}"))?;
+    drop(v.payload);
     if !p.scope.is_empty() {
         return Err(format!(
             "the signature has scope {:?}; packsync, like OPA without a configured scope, takes only an empty scope",
             p.scope
         ));
     }
-    if p.files.len() > MAX_FILES {
+    if p.files.listed > MAX_FILES {
         return Err(format!(
             "the signature lists {} files (at most {MAX_FILES})",
-            p.files.len()
+            p.files.listed
         ));
     }
-    let mut files = std::collections::HashMap::with_capacity(p.files.len());
-    for f in p.files {
-        if let Some(old) = files.insert(f.name.clone(), f) {
-            return Err(format!("the signature lists {:?} twice", old.name));
-        }
+    if let Some(name) = p.files.twice {
+        return Err(format!("the signature lists {name:?} twice"));
     }
-    Ok(Signed { key: v.key, files })
+    Ok(Signed {
+        key: v.key,
+        files: p.files.by_name,
+    })
 }
 
 /// Whether OPA hashes the file at `path` in its canonical JSON form
@@ -167,7 +227,7 @@ pub fn check(
         ));
     }
     let text = read(source, SIGNATURES, MAX_SIGNATURES_FILE)?;
-    let mut signed = signed(&text, keys)?;
+    let mut signed = signed(text, keys)?;
 
     let mut listed: Vec<(Vec<u8>, u64, Option<[u8; 32]>)> = Vec::new();
     let mut problem: Option<String> = None;
@@ -232,6 +292,174 @@ pub fn check(
         .collect();
     results.into_iter().collect::<Result<(), String>>()?;
     Ok(signed.key.fingerprint.clone())
+}
+
+/// `check`, for a source that lists a directory at a time (a directory,
+/// or a spool once it is filled: `Source::lists_by_directory`), reached a
+/// directory at a time (`walk::run`) with no tree held: what is held is
+/// the signature's list of files, each taken off it as the walk meets the
+/// file, and what is wrong. The verdict and its line are `check`'s: a file
+/// the signature does not list, then one it lists that is absent, then a
+/// hash that does not match, each the first in the tree's order.
+pub fn check_listed(
+    source: &dyn Source,
+    keys: &[Key],
+    filter: &Filter,
+    reporter: &dyn crate::report::Reporter,
+) -> anyhow::Result<Result<String, String>> {
+    let Some(root) = source.root().filter(|_| source.lists_by_directory()) else {
+        anyhow::bail!("{}: is not listed a directory at a time", source.label());
+    };
+    let top = source.list(root, b"", 0, filter, reporter)?;
+    let Some(sig) = top.iter().find(|e| &*e.name == SIGNATURES) else {
+        return Ok(Err(
+            "no /.signatures.json (--verify-key needs every source signed)".into(),
+        ));
+    };
+    if !matches!(sig.node, Node::File(_)) {
+        return Ok(Err("/.signatures.json is not a regular file".into()));
+    }
+    if sig.meta.size > MAX_SIGNATURES_FILE {
+        return Ok(Err(format!(
+            "/.signatures.json is {} bytes (at most {MAX_SIGNATURES_FILE})",
+            sig.meta.size
+        )));
+    }
+    drop(top);
+    let text = match read(source, SIGNATURES, MAX_SIGNATURES_FILE) {
+        Ok(t) => t,
+        Err(m) => return Ok(Err(m)),
+    };
+    let signed = match signed(text, keys) {
+        Ok(s) => s,
+        Err(m) => return Ok(Err(m)),
+    };
+    let key = signed.key;
+    let v = Checking {
+        source,
+        filter,
+        reporter,
+        files: std::sync::Mutex::new(signed.files),
+        symlink: std::sync::Mutex::new(None),
+        unlisted: std::sync::Mutex::new(None),
+        mismatch: std::sync::Mutex::new(None),
+    };
+    crate::walk::run(&v, &[source], &[Some(root)], &())?;
+    for slot in [v.symlink, v.unlisted] {
+        if let Some((_, m)) = slot.into_inner().expect("not poisoned") {
+            return Ok(Err(m));
+        }
+    }
+    let files = v.files.into_inner().expect("not poisoned");
+    let mut absent: Vec<&String> = files
+        .keys()
+        .filter(|name| !excluded(filter, name.as_bytes()))
+        .collect();
+    if !absent.is_empty() {
+        absent.sort();
+        let more = match absent.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        return Ok(Err(format!(
+            "{}: listed in the signature but absent from the bundle{more}",
+            absent[0]
+        )));
+    }
+    if let Some((_, m)) = v.mismatch.into_inner().expect("not poisoned") {
+        return Ok(Err(m));
+    }
+    Ok(Ok(key.fingerprint.clone()))
+}
+
+/// One `check_listed` walk, shared by its threads.
+struct Checking<'a> {
+    source: &'a dyn Source,
+    filter: &'a Filter,
+    reporter: &'a dyn crate::report::Reporter,
+    /// What the signature lists and the walk has not met yet.
+    files: std::sync::Mutex<std::collections::HashMap<String, FileInfo>>,
+    /// The first symlink (in the tree's order) and its line; the same for
+    /// a file that is not listed, and for a file whose hash differs.
+    symlink: std::sync::Mutex<Option<(Vec<u8>, String)>>,
+    unlisted: std::sync::Mutex<Option<(Vec<u8>, String)>>,
+    mismatch: std::sync::Mutex<Option<(Vec<u8>, String)>>,
+}
+
+impl Checking<'_> {
+    /// Keep `(path, m)` in `slot` where it comes first in the tree's order.
+    fn note(slot: &std::sync::Mutex<Option<(Vec<u8>, String)>>, path: Vec<u8>, m: String) {
+        let mut s = slot.lock().expect("not poisoned");
+        let first = s.as_ref().is_none_or(|(p, _)| {
+            crate::manifest::cmp_preorder(&path, p) == std::cmp::Ordering::Less
+        });
+        if first {
+            *s = Some((path, m));
+        }
+    }
+}
+
+impl crate::walk::Visit for Checking<'_> {
+    type Dir = ();
+    type Keep = ();
+
+    fn visit(
+        &self,
+        srcs: &[Option<&crate::sys::DirFd>],
+        _: &(),
+        rel: &[u8],
+    ) -> anyhow::Result<crate::walk::Visited<()>> {
+        let fd = srcs[0].expect("the one source holds every directory it lists");
+        let entries = self.source.list(fd, rel, 0, self.filter, self.reporter)?;
+        let mut want = Vec::new();
+        for e in &entries {
+            let path = crate::tree::join(rel, &e.name);
+            match &e.node {
+                Node::Dir(_) => {}
+                Node::Symlink(_) => Self::note(
+                    &self.symlink,
+                    path.clone(),
+                    format!(
+                        "{}: a symlink, which a bundle signature cannot cover",
+                        shown(&path)
+                    ),
+                ),
+                Node::File(_) if path == SIGNATURES => {}
+                Node::File(f) => {
+                    let info = std::str::from_utf8(&path)
+                        .ok()
+                        .and_then(|p| self.files.lock().expect("not poisoned").remove(p));
+                    // The SHA-256 a spool took of the bytes it wrote (not
+                    // one a manifest claimed for a file borrowed from the
+                    // live tree).
+                    let known = f
+                        .hash
+                        .filter(|_| f.dev != crate::source::spool::BORROWED_DEV);
+                    match info {
+                        Some(info) => want.push((path, e.meta.size, known, info)),
+                        None => Self::note(
+                            &self.unlisted,
+                            path.clone(),
+                            format!(
+                                "{}: not in the signature's file list (added after signing?)",
+                                shown(&path)
+                            ),
+                        ),
+                    }
+                }
+            }
+        }
+        want.par_iter().for_each(|(path, size, known, info)| {
+            if let Err(m) = check_file(self.source, path, *size, *known, info) {
+                Self::note(&self.mismatch, path.clone(), m);
+            }
+        });
+        Ok((0, crate::walk::subdirs(entries)))
+    }
+
+    fn enter(&self, _: &(), _: &(), _: &[u8], _: &[u8]) -> anyhow::Result<()> {
+        Ok(())
+    }
 }
 
 /// `known`: the file's SHA-256 if the scan already took it from the bytes
@@ -401,11 +629,28 @@ mod tests {
 
     #[test]
     fn the_signatures_file_must_hold_exactly_one_token() {
-        let e = |t: &str| signed(t.as_bytes(), &[]).err().unwrap();
+        let e = |t: &str| signed(t.as_bytes().to_vec(), &[]).err().unwrap();
         assert!(e("3").contains("not {"));
         assert!(e(r#"{"signatures": []}"#).contains("no JWT"));
         assert!(e(r#"{"signatures": ["a", "b"]}"#).contains("several"));
         assert!(e(r#"{"signatures": ["x"], "plugin": "p"}"#).contains("plugin"));
         assert!(e(r#"{"signatures": ["a.b"]}"#).contains("three"));
+    }
+
+    #[test]
+    fn the_payload_files_are_read_into_a_map_with_the_first_name_listed_twice() {
+        let p: Payload = serde_json::from_str(
+            r#"{"files": [{"name": "a", "hash": "00", "algorithm": "SHA-256"},
+                {"name": "b"}, {"name": "a"}, {"name": "b"}], "keyid": "k"}"#,
+        )
+        .unwrap();
+        assert_eq!((p.files.listed, p.files.by_name.len()), (4, 2));
+        assert_eq!(p.files.twice.as_deref(), Some("a"));
+        assert!(p.files.by_name.contains_key("b"));
+        let none: Payload = serde_json::from_str(r#"{"scope": ""}"#).unwrap();
+        assert_eq!((none.files.listed, none.files.twice), (0, None));
+        for bad in [r#"{"files": null}"#, r#"{"files": [{"hash": "00"}]}"#] {
+            assert!(serde_json::from_str::<Payload>(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -580,3 +580,97 @@ fn a_generation_made_without_keys_claims_no_verification_it_did_not_make() {
     // here; the bundle is fetched and checked, and refused by name.
     f.unchanged_but_staging(|| f.packsync(&keyed(&ed, &url)).fails(6, "authz/policy.rego"));
 }
+
+/// The refusals of `files_added_changed_or_removed_after_signing_are_refused_by_name`,
+/// for a bundle that comes as an archive: its signature is checked over
+/// its spool a directory at a time, before anything is staged, with the
+/// same lines; a symlink is refused before a file the signature lacks.
+/// Then the bundle as signed lands, names the key, and is up to date.
+#[test]
+fn an_archived_bundle_is_checked_over_its_spool_with_the_same_refusals() {
+    let Some(f) = setup() else { return };
+    sign_src(&f, "ec", "ES256");
+    published_unverified(&f);
+    let ec = key_arg(&f, "ec");
+    let bundle = f.path("bundle.tar.gz");
+    let args = [
+        "sync",
+        "--grace",
+        "0",
+        "--verify-key",
+        &ec,
+        "bundle.tar.gz",
+        "vol/packs",
+    ];
+    let refused = |needle: &str| {
+        tar_gz(&f.src(), &bundle);
+        f.unchanged_but_staging(|| f.packsync(&args).fails(6, needle));
+    };
+    f.file("authz/deep/extra.rego", "package authz\nallow := true\n");
+    refused("bundle.tar.gz: /authz/deep/extra.rego: not in the signature's file list");
+    std::os::unix::fs::symlink("policy.rego", f.src().join("authz/zlink")).unwrap();
+    refused("/authz/zlink: a symlink, which a bundle signature cannot cover");
+    fs::remove_file(f.src().join("authz/zlink")).unwrap();
+    fs::remove_dir_all(f.src().join("authz/deep")).unwrap();
+    f.file(
+        "authz/policy.rego",
+        "package authz\ndefault allow := true\n",
+    );
+    refused("/authz/policy.rego: hash mismatch (SHA-256 signed");
+    fs::remove_file(f.src().join("authz/policy.rego")).unwrap();
+    refused("authz/policy.rego: listed in the signature but absent from the bundle");
+    fs::remove_file(f.src().join(".signatures.json")).unwrap();
+    refused("no /.signatures.json (--verify-key needs every source signed)");
+    sign_src(&f, "ec", "ES256");
+    f.file(
+        "authz/policy.rego",
+        "package authz\ndefault allow := false\n",
+    );
+    sign_src(&f, "ec", "ES256");
+    tar_gz(&f.src(), &bundle);
+    f.packsync(&args).ok();
+    assert_eq!(
+        fs::read_to_string(f.dest().join("authz/policy.rego")).unwrap(),
+        "package authz\ndefault allow := false\n"
+    );
+    let fp = openssl_fingerprint(&f.path("keys"), "ec");
+    let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
+    assert!(json.stdout.contains(&fp), "{}", json.stdout);
+    let again = f.packsync(&args).ok();
+    assert!(again.stdout.contains("up to date"), "{}", again.stdout);
+}
+
+/// A bundle in a directory, checked a directory at a time before anything
+/// is written: published without keys first, then with one (a generation
+/// of its own, naming the key), up to date with the key and without it.
+#[test]
+fn a_directory_bundle_published_unverified_then_verified_is_two_generations() {
+    let Some(f) = setup() else { return };
+    sign_src(&f, "ec", "ES256");
+    published_unverified(&f);
+    let status = |f: &Fixture| {
+        let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
+        let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+        (
+            v["live"]["generation"].as_str().unwrap().to_string(),
+            v["live"]["verified"][0]["key"].as_str().map(str::to_string),
+        )
+    };
+    let (plain, none) = status(&f);
+    assert_eq!(none, None);
+    let ec = key_arg(&f, "ec");
+    f.sync(&["--verify-key", &ec]).ok();
+    let (verified, key) = status(&f);
+    assert_ne!(verified, plain);
+    let fp = openssl_fingerprint(&f.path("keys"), "ec");
+    assert_eq!(key.as_deref(), Some(fp.as_str()));
+    for flags in [&["--verify-key", ec.as_str()][..], &[]] {
+        let again = f.unchanged_but_staging(|| f.sync(flags).ok());
+        assert!(
+            again.stdout.contains("up to date"),
+            "{flags:?}: {}",
+            again.stdout
+        );
+    }
+    assert_eq!(status(&f), (verified, Some(fp)));
+}
