@@ -290,8 +290,8 @@ fn round_on(
     // 1. Up to date, found a directory at a time (the sources against the
     //    live generation, or sources unchanged since it against its
     //    manifest): nothing was held whole.
-    //    Under `--verify-key`, the sources against a live generation the
-    //    same keys verified (the sources were checked as `Opened` opened).
+    //    Under `--verify-key` (sources checked as `Opened` opened them),
+    //    only a live generation the same keys verified.
     let verified = r.sources.verified_early(cfg);
     let quick = r
         .live()
@@ -406,9 +406,13 @@ impl<'a> Opened<'a> {
         let adjust = Adjust::of(cfg);
         let shortcut = first_try && damage.is_none();
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
-        // A bundle in a directory is checked here, a directory at a time,
-        // before anything is written (exit 6); spooled ones once spooled.
-        let trusting = trusting && !sources.check_listed(cfg, &Collected::default())?;
+        // Images were checked as they resolved; a spooled bundle is
+        // checked once spooled (`check_listed`). A bundle in a directory
+        // is checked over its scanned tree, whose entries the stage then
+        // copies only as scanned (`Source::unchanged`): a listing checked
+        // now and listed again to stage would leave a file changed in
+        // between unchecked.
+        let trusting = trusting && sources.verified_early(cfg).is_none();
         let r = Opened {
             cfg,
             sources,
@@ -534,12 +538,14 @@ impl Sources {
             .collect()
     }
 
-    /// Under `--verify-key`, where every source lists a directory at a
-    /// time (directories, spools once filled): each one's signature
-    /// checked that way (`trust::check_listed`; exit 6 naming the first
-    /// that is not trusted, before anything is staged), so that
-    /// `verified_early` gives their keys. False where one does not list so
-    /// (the whole-tree path checks it over its scanned tree).
+    /// Under `--verify-key`, once the streamed sources are spooled (a
+    /// spool is private to this writer: what is checked is what is
+    /// staged), where every source is spooled or an image: each bundle's
+    /// signature checked a directory at a time (`trust::check_listed`;
+    /// exit 6 naming the first that is not trusted, before anything is
+    /// staged), so that `verified_early` gives their keys. False where a
+    /// source is a directory (the whole-tree path checks it over its
+    /// scanned tree, and stages what it scanned).
     fn check_listed(&self, cfg: &SyncConfig, reporter: &dyn Reporter) -> Result<bool> {
         if self.verified_early(cfg).is_some() {
             return Ok(true);
@@ -547,7 +553,7 @@ impl Sources {
         if !self
             .all
             .iter()
-            .all(|s| s.root().is_some() && s.lists_by_directory())
+            .all(|s| s.owns_root() && s.root().is_some() && s.lists_by_directory())
         {
             return Ok(false);
         }

@@ -640,9 +640,9 @@ fn an_archived_bundle_is_checked_over_its_spool_with_the_same_refusals() {
     assert!(again.stdout.contains("up to date"), "{}", again.stdout);
 }
 
-/// A bundle in a directory, checked a directory at a time before anything
-/// is written: published without keys first, then with one (a generation
-/// of its own, naming the key), up to date with the key and without it.
+/// A bundle in a directory: published without keys first, then with one (a
+/// generation of its own, naming the key), up to date with the key and
+/// without it.
 #[test]
 fn a_directory_bundle_published_unverified_then_verified_is_two_generations() {
     let Some(f) = setup() else { return };
