@@ -33,18 +33,16 @@ command -v rsync >/dev/null || { echo "bench: missing: rsync" >&2; exit 2; }
 . "$here/lib.sh"
 bench_setup bare "$files"
 
-lines=()
-note() { lines+=("$1|$2|$3"); echo "bench: $1 $2: $3" >&2; }
 for who in new old; do
     v="$work/v-$who"
     mkdir -p "$v"
     cp -a "$tree" "$v/d"
-    note "take over" "$who" "$(bench_run "$who" sync -q "$tree" "$v/d")"
+    bench_note "take over" "$who" "$(bench_run "$who" sync -q "$tree" "$v/d")"
     gen="$(basename "$(readlink -f "$v/d")")"
     rm "$v/.d.packsync/meta/$gen.manifest"
-    note "lost, dry" "$who" "$(bench_run "$who" sync -q --dry-run --itemize "$tree" "$v/d")"
-    note "lost" "$who" "$(bench_run "$who" sync -q "$tree" "$v/d")"
-    note "first" "$who" "$(bench_run "$who" sync -q "$tree" "$v/f")"
+    bench_note "lost, dry" "$who" "$(bench_run "$who" sync -q --dry-run --itemize "$tree" "$v/d")"
+    bench_note "lost" "$who" "$(bench_run "$who" sync -q "$tree" "$v/d")"
+    bench_note "first" "$who" "$(bench_run "$who" sync -q "$tree" "$v/f")"
 done
 # Generation names but their unique suffixes (`<digest>-<8 hex>`, a twin's).
 names() { (ls "$1/.d.packsync/meta" && ls "$1/.f.packsync/meta") | sed 's/-[0-9a-f]\{8\}\././' | sort | tr '\n' ' '; }
@@ -53,8 +51,8 @@ b=$(names "$work/v-old")
 [ "$a" = "$b" ] || { echo "bench: the two binaries published other generations: $a / $b" >&2; exit 1; }
 mkdir -p "$work/r"
 cp -a "$tree" "$work/r/d"
-note "take over" rsync "$(bench_run rsync -a --delete "$tree/" "$work/r/d/")"
-note "first" cp "$(bench_run cp -a "$tree" "$work/r/f")"
+bench_note "take over" rsync "$(bench_run rsync -a --delete "$tree/" "$work/r/d/")"
+bench_note "first" cp "$(bench_run cp -a "$tree" "$work/r/f")"
 
 report() {
     echo "# A live tree without a manifest: $files files, $(date -u +%Y-%m-%d)"
@@ -63,14 +61,7 @@ report() {
     echo "(new: $(sha256sum "$PACKSYNC" | cut -c1-12), old: $(sha256sum "$PACKSYNC_OLD" | cut -c1-12)); one run each, page cache warm."
     echo "Both published the same generations. rsync and cp -a: the rows they do."
     echo
-    echo "| step | who | s | CPU s | peak RSS KiB |"
-    echo "| --- | --- | ---: | ---: | ---: |"
-    local l step who r s c m
-    for l in "${lines[@]}"; do
-        IFS='|' read -r step who r <<<"$l"
-        read -r s c m <<<"$r"
-        echo "| $step | $who | $s | $c | $m |"
-    done
+    bench_table
 }
 if [ -n "$out" ]; then report | tee "$out"; else report; fi
 rm -rf "$work"

@@ -1,4 +1,4 @@
-# Shared by bench/flags.sh and bench/bare.sh (sourced, not run): the
+# Shared by bench/flags.sh, bench/bare.sh and bench/netfs.sh (sourced, not run): the
 # binaries to compare, bench/measure.c built once, the generated trees
 # bench/modes.sh keeps, and one measured run. bench/modes.sh uses
 # bench_measure_bin.
@@ -10,6 +10,8 @@
 #   bench_run WHO ARGS...   -> prints "wall-s cpu-s rss-KiB" of
 #                              $bench_dir/bin/NAME-WHO ARGS (WHO new or old;
 #                              any other WHO is run as a command: rsync, cp)
+#   bench_note STEP WHO R   -> keeps bench_run's result R as a row (and says it)
+#   bench_table             -> prints the rows kept as a Markdown table
 
 bench_measure_bin() {
     local here
@@ -56,4 +58,21 @@ bench_run() {
     read -r ns rss code cpu _ <"$work/m.out"
     [ "$code" = 0 ] || { echo "bench: $who $* exited $code: $(head -1 "$work/m.err")" >&2; exit 1; }
     printf '%s %s %s\n' "$(awk "BEGIN{printf \"%.3f\", $ns/1e9}")" "$(awk "BEGIN{printf \"%.2f\", $cpu/1e9}")" "$rss"
+}
+
+bench_rows=()
+bench_note() {
+    bench_rows+=("$1|$2|$3")
+    echo "bench: $1 $2: $3" >&2
+}
+
+bench_table() {
+    echo "| step | who | s | CPU s | peak RSS KiB |"
+    echo "| --- | --- | ---: | ---: | ---: |"
+    local l step who r s c m
+    for l in "${bench_rows[@]}"; do
+        IFS='|' read -r step who r <<<"$l"
+        read -r s c m <<<"$r"
+        echo "| $step | $who | $s | $c | $m |"
+    done
 }

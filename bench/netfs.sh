@@ -45,15 +45,13 @@ rm -rf "${on:?}"/netfs-bench
 vol="$on/netfs-bench"
 mkdir -p "$vol"
 
-lines=()
-note() { lines+=("$1|$2|$3"); echo "bench: $1 $2: $3" >&2; }
 for who in new old; do
     d="$vol/$who"
-    note "first" "$who" "$(bench_run "$who" sync -q --mkpath "$tree" "$d/d")"
-    note "no-op" "$who" "$(bench_run "$who" sync -q "$tree" "$d/d")"
-    note "dry 1%" "$who" "$(bench_run "$who" sync -q --dry-run --itemize "$tree2" "$d/d")"
-    note "1%" "$who" "$(bench_run "$who" sync -q "$tree2" "$d/d")"
-    note "no-op 2" "$who" "$(bench_run "$who" sync -q "$tree2" "$d/d")"
+    bench_note "first" "$who" "$(bench_run "$who" sync -q --mkpath "$tree" "$d/d")"
+    bench_note "no-op" "$who" "$(bench_run "$who" sync -q "$tree" "$d/d")"
+    bench_note "dry 1%" "$who" "$(bench_run "$who" sync -q --dry-run --itemize "$tree2" "$d/d")"
+    bench_note "1%" "$who" "$(bench_run "$who" sync -q "$tree2" "$d/d")"
+    bench_note "no-op 2" "$who" "$(bench_run "$who" sync -q "$tree2" "$d/d")"
 done
 # Generation names but their unique suffixes (`<digest>-<8 hex>`, a twin's).
 names() { ls "$1/.d.packsync/meta" | grep '\.manifest$' | sed 's/-[0-9a-f]\{8\}\././' | sort | tr '\n' ' '; }
@@ -63,10 +61,10 @@ b=$(names "$vol/old")
 hardlinks=$(grep -h '^hardlinks' "$vol"/new/.d.packsync/meta/*.manifest | sort -u | tr '\n' ' ')
 r="$vol/rsync"
 mkdir -p "$r"
-note "first" rsync "$(bench_run rsync -a --delete "$tree/" "$r/")"
-note "no-op" rsync "$(bench_run rsync -a --delete "$tree/" "$r/")"
-note "1%" rsync "$(bench_run rsync -a --delete "$tree2/" "$r/")"
-note "no-op 2" rsync "$(bench_run rsync -a --delete "$tree2/" "$r/")"
+bench_note "first" rsync "$(bench_run rsync -a --delete "$tree/" "$r/")"
+bench_note "no-op" rsync "$(bench_run rsync -a --delete "$tree/" "$r/")"
+bench_note "1%" rsync "$(bench_run rsync -a --delete "$tree2/" "$r/")"
+bench_note "no-op 2" rsync "$(bench_run rsync -a --delete "$tree2/" "$r/")"
 
 report() {
     echo "# Updates on a network volume: $files files, $(date -u +%Y-%m-%d)"
@@ -76,14 +74,7 @@ report() {
     echo "Volume: $(findmnt -n -o FSTYPE,SOURCE -T "$on" | tr -s ' '); its manifests say: $hardlinks"
     echo "Both published the same generations. rsync: the rows it does."
     echo
-    echo "| step | who | s | CPU s | peak RSS KiB |"
-    echo "| --- | --- | ---: | ---: | ---: |"
-    local l step who r s c m
-    for l in "${lines[@]}"; do
-        IFS='|' read -r step who r <<<"$l"
-        read -r s c m <<<"$r"
-        echo "| $step | $who | $s | $c | $m |"
-    done
+    bench_table
 }
 if [ -n "$out" ]; then report | tee "$out"; else report; fi
 rm -rf "$work" "$vol"

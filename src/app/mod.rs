@@ -290,21 +290,14 @@ fn round_on(
     // 1. Up to date, found a directory at a time (the sources against the
     //    live generation, or sources unchanged since it against its
     //    manifest): nothing was held whole.
-    //    Under `--verify-key` (sources checked as `Opened` opened them),
-    //    only a live generation the same keys verified.
-    let verified = r.sources.verified_early(cfg);
     let quick = r
         .live()
         .filter(|_| r.damage.is_none() && !r.trusting)
         .and_then(|live| {
-            let same_keys =
-                |q: &quick::Quick| !cfg.trusting() || Some(&q.header.verified) == verified.as_ref();
-            quick(cfg, live, &r.sources, &r.adjust)
-                .filter(same_keys)
-                .or_else(|| {
-                    r.same_gen.as_ref()?;
-                    recorded_quick(cfg, live, &r.adjust)
-                })
+            quick(cfg, live, &r.sources, &r.adjust).or_else(|| {
+                r.same_gen.as_ref()?;
+                recorded_quick(cfg, live, &r.adjust)
+            })
         });
     if let Some(q) = quick {
         return quick_end(cfg, &r.vol, r.state.as_ref(), q, console, pass, start)

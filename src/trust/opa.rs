@@ -27,7 +27,7 @@ use super::jws;
 use super::key::Key;
 use crate::filter::Filter;
 use crate::source::Source;
-use crate::tree::{Node, Tree};
+use crate::tree::{Entry, Node, Tree};
 
 /// The signature file at the bundle root.
 pub const SIGNATURES: &[u8] = b".signatures.json";
@@ -212,22 +212,7 @@ pub fn check(
     keys: &[Key],
     filter: &Filter,
 ) -> Result<String, String> {
-    let sig = tree
-        .entries
-        .iter()
-        .find(|e| &*e.name == SIGNATURES)
-        .ok_or("no /.signatures.json (--verify-key needs every source signed)")?;
-    if !matches!(sig.node, Node::File(_)) {
-        return Err("/.signatures.json is not a regular file".into());
-    }
-    if sig.meta.size > MAX_SIGNATURES_FILE {
-        return Err(format!(
-            "/.signatures.json is {} bytes (at most {MAX_SIGNATURES_FILE})",
-            sig.meta.size
-        ));
-    }
-    let text = read(source, SIGNATURES, MAX_SIGNATURES_FILE)?;
-    let mut signed = signed(text, keys)?;
+    let mut signed = signature(source, &tree.entries, keys)?;
 
     let mut listed: Vec<(Vec<u8>, u64, Option<[u8; 32]>)> = Vec::new();
     let mut problem: Option<String> = None;
@@ -237,20 +222,8 @@ pub fn check(
         }
         match &e.node {
             Node::Dir(_) => {}
-            Node::Symlink(_) => {
-                problem = Some(format!(
-                    "{}: a symlink, which a bundle signature cannot cover",
-                    shown(path)
-                ))
-            }
-            // The SHA-256 a spool took of the bytes it wrote (not one a
-            // manifest claimed for a file borrowed from the live tree).
-            Node::File(f) => listed.push((
-                path.to_vec(),
-                e.meta.size,
-                f.hash
-                    .filter(|_| f.dev != crate::source::spool::BORROWED_DEV),
-            )),
+            Node::Symlink(_) => problem = Some(symlink_line(path)),
+            Node::File(f) => listed.push((path.to_vec(), e.meta.size, spooled_hash(f))),
         }
     });
     if let Some(p) = problem {
@@ -261,30 +234,10 @@ pub fn check(
         let info = std::str::from_utf8(&path)
             .ok()
             .and_then(|p| signed.files.remove(p))
-            .ok_or_else(|| {
-                format!(
-                    "{}: not in the signature's file list (added after signing?)",
-                    shown(&path)
-                )
-            })?;
+            .ok_or_else(|| unlisted_line(&path))?;
         want.push((path, size, known, info));
     }
-    let mut absent: Vec<&String> = signed
-        .files
-        .keys()
-        .filter(|name| !excluded(filter, name.as_bytes()))
-        .collect();
-    if !absent.is_empty() {
-        absent.sort();
-        let more = match absent.len() {
-            1 => String::new(),
-            n => format!(" (and {} more)", n - 1),
-        };
-        return Err(format!(
-            "{}: listed in the signature but absent from the bundle{more}",
-            absent[0]
-        ));
-    }
+    none_absent(&signed.files, filter)?;
     // The hashes, in parallel; the first mismatch in path order is told.
     let results: Vec<Result<(), String>> = want
         .par_iter()
@@ -298,9 +251,10 @@ pub fn check(
 /// or a spool once it is filled: `Source::lists_by_directory`), reached a
 /// directory at a time (`walk::run`) with no tree held: what is held is
 /// the signature's list of files, each taken off it as the walk meets the
-/// file, and what is wrong. The verdict and its line are `check`'s: a file
-/// the signature does not list, then one it lists that is absent, then a
-/// hash that does not match, each the first in the tree's order.
+/// file, and what is wrong. The verdict and its line are `check`'s: a
+/// symlink, then a file the signature does not list, then one it lists
+/// that is absent, then a hash that does not match, each the first in the
+/// tree's order.
 pub fn check_listed(
     source: &dyn Source,
     keys: &[Key],
@@ -311,29 +265,11 @@ pub fn check_listed(
         anyhow::bail!("{}: is not listed a directory at a time", source.label());
     };
     let top = source.list(root, b"", 0, filter, reporter)?;
-    let Some(sig) = top.iter().find(|e| &*e.name == SIGNATURES) else {
-        return Ok(Err(
-            "no /.signatures.json (--verify-key needs every source signed)".into(),
-        ));
-    };
-    if !matches!(sig.node, Node::File(_)) {
-        return Ok(Err("/.signatures.json is not a regular file".into()));
-    }
-    if sig.meta.size > MAX_SIGNATURES_FILE {
-        return Ok(Err(format!(
-            "/.signatures.json is {} bytes (at most {MAX_SIGNATURES_FILE})",
-            sig.meta.size
-        )));
-    }
-    drop(top);
-    let text = match read(source, SIGNATURES, MAX_SIGNATURES_FILE) {
-        Ok(t) => t,
-        Err(m) => return Ok(Err(m)),
-    };
-    let signed = match signed(text, keys) {
+    let signed = match signature(source, &top, keys) {
         Ok(s) => s,
         Err(m) => return Ok(Err(m)),
     };
+    drop(top);
     let key = signed.key;
     let v = Checking {
         source,
@@ -350,21 +286,8 @@ pub fn check_listed(
             return Ok(Err(m));
         }
     }
-    let files = v.files.into_inner().expect("not poisoned");
-    let mut absent: Vec<&String> = files
-        .keys()
-        .filter(|name| !excluded(filter, name.as_bytes()))
-        .collect();
-    if !absent.is_empty() {
-        absent.sort();
-        let more = match absent.len() {
-            1 => String::new(),
-            n => format!(" (and {} more)", n - 1),
-        };
-        return Ok(Err(format!(
-            "{}: listed in the signature but absent from the bundle{more}",
-            absent[0]
-        )));
+    if let Err(m) = none_absent(&v.files.into_inner().expect("not poisoned"), filter) {
+        return Ok(Err(m));
     }
     if let Some((_, m)) = v.mismatch.into_inner().expect("not poisoned") {
         return Ok(Err(m));
@@ -416,35 +339,16 @@ impl crate::walk::Visit for Checking<'_> {
             let path = crate::tree::join(rel, &e.name);
             match &e.node {
                 Node::Dir(_) => {}
-                Node::Symlink(_) => Self::note(
-                    &self.symlink,
-                    path.clone(),
-                    format!(
-                        "{}: a symlink, which a bundle signature cannot cover",
-                        shown(&path)
-                    ),
-                ),
+                Node::Symlink(_) => Self::note(&self.symlink, path.clone(), symlink_line(&path)),
                 Node::File(_) if path == SIGNATURES => {}
                 Node::File(f) => {
                     let info = std::str::from_utf8(&path)
                         .ok()
                         .and_then(|p| self.files.lock().expect("not poisoned").remove(p));
-                    // The SHA-256 a spool took of the bytes it wrote (not
-                    // one a manifest claimed for a file borrowed from the
-                    // live tree).
-                    let known = f
-                        .hash
-                        .filter(|_| f.dev != crate::source::spool::BORROWED_DEV);
+                    let known = spooled_hash(f);
                     match info {
                         Some(info) => want.push((path, e.meta.size, known, info)),
-                        None => Self::note(
-                            &self.unlisted,
-                            path.clone(),
-                            format!(
-                                "{}: not in the signature's file list (added after signing?)",
-                                shown(&path)
-                            ),
-                        ),
+                        None => Self::note(&self.unlisted, path.clone(), unlisted_line(&path)),
                     }
                 }
             }
@@ -460,6 +364,74 @@ impl crate::walk::Visit for Checking<'_> {
     fn enter(&self, _: &(), _: &(), _: &[u8], _: &[u8]) -> anyhow::Result<()> {
         Ok(())
     }
+}
+
+/// The bundle's signature, found among the entries at its top (`top`),
+/// read through `source` and verified with `keys`.
+fn signature<'k>(
+    source: &dyn Source,
+    top: &[Entry],
+    keys: &'k [Key],
+) -> Result<Signed<'k>, String> {
+    let sig = top
+        .iter()
+        .find(|e| &*e.name == SIGNATURES)
+        .ok_or("no /.signatures.json (--verify-key needs every source signed)")?;
+    if !matches!(sig.node, Node::File(_)) {
+        return Err("/.signatures.json is not a regular file".into());
+    }
+    if sig.meta.size > MAX_SIGNATURES_FILE {
+        return Err(format!(
+            "/.signatures.json is {} bytes (at most {MAX_SIGNATURES_FILE})",
+            sig.meta.size
+        ));
+    }
+    signed(read(source, SIGNATURES, MAX_SIGNATURES_FILE)?, keys)
+}
+
+/// No file the signature lists (`left`: those the bundle did not hold) is
+/// missing, but those `--exclude` leaves out.
+fn none_absent(
+    left: &std::collections::HashMap<String, FileInfo>,
+    filter: &Filter,
+) -> Result<(), String> {
+    let mut absent: Vec<&String> = left
+        .keys()
+        .filter(|name| !excluded(filter, name.as_bytes()))
+        .collect();
+    if absent.is_empty() {
+        return Ok(());
+    }
+    absent.sort();
+    let more = match absent.len() {
+        1 => String::new(),
+        n => format!(" (and {} more)", n - 1),
+    };
+    Err(format!(
+        "{}: listed in the signature but absent from the bundle{more}",
+        absent[0]
+    ))
+}
+
+/// The SHA-256 a spool took of the bytes it wrote (not one a manifest
+/// claimed for a file borrowed from the live tree).
+fn spooled_hash(f: &crate::tree::File) -> Option<[u8; 32]> {
+    f.hash
+        .filter(|_| f.dev != crate::source::spool::BORROWED_DEV)
+}
+
+fn symlink_line(path: &[u8]) -> String {
+    format!(
+        "{}: a symlink, which a bundle signature cannot cover",
+        shown(path)
+    )
+}
+
+fn unlisted_line(path: &[u8]) -> String {
+    format!(
+        "{}: not in the signature's file list (added after signing?)",
+        shown(path)
+    )
 }
 
 /// `known`: the file's SHA-256 if the scan already took it from the bytes

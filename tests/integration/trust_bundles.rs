@@ -15,6 +15,7 @@ use std::process::Command;
 use crate::fixture::{openssl, Fixture};
 use crate::source_http::Server;
 use crate::source_oci::have;
+use crate::trust_images::live_key;
 
 /// `sign.py BUNDLE KEY ALG [HEADER_JSON [PAYLOAD_EXTRA_JSON]]`: writes
 /// BUNDLE/.signatures.json over every file of BUNDLE. ALG: ES256, EdDSA,
@@ -553,12 +554,7 @@ fn a_generation_made_without_keys_claims_no_verification_it_did_not_make() {
     let url = server.url("/bundle.tar.gz");
     let ed = key_arg(&f, "ed");
     f.packsync(&keyed(&ed, &url)).ok();
-    let verified = |f: &Fixture| {
-        let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
-        let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
-        v["live"]["verified"].clone()
-    };
-    assert!(verified(&f)[0]["key"].is_string());
+    assert!(live_key(&f).1.is_some());
     // The bundle changed after signing; synced without a key it lands as
     // ordinary files, and nothing says the key verified them. Two live
     // files joined by hand (one inode) send `--itemize` to the whole trees.
@@ -574,8 +570,7 @@ fn a_generation_made_without_keys_claims_no_verification_it_did_not_make() {
         .packsync(&["sync", "--grace", "0", "--itemize", &url, "vol/packs"])
         .ok();
     assert!(plain.stdout.contains("synced"), "{}", plain.stdout);
-    let claimed = verified(&f);
-    assert!(claimed.as_array().is_none_or(|a| a.is_empty()), "{claimed}");
+    assert_eq!(live_key(&f).1, None);
     // With the key again: the server answers 304, which proves nothing
     // here; the bundle is fetched and checked, and refused by name.
     f.unchanged_but_staging(|| f.packsync(&keyed(&ed, &url)).fails(6, "authz/policy.rego"));
@@ -648,19 +643,11 @@ fn a_directory_bundle_published_unverified_then_verified_is_two_generations() {
     let Some(f) = setup() else { return };
     sign_src(&f, "ec", "ES256");
     published_unverified(&f);
-    let status = |f: &Fixture| {
-        let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
-        let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
-        (
-            v["live"]["generation"].as_str().unwrap().to_string(),
-            v["live"]["verified"][0]["key"].as_str().map(str::to_string),
-        )
-    };
-    let (plain, none) = status(&f);
+    let (plain, none) = live_key(&f);
     assert_eq!(none, None);
     let ec = key_arg(&f, "ec");
     f.sync(&["--verify-key", &ec]).ok();
-    let (verified, key) = status(&f);
+    let (verified, key) = live_key(&f);
     assert_ne!(verified, plain);
     let fp = openssl_fingerprint(&f.path("keys"), "ec");
     assert_eq!(key.as_deref(), Some(fp.as_str()));
@@ -672,5 +659,5 @@ fn a_directory_bundle_published_unverified_then_verified_is_two_generations() {
             again.stdout
         );
     }
-    assert_eq!(status(&f), (verified, Some(fp)));
+    assert_eq!(live_key(&f), (verified, Some(fp)));
 }

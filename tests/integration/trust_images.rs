@@ -432,9 +432,9 @@ fn a_p384_signature_and_an_oci_archive_land() {
     );
 }
 
-/// The live generation's `verified` record: the key that checked it, as
-/// `status --json` shows it, and the generation's name.
-fn live_key(f: &Fixture) -> (String, Option<String>) {
+/// The live generation's name and the key its `verified` record names
+/// (the first), as `status --json` shows them.
+pub(crate) fn live_key(f: &Fixture) -> (String, Option<String>) {
     let json = f.packsync(&["status", "--json", "vol/packs"]).ok();
     let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
     let live = &v["live"];
