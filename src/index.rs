@@ -288,8 +288,12 @@ impl Index {
 
     /// The directory at `path`, where the manifest lists one.
     fn find(&self, path: &[u8]) -> Option<&Dir> {
-        let i = self
-            .dirs
+        Some(&self.dirs[self.place(path)?])
+    }
+
+    /// Where the directory at `path` is in `dirs`.
+    fn place(&self, path: &[u8]) -> Option<usize> {
+        self.dirs
             .binary_search_by(|d| {
                 let p = &self.paths[d.path_at as usize..d.path_at as usize + d.path_len as usize];
                 if p.is_empty() || path.is_empty() {
@@ -298,8 +302,13 @@ impl Index {
                 }
                 cmp_preorder(p, path)
             })
-            .ok()?;
-        Some(&self.dirs[i])
+            .ok()
+    }
+
+    /// A number of its own for the directory at `path` (its place in the
+    /// index), where the manifest lists one.
+    pub fn dir_id(&self, path: &[u8]) -> Option<u32> {
+        u32::try_from(self.place(path)?).ok()
     }
 
     /// Entries below the directory at `path`, at any depth (0 if none).

@@ -109,9 +109,19 @@ impl LiveGen {
         Index::build(r, file, m.shown.clone()).ok()
     }
 
-    /// The whole manifest read and checked against its digest.
-    pub fn checked(&self) -> Option<Manifest> {
-        Manifest::read_checked(&mut self.reader()?).ok()
+    /// `index`, where the manifest's lines also give the digest its header
+    /// records (checked line by line as they are indexed, never held).
+    pub fn checked_index(&self) -> Option<Index> {
+        let m = self.manifest.as_ref()?;
+        let header = m.header.as_ref()?;
+        let r = self.body()?;
+        let file = Box::new(m.fd.try_clone().ok()?);
+        let mut digest = crate::manifest::LineDigest::default();
+        let mut each = |path: &[u8], e: &crate::tree::Entry| {
+            digest.entry(path, e);
+        };
+        let ix = Index::build_each(r, file, m.shown.clone(), &mut each).ok()?;
+        digest.matches(header).then_some(ix)
     }
 
     /// The whole manifest read (not checked against its digest).

@@ -361,6 +361,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::default()),
         live_groups: std::sync::Mutex::new(HashMap::new()),
         split: AtomicBool::new(false),
+        lent_missed: AtomicBool::new(false),
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
         deleted: AtomicU64::new(0),
@@ -385,10 +386,14 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     };
     crate::walk::run(&w, s.job.sources, &srcs, &root)?;
     drop(root);
-    w.place_leaders(&out, live)?;
+    if !w.lent_missed.load(Ordering::Relaxed) {
+        w.place_leaders(&out, live)?;
+    }
     // The live tree's hardlinks are not its manifest's (files joined or a
-    // group split on the volume since): the whole trees decide.
+    // group split on the volume since), or a file a spool lists from the
+    // live generation is not as recorded there: the whole trees decide.
     if w.split.load(Ordering::Relaxed)
+        || w.lent_missed.load(Ordering::Relaxed)
         || !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct()
     {
         return Ok(None);
@@ -435,6 +440,17 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     }))
 }
 
+/// Whether `f` is a file a spool lists from the live generation
+/// (`BORROWED_DEV`), which only a link from there can stage: then `missed`
+/// is set (it was not linked) and nothing is copied.
+fn lent_from_live(f: &crate::tree::File, missed: &AtomicBool) -> bool {
+    let lent = f.dev == crate::source::spool::BORROWED_DEV;
+    if lent {
+        missed.store(true, Ordering::Relaxed);
+    }
+    lent
+}
+
 /// The state of one `stream`, shared by its threads.
 struct Walker<'a> {
     s: &'a Stream<'a>,
@@ -467,6 +483,10 @@ struct Walker<'a> {
     live_groups: std::sync::Mutex<HashMap<u32, u64>>,
     /// A recorded live group was found split.
     split: AtomicBool,
+    /// A file a spool lists from the live generation (`BORROWED_DEV`)
+    /// could not be linked from there (changed on the volume since): the
+    /// spool has no bytes for it, and the walk stops.
+    lent_missed: AtomicBool,
     added: AtomicU64,
     changed: AtomicU64,
     deleted: AtomicU64,
@@ -557,6 +577,10 @@ impl Visit for Walker<'_> {
         self.s.job.reporter.advance(0);
         Ok(())
     }
+
+    fn stopped(&self) -> bool {
+        self.lent_missed.load(Ordering::Relaxed)
+    }
 }
 
 impl Walker<'_> {
@@ -642,6 +666,9 @@ impl Walker<'_> {
                         self.ctx.reused.fetch_add(1, Ordering::Relaxed);
                         (hash, 0)
                     } else {
+                        if lent_from_live(f, &self.lent_missed) {
+                            return Ok(());
+                        }
                         if f.reuse {
                             // Changed on the volume since it was published.
                             self.changed.fetch_add(1, Ordering::Relaxed);
@@ -854,6 +881,7 @@ impl Walker<'_> {
                         self.reused_inodes.lock().unwrap().insert(ino);
                         (hash, 0)
                     }
+                    None if lent_from_live(f, &self.lent_missed) => return Ok(()),
                     None => {
                         let (hash, shown) = copy_file(&self.ctx, i, None, &dfd, e, path)?;
                         (hash, e.meta.size - shown)

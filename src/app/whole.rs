@@ -67,7 +67,7 @@ pub(super) fn resume_live(
     };
     // The live tree as its manifest records it, and its root: a file a
     // new layer links to is read from there (checked by its hash).
-    let base = || Some((live.checked()?.tree, live.root_owned()));
+    let base = || Some((live.checked_index()?, live.root_owned()));
     sources.all[0].resume(record, &shape, &base)
 }
 
@@ -99,7 +99,7 @@ pub(super) fn lend_live(
         && live
             .header()
             .is_some_and(|h| h.hardlinks && h.sources.len() == 1);
-    let base = || Some((live.checked()?.tree, live.root_owned()));
+    let base = || Some((live.checked_index()?, live.root_owned()));
     for s in sources.all.iter().filter(|s| s.streamed()) {
         s.lend(&base, borrow)?;
     }
@@ -473,9 +473,9 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         .or(scratch.as_ref().map(|s| s.dir()));
     // Spooled, the sources list a directory at a time as a directory does:
     // then they stream as a directory source would (`StreamedRound`),
-    // never held whole. Not where a spool lists files of the live
-    // generation (`resume`, `lend`: then the plan must reuse each), or on
-    // the second try. A bundle's signature (`--verify-key`) is checked over
+    // never held whole, a spool's files listed from the live generation
+    // (`resume`, `lend`) among them: the stage must link each from there
+    // (else the round is tried again without them). Not on the second try. A bundle's signature (`--verify-key`) is checked over
     // its spool a directory at a time, before anything is staged. A label
     // `--label auto` reads from the spool is read once it is filled.
     let mut spooled = false;
@@ -487,6 +487,13 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
+        if (resumed || lent) && !sources.all.iter().all(|s| s.holds_all()) {
+            // A new layer needed a lower one's file the live generation
+            // could not give (that is said): fetch every layer after all.
+            let why = sources.all.iter().find_map(|s| s.why_not_intact());
+            debug_assert!(shortcut);
+            return Ok(Attempt::Again(why));
+        }
         let checked = !trusting || sources.check_listed(cfg, &kept)?;
         // `--label auto` with a bundle that tells its version in the spool.
         let late = late_label(cfg, sources)?;

@@ -45,7 +45,7 @@ use sha2::{Digest, Sha256};
 use super::store::{short, Descriptor, Store};
 use crate::escape::hex;
 use crate::sys::DirFd;
-use crate::tree::{Node, Tree};
+use crate::tree::Node;
 
 /// The annotations that place the TOC: current and older key names.
 const POSITION_KEYS: [&str; 2] = [
@@ -671,10 +671,10 @@ impl Donor {
     /// From the live tree (as its manifest records it) and its root; with
     /// `lend` (the spool path the live root stands for), files may be
     /// listed from there instead of copied (`Plan::lent`).
-    pub fn of(tree: &Tree, live: DirFd, lend: Option<&[u8]>) -> Donor {
+    pub fn of(index: &crate::index::Index, live: DirFd, lend: Option<&[u8]>) -> Result<Donor> {
         let mut by_hash = HashMap::new();
         let mut by_path = HashMap::new();
-        tree.for_each(&mut |path, e| {
+        index.walk(&mut |path, e| {
             if let Node::File(f) = &e.node {
                 if let Some(h) = f.hash {
                     by_hash.entry(h).or_insert_with(|| path.to_vec());
@@ -683,7 +683,7 @@ impl Donor {
                     }
                 }
             }
-        });
+        })?;
         let lend = lend.map(|p| {
             let p: Vec<&[u8]> = p
                 .split(|&b| b == b'/')
@@ -691,11 +691,11 @@ impl Donor {
                 .collect();
             (by_path, p.join(&b'/'))
         });
-        Donor {
+        Ok(Donor {
             live,
             by_hash,
             lend,
-        }
+        })
     }
 
     /// The live root, for `Spool::lend`.

@@ -48,6 +48,11 @@ pub use dir::Dir;
 #[allow(unused_imports)]
 pub use spool::{Base, LayerStats, Scratch, Spool, Spooled, Stream, Streamed};
 
+/// What a source may start from (`Source::resume`, `Source::lend`): the
+/// live generation's manifest, indexed by directory and checked against
+/// its digest, and its root; read only when asked.
+pub type LiveBase<'a> = dyn Fn() -> Option<(crate::index::Index, Option<DirFd>)> + 'a;
+
 /// One SOURCE: a tree of entries and the bytes of its files.
 pub trait Source: Send + Sync {
     /// The SOURCE as the user wrote it: it names the source's entries in
@@ -189,12 +194,7 @@ pub trait Source: Send + Sync {
     /// reads the live tree as its manifest records it. Then the spool
     /// lists the live files instead of fetching them, and after the plan
     /// `intact` must hold, else the sync starts again without this.
-    fn resume(
-        &self,
-        record: &str,
-        shape: &str,
-        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
-    ) -> Result<bool> {
+    fn resume(&self, record: &str, shape: &str, base: &LiveBase<'_>) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
     }
@@ -206,7 +206,7 @@ pub trait Source: Send + Sync {
     /// With `borrow`, files whose path, content and metadata are the live
     /// ones may be listed from there instead of spooled (then `intact`
     /// must hold after the plan, as for `resume`).
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+    fn lend(&self, base: &LiveBase<'_>, borrow: bool) -> Result<()> {
         let _ = (base, borrow);
         Ok(())
     }
@@ -216,6 +216,14 @@ pub trait Source: Send + Sync {
     /// reused from it (`Spooled::intact`). True for any other source.
     fn intact(&self, tree: &Tree) -> bool {
         let _ = tree;
+        true
+    }
+
+    /// Once spooled, before any plan: whether the spool holds everything
+    /// the layers gave (a seeded spool: no new layer needed a borrowed
+    /// file's bytes it could not take; `why_not_intact` says why). True
+    /// for any other source.
+    fn holds_all(&self) -> bool {
         true
     }
 

@@ -29,7 +29,7 @@ use super::oci_image;
 use super::oci_ref;
 use super::spool::Base;
 use super::store::{self, Store};
-use super::{Source, Spool, Stream, Streamed};
+use super::{LiveBase, Source, Spool, Stream, Streamed};
 use crate::config::{Choose, Platform, Remote};
 use crate::error;
 use crate::escape::{percent, unpercent};
@@ -67,12 +67,7 @@ pub trait Named: Stream {
     }
 
     /// `Source::resume`.
-    fn resume(
-        &self,
-        record: &str,
-        shape: &str,
-        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
-    ) -> Result<bool> {
+    fn resume(&self, record: &str, shape: &str, base: &LiveBase<'_>) -> Result<bool> {
         let _ = (record, shape, base);
         Ok(false)
     }
@@ -83,14 +78,14 @@ pub trait Named: Stream {
     }
 
     /// `Source::lend`.
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+    fn lend(&self, base: &LiveBase<'_>, borrow: bool) -> Result<()> {
         let _ = (base, borrow);
         Ok(())
     }
 }
 
 impl Named for Image {
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+    fn lend(&self, base: &LiveBase<'_>, borrow: bool) -> Result<()> {
         self.identity()?;
         let layers = {
             let mut r = self.resolved.lock().unwrap();
@@ -99,10 +94,10 @@ impl Named for Image {
         if self.plan(&layers)?.is_some() || !layers.iter().any(chunked::has_toc) {
             return Ok(());
         }
-        if let Some((tree, Some(live))) = base() {
+        if let Some((index, Some(live))) = base() {
             let prefix = self.subpath.clone().unwrap_or_default();
             let lend = borrow.then_some(&prefix[..]);
-            *self.donor.lock().unwrap() = Some(chunked::Donor::of(&tree, live, lend));
+            *self.donor.lock().unwrap() = Some(chunked::Donor::of(&index, live, lend)?);
         }
         Ok(())
     }
@@ -150,12 +145,7 @@ impl Named for Image {
         )
     }
 
-    fn resume(
-        &self,
-        record: &str,
-        shape: &str,
-        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
-    ) -> Result<bool> {
+    fn resume(&self, record: &str, shape: &str, base: &LiveBase<'_>) -> Result<bool> {
         let Some(rec) = Record::parse(record) else {
             return Ok(false);
         };
@@ -179,12 +169,12 @@ impl Named for Image {
         if !below {
             return Ok(false);
         }
-        let Some((tree, live)) = base() else {
+        let Some((index, live)) = base() else {
             return Ok(false);
         };
         *self.resume.lock().unwrap() = Some((
             Base {
-                tree,
+                index,
                 newest: rec.newest,
                 root_given: rec.root_given,
                 live,
@@ -435,12 +425,7 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.stream().record(spooled, shape)
     }
 
-    fn resume(
-        &self,
-        record: &str,
-        shape: &str,
-        base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>,
-    ) -> Result<bool> {
+    fn resume(&self, record: &str, shape: &str, base: &LiveBase<'_>) -> Result<bool> {
         self.inner.stream().resume(record, shape, base)
     }
 
@@ -448,6 +433,10 @@ impl<S: Named> Source for Fetched<S> {
         self.inner
             .filled()
             .is_none_or(|s| !s.seeded() || s.intact(tree))
+    }
+
+    fn holds_all(&self) -> bool {
+        self.inner.filled().is_none_or(|s| !s.incomplete())
     }
 
     fn why_not_intact(&self) -> Option<String> {
@@ -459,7 +448,7 @@ impl<S: Named> Source for Fetched<S> {
         self.inner.stream().verified_by()
     }
 
-    fn lend(&self, base: &dyn Fn() -> Option<(Tree, Option<DirFd>)>, borrow: bool) -> Result<()> {
+    fn lend(&self, base: &LiveBase<'_>, borrow: bool) -> Result<()> {
         self.inner.stream().lend(base, borrow)
     }
 }
@@ -857,7 +846,7 @@ impl Stream for Image {
                 let live = live.try_clone()?;
                 let prefix = self.subpath.clone().unwrap_or_default();
                 *self.donor.lock().unwrap() =
-                    Some(chunked::Donor::of(&base.tree, live, Some(&prefix)));
+                    Some(chunked::Donor::of(&base.index, live, Some(&prefix))?);
             }
             spool.seed(base, self.subpath.as_deref().unwrap_or_default())?;
             skip = below;

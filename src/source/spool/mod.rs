@@ -445,7 +445,8 @@ impl Spool {
                 }
                 let (parent, file) = split(path);
                 let b = self.borrowed.as_mut().expect("lent files are borrowed");
-                b.files
+                b.lent
+                    .files
                     .entry(parent.to_vec())
                     .or_default()
                     .insert(Name::from(file), e);
@@ -664,7 +665,7 @@ impl Spool {
         // Borrowed files here came from the layers below (this layer's
         // own entries were made on disk, and forgot theirs).
         if let Some(b) = &mut self.borrowed {
-            b.files.remove(path);
+            b.empty(path);
         }
         Ok(())
     }
@@ -798,7 +799,7 @@ impl Spool {
             newest: self.newest,
             label,
             identity,
-            borrowed: std::sync::Mutex::new(self.borrowed.map(|b| b.files)),
+            lent: self.borrowed.map(|b| b.lent),
             incomplete,
             why,
             seeded,
@@ -1093,8 +1094,18 @@ mod tests {
             .scan(0, &Filter::default(), &Collected::default())
             .unwrap();
         tree.assign_groups();
-        Base {
+        // The live generation's manifest, as the sync indexes it.
+        let mut text = Vec::new();
+        let mut m = crate::manifest::Manifest {
             tree,
+            ..Default::default()
+        };
+        m.write(&mut text).unwrap();
+        let mut r = std::io::Cursor::new(text.clone());
+        crate::manifest::Manifest::read_header(&mut r).unwrap();
+        let index = crate::index::Index::build(r, Box::new(text), "m".into()).unwrap();
+        Base {
+            index,
             newest: src.newest(),
             root_given: src.root_given(),
             live: None,
@@ -1265,10 +1276,41 @@ mod tests {
         assert!(src.intact(&tree));
         // Listed files are nowhere on disk: nothing to move by mistake.
         assert!(src.open_file(b"app/lib/a").is_err());
-        // A second scan would miss them: refused.
-        assert!(src
+        // Listed a directory at a time (as a streamed sync lists it), the
+        // spool gives what its scan gives, borrowed files and all.
+        let scanned = src
             .scan(0, &Filter::default(), &Collected::default())
-            .is_err());
+            .unwrap();
+        let files = |es: &[Entry]| -> Vec<String> {
+            es.iter()
+                .map(|e| match &e.node {
+                    Node::File(f) => format!(
+                        "{} {:?} {} {} {} {:?}",
+                        c_style(&e.name),
+                        e.meta,
+                        f.dev,
+                        f.ino,
+                        f.nlink,
+                        f.hash.map(|h| h[0])
+                    ),
+                    _ => format!("{} {}", c_style(&e.name), e.kind() as u8),
+                })
+                .collect()
+        };
+        let app = scanned.entries.iter().find(|e| &*e.name == b"app").unwrap();
+        let Node::Dir(d) = &app.node else {
+            panic!("app is a directory")
+        };
+        let fd = src.root().unwrap().open_dir(b"app").unwrap();
+        let listed = src
+            .list(&fd, b"app", 0, &Filter::default(), &Collected::default())
+            .unwrap();
+        assert_eq!(files(&listed), files(&d.entries));
+        assert!(
+            listed.iter().any(|e| &*e.name == b"h2"),
+            "{:?}",
+            files(&listed)
+        );
     }
 
     #[test]

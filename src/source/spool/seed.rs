@@ -1,9 +1,12 @@
 //! A spool seeded from the live generation (`Spool::seed`: an image update
 //! that only adds layers on top) or lent its files (`Spool::lend`: a
 //! zstd:chunked layer): the live files it lists without holding them
-//! (`Borrowed`), and the copy of one a later layer needs (`materialise`).
+//! (`Borrowed`: read a directory at a time from the live manifest's index,
+//! less what later layers removed), and the copy of one a later layer
+//! needs (`materialise`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 
@@ -12,8 +15,9 @@ use sha2::{Digest, Sha256};
 
 use crate::error::check_signal;
 use crate::escape::c_style;
+use crate::index::Index;
 use crate::sys::{self, DirFd, StatKind};
-use crate::tree::{Entry, Name, Node, Time, Tree};
+use crate::tree::{Entry, Name, Node, Time};
 
 use super::records::FileMeta;
 use super::{components, join, split, Spool};
@@ -23,9 +27,10 @@ use super::{components, join, split, Spool};
 pub const BORROWED_DEV: u64 = u64::MAX;
 
 /// What a spool starts from instead of the lower layers (`Spool::seed`):
-/// the live generation's tree as its manifest records it, hashes kept.
+/// the live generation's manifest, indexed by directory (its digest
+/// checked as it was indexed), hashes kept.
 pub struct Base {
-    pub tree: Tree,
+    pub index: Index,
     /// The newest mtime the lower layers gave (the root's, where none names it).
     pub newest: Time,
     /// Whether the lower layers gave the root (or the `//PATH`) its metadata.
@@ -36,11 +41,10 @@ pub struct Base {
     pub live: Option<DirFd>,
 }
 
-/// The live generation's files a seeded spool lists without holding them:
-/// by parent directory (a path from the spool's root), then by name.
+/// The live generation's files a seeded spool lists without holding them.
 #[derive(Default)]
 pub(super) struct Borrowed {
-    pub(super) files: Listed,
+    pub(super) lent: Lent,
     /// Something a later layer needed of a borrowed file (a hardlink to
     /// it): the spool is not what the layers give, only a full apply is.
     pub(super) incomplete: bool,
@@ -51,22 +55,183 @@ pub(super) struct Borrowed {
     /// `//PATH` taken): where a borrowed file's bytes are, when a later
     /// layer needs them (`Spool::materialise`).
     pub(super) live: Option<(DirFd, Vec<u8>)>,
+    /// The last directory of the manifest looked up (its path and
+    /// entries): a layer's entries come a directory at a time.
+    cache: RefCell<Option<(Vec<u8>, Vec<Entry>)>>,
+}
+
+/// The borrowed files, as a filled spool lists them a directory at a time
+/// (`Lent::of`): those listed one by one (`Spool::lend`), and those of the
+/// live manifest a seeded spool started from (`Lower`).
+#[derive(Default)]
+pub(super) struct Lent {
+    pub(super) files: Listed,
+    pub(super) lower: Option<Lower>,
+}
+
+/// The live manifest a spool was seeded from, less what later layers
+/// removed: its files are read a directory at a time from its index, and
+/// nothing of it is held but what was removed.
+pub(super) struct Lower {
+    index: Index,
+    /// The spool path the manifest's root stands for (the `//PATH`).
+    prefix: Vec<u8>,
+    /// Spool paths a later layer removed (a whiteout, an entry of another
+    /// kind): nothing at or below them is borrowed.
+    gone: HashSet<Vec<u8>>,
+    /// Directories an opaque whiteout emptied of the lower layers' files.
+    emptied: HashSet<Vec<u8>>,
+}
+
+impl Lower {
+    /// The spool path `key` as a path of the manifest, where it stands for one.
+    fn rel<'a>(&self, key: &'a [u8]) -> Option<&'a [u8]> {
+        if self.prefix.is_empty() {
+            return Some(key);
+        }
+        match key.strip_prefix(self.prefix.as_slice())? {
+            [] => Some(&[]),
+            [b'/', rest @ ..] => Some(rest),
+            _ => None,
+        }
+    }
+
+    /// Whether a later layer removed `path` or a directory above it.
+    fn removed(&self, path: &[u8]) -> bool {
+        let mut p = path;
+        loop {
+            if self.gone.contains(p) {
+                return true;
+            }
+            match p.iter().rposition(|&b| b == b'/') {
+                Some(i) => p = &p[..i],
+                None => return false,
+            }
+        }
+    }
+
+    /// The manifest's entries of the directory `key` (a spool path), as
+    /// read, with where the directory is in the index; `None` where no
+    /// lower file can be listed there.
+    fn raw(&self, key: &[u8]) -> Result<Option<(u32, Vec<Entry>)>> {
+        let Some(rel) = self.rel(key) else {
+            return Ok(None);
+        };
+        if self.emptied.contains(key) || (!self.gone.is_empty() && self.removed(key)) {
+            return Ok(None);
+        }
+        let Some(id) = self.index.dir_id(rel) else {
+            return Ok(None);
+        };
+        Ok(Some((id, self.index.entries(rel)?)))
+    }
+
+    /// The borrowed files of the directory `key` (a spool path) out of its
+    /// manifest entries `raw` (directory `id`), in name order, each as a
+    /// scan gives it (`borrowed_as`).
+    fn files(&self, key: &[u8], id: u32, raw: Vec<Entry>) -> Vec<Entry> {
+        raw.into_iter()
+            .enumerate()
+            .filter(|(_, e)| matches!(e.node, Node::File(_)))
+            .filter(|(_, e)| {
+                self.gone.is_empty() || !self.gone.contains(&crate::tree::join(key, &e.name))
+            })
+            .map(|(k, mut e)| {
+                self.borrowed_as(&mut e, id, k);
+                e
+            })
+            .collect()
+    }
+
+    /// Give a manifest's file the identity a scan of the spool gives it: on
+    /// `BORROWED_DEV`, a hardlink group's number as its inode (its link
+    /// count the paths the manifest records), any other file a number of
+    /// its own (its directory's place in the index and its own); nothing
+    /// to reuse yet.
+    fn borrowed_as(&self, e: &mut Entry, id: u32, k: usize) {
+        if let Node::File(f) = &mut e.node {
+            f.dev = BORROWED_DEV;
+            f.reuse = false;
+            f.stamp = 0;
+            match f.group.take() {
+                Some(g) => {
+                    f.ino = u64::from(g);
+                    f.nlink = self.index.group_paths(g).max(1);
+                }
+                None => {
+                    f.ino = 1 << 63 | u64::from(id) << 31 | (k as u64 & ((1 << 31) - 1));
+                    f.nlink = 1;
+                }
+            }
+        }
+    }
+}
+
+impl Lent {
+    /// The borrowed files of the spool directory `key`, in name order:
+    /// those lent one by one first, then the lower layers'.
+    pub(super) fn of(&self, key: &[u8]) -> Result<Vec<Entry>> {
+        let mut out: Vec<Entry> = self
+            .files
+            .get(key)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
+        if let Some(lower) = &self.lower {
+            if let Some((id, raw)) = lower.raw(key)? {
+                let listed = out.len();
+                for e in lower.files(key, id, raw) {
+                    let named = |o: &Entry| o.name == e.name;
+                    if !out[..listed].iter().any(named) {
+                        out.push(e);
+                    }
+                }
+                if listed > 0 {
+                    out.sort_by(|a, b| a.name.cmp(&b.name));
+                }
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl Borrowed {
-    /// Forget the borrowed file at `path` (parent `dir`, `name`), if any.
+    /// Forget the file lent one by one at `path` (parent `dir`, `name`), if
+    /// any. A lower layer's file is shadowed by what is written over it.
     pub(super) fn forget(&mut self, dir: &[u8], name: &[u8]) -> bool {
-        match self.files.get_mut(dir) {
+        match self.lent.files.get_mut(dir) {
             Some(m) => m.remove(&Name::from(name)).is_some(),
             None => false,
         }
     }
 
-    pub(super) fn has(&self, path: &[u8]) -> bool {
+    /// The borrowed file at `path`, as a scan gives it.
+    fn get(&self, path: &[u8]) -> Option<Entry> {
         let (dir, name) = split(path);
-        self.files
+        if let Some(e) = self
+            .lent
+            .files
             .get(dir)
-            .is_some_and(|m| m.contains_key(&Name::from(name)))
+            .and_then(|m| m.get(&Name::from(name)))
+        {
+            return Some(e.clone());
+        }
+        let lower = self.lent.lower.as_ref()?;
+        let mut cache = self.cache.borrow_mut();
+        let hit = matches!(&*cache, Some((d, _)) if d.as_slice() == dir);
+        if !hit {
+            let (id, raw) = lower.raw(dir).ok().flatten().unwrap_or_default();
+            let files = lower.files(dir, id, raw);
+            *cache = Some((dir.to_vec(), files));
+        }
+        let (_, files) = cache.as_ref().expect("filled");
+        files
+            .binary_search_by(|e| (*e.name).cmp(name))
+            .ok()
+            .map(|i| files[i].clone())
+    }
+
+    pub(super) fn has(&self, path: &[u8]) -> bool {
+        self.get(path).is_some()
     }
 
     /// Forget everything at and below `path`.
@@ -75,8 +240,59 @@ impl Borrowed {
         self.forget(dir, name);
         let mut under = path.to_vec();
         under.push(b'/');
-        self.files
+        self.lent
+            .files
             .retain(|k, _| k.as_slice() != path && !k.starts_with(&under));
+        if let Some(lower) = &mut self.lent.lower {
+            lower.gone.insert(path.to_vec());
+        }
+        *self.cache.get_mut() = None;
+    }
+
+    /// An opaque whiteout in the directory `path`: no file of the layers
+    /// below is listed there.
+    pub(super) fn empty(&mut self, path: &[u8]) {
+        self.lent.files.remove(path);
+        if let Some(lower) = &mut self.lent.lower {
+            lower.emptied.insert(path.to_vec());
+        }
+        *self.cache.get_mut() = None;
+    }
+
+    /// The spool paths of the borrowed files on inode `ino` (a hardlink
+    /// group's paths, where several are).
+    fn members(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        for (d, files) in &self.lent.files {
+            for (n, other) in files {
+                if matches!(&other.node, Node::File(o) if o.ino == ino) {
+                    out.push(crate::tree::join(d, n));
+                }
+            }
+        }
+        let Some(lower) = &self.lent.lower else {
+            return Ok(out);
+        };
+        let Ok(g) = u32::try_from(ino) else {
+            return Ok(out);
+        };
+        let mut grouped = Vec::new();
+        lower.index.walk(&mut |p, e| {
+            if matches!(&e.node, Node::File(f) if f.group == Some(g)) {
+                let mut path = lower.prefix.clone();
+                if !path.is_empty() {
+                    path.push(b'/');
+                }
+                path.extend_from_slice(p);
+                grouped.push(path);
+            }
+        })?;
+        for p in grouped {
+            if !out.contains(&p) && self.has(&p) {
+                out.push(p);
+            }
+        }
+        Ok(out)
     }
 }
 
@@ -88,7 +304,7 @@ pub(super) enum Taken {
     Drifted,
 }
 
-/// Borrowed files by parent directory, then by name.
+/// Files lent one by one, by parent directory, then by name.
 pub(super) type Listed = HashMap<Vec<u8>, BTreeMap<Name, Entry>>;
 
 impl Spool {
@@ -102,35 +318,30 @@ impl Spool {
         let root = self.parent(&parts, base.newest)?;
         self.newest = base.newest;
         if base.root_given {
-            self.dirs.insert(prefix.clone(), base.tree.root);
+            self.dirs.insert(prefix.clone(), base.index.root);
         }
-        // Hardlink groups: each keeps one inode number, its link count and
-        // the hash its first path carries.
-        let mut groups: HashMap<u32, (u32, Option<[u8; 32]>)> = HashMap::new();
-        base.tree.for_each(&mut |_, e| {
-            if let Node::File(f) = &e.node {
-                if let Some(g) = f.group {
-                    let slot = groups.entry(g).or_insert((0, f.hash));
-                    slot.0 += 1;
-                    if slot.1.is_none() {
-                        slot.1 = f.hash;
-                    }
-                }
-            }
-        });
-        let mut borrowed = Borrowed {
-            live: base.live.map(|d| (d, prefix.clone())),
-            ..Borrowed::default()
-        };
         let mut seeder = Seeder {
             spool: self,
-            groups: &groups,
-            borrowed: &mut borrowed,
-            singles: 0,
+            index: &base.index,
+            incomplete: false,
         };
-        let mut path = prefix;
-        seeder.dir(&root, base.tree.entries, &mut path)?;
-        self.borrowed = Some(borrowed);
+        let mut path = prefix.clone();
+        seeder.dir(&root, &mut Vec::new(), &mut path)?;
+        let incomplete = seeder.incomplete;
+        self.borrowed = Some(Borrowed {
+            live: base.live.map(|d| (d, prefix.clone())),
+            incomplete,
+            lent: Lent {
+                files: Listed::new(),
+                lower: Some(Lower {
+                    index: base.index,
+                    prefix,
+                    gone: HashSet::new(),
+                    emptied: HashSet::new(),
+                }),
+            },
+            ..Borrowed::default()
+        });
         self.cached = None;
         Ok(())
     }
@@ -197,8 +408,8 @@ impl Spool {
         let Some((live, prefix)) = &b.live else {
             return Ok(Taken::NoLive);
         };
-        let (dir, name) = split(path);
-        let Some(e) = b.files.get(dir).and_then(|m| m.get(&Name::from(name))) else {
+        let (_, name) = split(path);
+        let Some(e) = b.get(path) else {
             return Ok(Taken::Drifted);
         };
         let Node::File(f) = &e.node else {
@@ -206,16 +417,10 @@ impl Spool {
         };
         let (want, meta, ino) = (f.hash, e.meta, f.ino);
         // The group's other borrowed paths (a group keeps one inode number).
-        let mut members: Vec<Vec<u8>> = Vec::new();
-        if f.nlink > 1 {
-            for (d, files) in &b.files {
-                for (n, other) in files {
-                    if matches!(&other.node, Node::File(o) if o.ino == ino) {
-                        members.push(crate::tree::join(d, n));
-                    }
-                }
-            }
-        }
+        let members = match f.nlink > 1 {
+            true => b.members(ino)?,
+            false => Vec::new(),
+        };
         let rel = match path.strip_prefix(prefix.as_slice()) {
             Some(r) if prefix.is_empty() => r,
             Some(r) if r.first() == Some(&b'/') => &r[1..],
@@ -291,28 +496,32 @@ impl Spool {
     }
 }
 
-/// Walks a base tree into a spool being seeded.
+/// Walks the live manifest into a spool being seeded: its directories and
+/// symlinks made, its files left to be listed from the manifest (`Lower`).
 pub(super) struct Seeder<'a> {
     spool: &'a mut Spool,
-    groups: &'a HashMap<u32, (u32, Option<[u8; 32]>)>,
-    borrowed: &'a mut Borrowed,
-    singles: u64,
+    index: &'a Index,
+    /// A file the manifest records without a hash: nothing to compare
+    /// it by, only a full apply can tell.
+    incomplete: bool,
 }
 
 impl Seeder<'_> {
-    /// The entries of the directory `dir` (at `path` from the spool's root).
-    fn dir(&mut self, dir: &DirFd, entries: Vec<Entry>, path: &mut Vec<u8>) -> Result<()> {
-        let mut files = BTreeMap::new();
-        for mut e in entries {
+    /// The entries of the manifest's directory `rel`, into the spool's
+    /// directory `dir` (at `path` from the spool's root).
+    fn dir(&mut self, dir: &DirFd, rel: &mut Vec<u8>, path: &mut Vec<u8>) -> Result<()> {
+        for e in self.index.entries(rel)? {
             check_signal()?;
-            let at = path.len();
-            if at > 0 {
-                path.push(b'/');
+            let (at, r) = (path.len(), rel.len());
+            for (p, len) in [(&mut *path, at), (&mut *rel, r)] {
+                if len > 0 {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(&e.name);
             }
-            path.extend_from_slice(&e.name);
             let shown = || c_style(path);
-            match &mut e.node {
-                Node::Dir(d) => {
+            match &e.node {
+                Node::Dir(_) => {
                     dir.mkdir(&e.name, 0o700).with_context(|| {
                         format!("cannot create directory {} in the spool", shown())
                     })?;
@@ -320,8 +529,7 @@ impl Seeder<'_> {
                         .open_dir(&e.name)
                         .with_context(|| format!("cannot open {} in the spool", shown()))?;
                     self.spool.dirs.insert(path.clone(), e.meta);
-                    let children = std::mem::take(&mut d.entries);
-                    self.dir(&sub, children, path)?;
+                    self.dir(&sub, rel, path)?;
                 }
                 Node::Symlink(target) => {
                     if target.is_empty() || target.contains(&0) {
@@ -334,37 +542,10 @@ impl Seeder<'_> {
                     dir.set_symlink_meta(&e.name, owner, e.meta.mtime.pair())
                         .with_context(|| format!("cannot set the times of symlink {}", shown()))?;
                 }
-                Node::File(f) => {
-                    f.dev = BORROWED_DEV;
-                    f.reuse = false;
-                    f.stamp = 0;
-                    match f
-                        .group
-                        .take()
-                        .and_then(|g| self.groups.get(&g).map(|s| (g, s)))
-                    {
-                        Some((g, &(n, hash))) => {
-                            f.ino = g as u64;
-                            f.nlink = n;
-                            f.hash = hash;
-                        }
-                        None => {
-                            self.singles += 1;
-                            f.ino = 1 << 63 | self.singles;
-                            f.nlink = 1;
-                        }
-                    }
-                    if f.hash.is_none() {
-                        // Nothing to compare it by: only a full apply can tell.
-                        self.borrowed.incomplete = true;
-                    }
-                    files.insert(e.name.clone(), e);
-                }
+                Node::File(f) => self.incomplete |= f.hash.is_none(),
             }
             path.truncate(at);
-        }
-        if !files.is_empty() {
-            self.borrowed.files.insert(path.clone(), files);
+            rel.truncate(r);
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::OnceLock;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 
 use crate::escape::c_style;
 use crate::filter::Filter;
@@ -18,7 +18,7 @@ use crate::tree::{Entry, Meta, Node, Time, Tree};
 
 use super::super::{Dir, Source};
 use super::records::{FileMeta, Metas};
-use super::seed::{Listed, BORROWED_DEV};
+use super::seed::{Lent, BORROWED_DEV};
 use super::{components, join, Spool};
 
 /// A filled spool: a directory whose files are private to this sync (the
@@ -35,8 +35,9 @@ pub struct Spooled {
     pub(super) newest: Time,
     pub(super) label: String,
     pub(super) identity: String,
-    /// The borrowed files (`Spool::seed`), until the scan puts them on its tree.
-    pub(super) borrowed: std::sync::Mutex<Option<Listed>>,
+    /// The borrowed files (`Spool::seed`, `Spool::lend`), listed with the
+    /// spool's own a directory at a time.
+    pub(super) lent: Option<Lent>,
     pub(super) incomplete: bool,
     /// Why a seeded spool is incomplete, where a layer said.
     pub(super) why: Option<String>,
@@ -138,6 +139,13 @@ impl Spooled {
         self.seeded
     }
 
+    /// Whether a layer needed what a seeded spool does not hold (a
+    /// hardlink to a borrowed file it could not take from the live
+    /// generation): only applying every layer gives the tree.
+    pub fn incomplete(&self) -> bool {
+        self.incomplete
+    }
+
     /// Why a seeded spool cannot be published as it is, where a layer
     /// needed what it does not hold (a hardlink to a borrowed file).
     pub fn why_incomplete(&self) -> Option<&str> {
@@ -169,13 +177,13 @@ impl Spooled {
     /// order; `key` is the directory's path from the spool's root, `rel`
     /// from the scan's.
     fn lend(
+        &self,
         entries: &mut Vec<Entry>,
         key: &mut Vec<u8>,
         rel: &mut Vec<u8>,
-        borrowed: &mut Listed,
         src: u16,
         filter: &Filter,
-    ) {
+    ) -> Result<()> {
         for e in entries.iter_mut() {
             if let Node::Dir(d) = &mut e.node {
                 let (k, r) = (key.len(), rel.len());
@@ -185,33 +193,42 @@ impl Spooled {
                     }
                     p.extend_from_slice(&e.name);
                 }
-                Spooled::lend(&mut d.entries, key, rel, borrowed, src, filter);
+                self.lend(&mut d.entries, key, rel, src, filter)?;
                 key.truncate(k);
                 rel.truncate(r);
             }
         }
-        let Some(files) = borrowed.remove(key.as_slice()) else {
-            return;
+        self.lend_here(entries, key, rel, src, filter)
+    }
+
+    /// Put the borrowed files of one directory (`key` from the spool's
+    /// root, `rel` from the scan's) among its listed `entries`.
+    fn lend_here(
+        &self,
+        entries: &mut Vec<Entry>,
+        key: &[u8],
+        rel: &[u8],
+        src: u16,
+        filter: &Filter,
+    ) -> Result<()> {
+        let Some(lent) = &self.lent else {
+            return Ok(());
         };
-        let mut lent: Vec<Entry> = Vec::with_capacity(files.len());
-        for (name, mut e) in files {
-            let p = crate::tree::join(rel, &name);
-            if filter.excludes(&p, false) {
-                continue;
-            }
+        let mut files = lent.of(key)?;
+        files.retain_mut(|e| {
             if let Node::File(f) = &mut e.node {
                 f.src = src;
             }
-            lent.push(e);
-        }
-        if lent.is_empty() {
-            return;
+            !filter.excludes(&crate::tree::join(rel, &e.name), false)
+        });
+        if files.is_empty() {
+            return Ok(());
         }
         // Both sides are sorted by name; a name on disk (made by a later
-        // layer, which forgets the borrowed one) wins.
+        // layer, over the borrowed one) wins.
         let disk = std::mem::take(entries);
-        let mut out = Vec::with_capacity(disk.len() + lent.len());
-        let (mut a, mut b) = (disk.into_iter().peekable(), lent.into_iter().peekable());
+        let mut out = Vec::with_capacity(disk.len() + files.len());
+        let (mut a, mut b) = (disk.into_iter().peekable(), files.into_iter().peekable());
         loop {
             match (a.peek(), b.peek()) {
                 (Some(x), Some(y)) => match x.name.cmp(&y.name) {
@@ -228,6 +245,7 @@ impl Spooled {
             }
         }
         *entries = out;
+        Ok(())
     }
 }
 
@@ -257,27 +275,16 @@ impl Source for Spooled {
         if let Some(p) = missing {
             return Err(self.not_written(&p));
         }
-        if self.seeded {
-            let Some(mut borrowed) = self.borrowed.lock().unwrap().take() else {
-                bail!("{}: a seeded spool scanned twice", self.label);
-            };
-            let mut key = self.prefix.clone();
-            Spooled::lend(
-                &mut tree.entries,
-                &mut key,
-                &mut Vec::new(),
-                &mut borrowed,
-                src,
-                filter,
-            );
-        }
+        let mut key = self.prefix.clone();
+        self.lend(&mut tree.entries, &mut key, &mut Vec::new(), src, filter)?;
         Ok(tree)
     }
 
-    /// A spool that was not seeded lists a directory at a time: its
-    /// entries then carry what the stream gave, as `scan` gives them.
+    /// A spool lists a directory at a time: its entries then carry what
+    /// the stream gave, and the borrowed files are among them, as `scan`
+    /// gives them.
     fn lists_by_directory(&self) -> bool {
-        !self.seeded
+        true
     }
 
     fn list(
@@ -288,9 +295,6 @@ impl Source for Spooled {
         filter: &Filter,
         reporter: &dyn Reporter,
     ) -> Result<Vec<Entry>> {
-        if self.seeded {
-            bail!("{}: a seeded spool is scanned whole", self.label);
-        }
         let mut entries = Dir::list(fd, rel, &self.label, src, filter, reporter)?;
         let wants: Vec<Option<(Time, u64)>> = entries
             .iter()
@@ -306,6 +310,7 @@ impl Source for Spooled {
                 return Err(self.not_written(&p));
             }
         }
+        self.lend_here(&mut entries, &self.full(rel), rel, src, filter)?;
         Ok(entries)
     }
 
