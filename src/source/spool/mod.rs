@@ -1209,10 +1209,13 @@ mod tests {
     fn a_hardlink_to_a_borrowed_file_copies_it_from_the_live_tree() {
         let lower = lower_layers();
         let lower: Vec<&[u8]> = lower.iter().map(Vec::as_slice).collect();
-        // New paths linked to a file apart and to a member of a group.
+        // New paths linked to a file apart and to a member of a group,
+        // each twice (the second finds the copy the first made).
         let upper = archive(&[
             (header(b"app/again", b'1', 0, b"app/lib/a"), b""),
             (header(b"app/h3", b'1', 0, b"app/h2"), b""),
+            (header(b"app/again2", b'1', 0, b"app/lib/a"), b""),
+            (header(b"app/h4", b'1', 0, b"app/h"), b""),
         ]);
         let (_t, mut full) = spool();
         for l in &lower {

@@ -195,13 +195,28 @@ impl Lent {
 }
 
 impl Borrowed {
-    /// Forget the file lent one by one at `path` (parent `dir`, `name`), if
-    /// any. A lower layer's file is shadowed by what is written over it.
+    /// Forget the borrowed file at `path` (parent `dir`, `name`), if any,
+    /// where something is about to be made there (a later layer's entry,
+    /// or the file itself, `materialise`d): a lower layer's is kept
+    /// among the paths removed, so that it is no longer taken for one.
     pub(super) fn forget(&mut self, dir: &[u8], name: &[u8]) -> bool {
-        match self.lent.files.get_mut(dir) {
-            Some(m) => m.remove(&Name::from(name)).is_some(),
-            None => false,
+        if let Some(m) = self.lent.files.get_mut(dir) {
+            if m.remove(&Name::from(name)).is_some() {
+                return true;
+            }
         }
+        let path = crate::tree::join(dir, name);
+        let lower = self.lent.lower.is_some() && self.has(&path);
+        if let (true, Some(l)) = (lower, &mut self.lent.lower) {
+            l.gone.insert(path);
+            // `has` just read this directory into the cache: take it off there.
+            if let Some((d, files)) = self.cache.get_mut() {
+                if d.as_slice() == dir {
+                    files.retain(|e| &*e.name != name);
+                }
+            }
+        }
+        lower
     }
 
     /// The borrowed file at `path`, as a scan gives it.
@@ -237,7 +252,9 @@ impl Borrowed {
     /// Forget everything at and below `path`.
     pub(super) fn forget_tree(&mut self, path: &[u8]) {
         let (dir, name) = split(path);
-        self.forget(dir, name);
+        if let Some(m) = self.lent.files.get_mut(dir) {
+            m.remove(&Name::from(name));
+        }
         let mut under = path.to_vec();
         under.push(b'/');
         self.lent
