@@ -1022,6 +1022,16 @@ fn a_drifted_base_file_or_another_image_fetches_every_layer() {
     assert_eq!(tree(&f.dest()), stacked_v2("v1"));
     assert!(blobs() >= before + 4, "every layer fetched on drift");
 
+    // The same where the drifted file is hardlinked (both paths of a group
+    // listed from the live generation, linked at the end of the stage).
+    sync(format!("oci://{}/app:1", reg.host()));
+    let live = fs::canonicalize(f.dest()).unwrap();
+    fs::write(live.join("app/lib/h.py"), "edited in place").unwrap();
+    let before = blobs();
+    sync(format!("oci://{}/app:2", reg.host()));
+    assert_eq!(tree(&f.dest()), stacked_v2("v1"));
+    assert!(blobs() >= before + 4, "every layer fetched on drift");
+
     // A live generation from another image (other lower layers): every
     // layer of the new one is fetched.
     sync(format!("oci://{}/other:1", reg.host()));

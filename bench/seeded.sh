@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# bench/seeded.sh: an image update that only adds a layer on top (the
+# spool seeded from the live generation), by this packsync and by
+# PACKSYNC_OLD, one after the other: peak RSS and wall time of the first
+# sync of v1, the update to v2 (one layer rewriting 1% of the files) and
+# the no-op after it, and the generation each published (the same).
+#
+#   cargo build --release
+#   bench/modes.sh --sizes 100000      # makes trees/modes/n100000-v1.oci
+#   PACKSYNC_OLD=/path/to/old/packsync bench/seeded.sh 100000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-100000}
+P=$(realpath "${PACKSYNC:-target/release/packsync}")
+OLD=${PACKSYNC_OLD:-}
+ROOT=${BENCH_ROOT:-/tmp/packsync-bench}
+V1=$ROOT/trees/modes/n$N-v1.oci
+[ -d "$V1" ] || { echo "no $V1: run bench/modes.sh --sizes $N first" >&2; exit 2; }
+W=$(mktemp -d "${TMPDIR:-/tmp}/packsync-seeded.XXXXXX")
+trap 'rm -rf "$W"' EXIT
+python3 bench/stack_layer.py "$V1" "$W/v2.oci" $((N / 100))
+for b in "$P" ${OLD:+"$OLD"}; do
+    rm -rf "$W/vol" "$W/img.oci"; mkdir "$W/vol"
+    cp -al "$V1" "$W/img.oci"
+    /usr/bin/time -f "$b first: %M KiB %e s" "$b" sync -q "oci-layout:$W/img.oci:bench" "$W/vol/dest"
+    rm -rf "$W/img.oci"; cp -al "$W/v2.oci" "$W/img.oci"
+    /usr/bin/time -f "$b update: %M KiB %e s" "$b" sync -q "oci-layout:$W/img.oci:bench" "$W/vol/dest"
+    /usr/bin/time -f "$b no-op: %M KiB %e s" "$b" sync -q "oci-layout:$W/img.oci:bench" "$W/vol/dest"
+    echo "$b published $(basename "$(readlink "$W/vol/dest")")"
+done
