@@ -7,7 +7,8 @@
 #     verified vs unverified;
 #   * the same tree as an OPA bundle over HTTP (a tar.gz whose
 #     /.signatures.json lists every file's SHA-256, ES256): cold publish
-#     verified vs unverified, and the verified no-op (a 304);
+#     verified vs unverified, and the verified no-op (a 304); and the same
+#     bundle unpacked into a directory: cold publish and no-op;
 #   * syscalls per entry of the cold publish, verified and not (strace -c -f);
 #   * peak RSS (/usr/bin/time's %M) of each cold publish, verified and not.
 #
@@ -154,11 +155,15 @@ pids+=($!)
 until hport=$(head -1 "$W/http.port" 2>/dev/null) && [ -n "$hport" ]; do sleep 0.1; done
 img="oci://127.0.0.1:$port/packs:1"
 url="http://127.0.0.1:$hport/bundle.tar.gz"
+# The same bundle unpacked: a bundle in a directory (an init container's).
+dir="$W/bundle-dir"
+mkdir -p "$dir" && tar -xzf "$W/bundle.tar.gz" -C "$dir"
 key=(--verify-key "$W/key.pub")
 # Both are checked once, so the figures below are of syncs that succeed.
 mkdir -p "$W/check"
 "$P" sync -q "${key[@]}" "$img" "$W/check/img"
 "$P" sync -q "${key[@]}" "$url" "$W/check/bundle"
+"$P" sync -q "${key[@]}" "$dir" "$W/check/dir"
 rm -rf "$W/check"
 
 time_ms() { local t0 t1; t0=$(date +%s%N); "$@" >/dev/null 2>&1; t1=$(date +%s%N); echo $(( (t1 - t0) / 1000000 )); }
@@ -200,17 +205,23 @@ a() { "$P" sync -q "${key[@]}" "$url" "$W/vol/a"; }
 b() { "$P" sync -q "$url" "$W/vol/b"; }
 pair "OPA bundle over HTTP, cold, --verify-key" "OPA bundle over HTTP, cold, no key"
 pair_noop "OPA bundle over HTTP, no-op (304), --verify-key" "OPA bundle over HTTP, no-op (304), no key" "$url"
+a() { "$P" sync -q "${key[@]}" "$dir" "$W/vol/a"; }
+b() { "$P" sync -q "$dir" "$W/vol/b"; }
+pair "OPA bundle in a directory, cold, --verify-key" "OPA bundle in a directory, cold, no key"
+pair_noop "OPA bundle in a directory, no-op, --verify-key" "OPA bundle in a directory, no-op, no key" "$dir"
 
 # The entries: FILES files, packs/, 50 pN/ and their actions/.
 entries=$(( ${FILES:-5000} + 101 ))
 rss_kib() { /usr/bin/time -f %M -o "$W/time.out" "$@" >/dev/null 2>&1; cat "$W/time.out"; }
-for what in img url; do
+for what in img url dir; do
   src=${!what}
   fresh; row "  $what cold --verify-key: peak RSS"; echo "$(rss_kib "$P" sync -q "${key[@]}" "$src" "$W/vol/a") KiB"
   fresh; row "  $what cold no key: peak RSS"; echo "$(rss_kib "$P" sync -q "$src" "$W/vol/b") KiB"
 done
+fresh; "$P" sync -q "${key[@]}" "$dir" "$W/vol/a"
+row "  dir no-op --verify-key: peak RSS"; echo "$(rss_kib "$P" sync -q "${key[@]}" "$dir" "$W/vol/a") KiB"
 sys_per_entry() { strace -c -f -o "$W/strace.out" "$@" >/dev/null 2>&1; awk '$NF == "total" { print $(NF-2) }' "$W/strace.out"; }
-for what in img url; do
+for what in img url dir; do
   src=${!what}
   fresh; n=$(sys_per_entry "$P" sync -q "${key[@]}" "$src" "$W/vol/a")
   row "  $what cold --verify-key: syscalls per entry"; awk -v n="$n" -v e="$entries" 'BEGIN { printf "%.1f (%d in all)\n", n / e, n }'

@@ -339,7 +339,8 @@ struct Opened<'a> {
     /// The first try of the round (the second takes every step whole).
     first_try: bool,
     /// With --verify-key, where a source is verified after its scan (a
-    /// bundle): no shortcut that skips the scan runs, but for sources
+    /// bundle in a directory among several sources; a spooled bundle
+    /// until it is spooled): no shortcut that skips the scan runs, but for sources
     /// unchanged since a live generation those same keys verified
     /// (`unchanged_live`). Not where every source is an image, which
     /// checks its cosign signature as its digest is resolved
@@ -401,10 +402,15 @@ impl<'a> Opened<'a> {
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
         // Images were checked as they resolved; a spooled bundle is
         // checked once spooled (`check_listed`). A bundle in a directory
-        // is checked over its scanned tree, whose entries the stage then
-        // copies only as scanned (`Source::unchanged`): a listing checked
-        // now and listed again to stage would leave a file changed in
-        // between unchecked.
+        // (the one SOURCE) is checked over its listing now, before
+        // anything is written, and the tree staged from it again before it
+        // is published (`check_directory`): a file changed in between is
+        // caught there. Several sources with one in a directory: checked
+        // over their scanned trees, which the whole-tree stage copies only
+        // as scanned.
+        if trusting && same_gen.is_none() {
+            sources.check_directory(cfg, &Collected::default())?;
+        }
         let trusting = trusting && sources.verified_early(cfg).is_none();
         let r = Opened {
             cfg,
@@ -482,6 +488,10 @@ struct Sources {
     /// Under `--verify-key`: every source's key, once each was checked a
     /// directory at a time (`check_listed`).
     checked: std::sync::OnceLock<Vec<(usize, String)>>,
+    /// A bundle in a directory checked over its listing
+    /// (`check_directory`): the key that verified it, which must verify
+    /// the staged tree again before it is published.
+    recheck: std::sync::OnceLock<String>,
 }
 
 impl Sources {
@@ -490,6 +500,7 @@ impl Sources {
         Ok(Sources {
             all: source::open_all(&cfg.sources, &cfg.remote)?,
             checked: std::sync::OnceLock::new(),
+            recheck: std::sync::OnceLock::new(),
         })
     }
 
@@ -537,8 +548,7 @@ impl Sources {
     /// signature checked a directory at a time (`trust::check_listed`;
     /// exit 6 naming the first that is not trusted, before anything is
     /// staged), so that `verified_early` gives their keys. False where a
-    /// source is a directory (the whole-tree path checks it over its
-    /// scanned tree, and stages what it scanned).
+    /// source is a directory (see `check_directory`).
     fn check_listed(&self, cfg: &SyncConfig, reporter: &dyn Reporter) -> Result<bool> {
         if self.verified_early(cfg).is_some() {
             return Ok(true);
@@ -558,6 +568,37 @@ impl Sources {
             ));
         }
         let _ = self.checked.set(keys);
+        Ok(true)
+    }
+
+    /// Under `--verify-key`, where the one SOURCE is a bundle in a
+    /// directory: its signature checked over its listing, a directory at
+    /// a time (`trust::check_listed`: exit 6 naming it, before anything is
+    /// written), so that it plans and stages a directory at a time too.
+    /// The directory may change between that listing and the stage's, so
+    /// the staged tree is checked again before it is published
+    /// (`recheck`, `trust::check_staged`): what was checked then is what
+    /// is published. False where it does not apply (several sources: the
+    /// whole-tree path checks each scanned tree, and stages what it
+    /// scanned).
+    fn check_directory(&self, cfg: &SyncConfig, reporter: &dyn Reporter) -> Result<bool> {
+        let [s] = &self.all[..] else {
+            return Ok(false);
+        };
+        let bundle = !s.streamed()
+            && !s.owns_root()
+            && s.root().is_some()
+            && s.lists_by_directory()
+            && !crate::trust::is_image(s.label());
+        if !bundle || self.verified_early(cfg).is_some() {
+            return Ok(false);
+        }
+        let fp = crate::trust::check_listed(&**s, &cfg.verify_keys, &cfg.filter, reporter)?;
+        // The signature's list is gone: give its pages back before the
+        // stage, which checks the staged tree against a list of its own.
+        crate::sys::release_free_memory();
+        let _ = self.recheck.set(fp.clone());
+        let _ = self.checked.set(vec![(0, fp)]);
         Ok(true)
     }
 

@@ -144,6 +144,11 @@ pub(super) fn quick(
         return None;
     }
     let header = live.header()?.clone();
+    // Under `--verify-key` (a bundle in a directory, checked over its
+    // listing): verified then by other keys, or not at all, the record is news.
+    if cfg.trusting() && Some(&header.verified) != sources.verified_early(cfg).as_ref() {
+        return None;
+    }
     // Directories only: compared by metadata, as a directory sync is (and
     // with `--checksum`, by both sides' bytes too).
     compare_quick(cfg, live, header, adjust, &refs, None)

@@ -314,6 +314,24 @@ impl StreamedRound<'_> {
                 self.sources.verified_early(cfg).unwrap_or_default(),
             )
         };
+        if let (Some(fp), [s]) = (self.sources.recheck.get(), &refs[..]) {
+            // A bundle in a directory: what is published is what is checked.
+            // Refused here, a first sync leaves no state directory behind,
+            // as a refusal before staging leaves none.
+            let mut made = MadeState {
+                vol,
+                armed: fresh_state,
+            };
+            crate::trust::check_staged(
+                s.label(),
+                &streamed.staged.tree,
+                staging.dir(),
+                fp,
+                &cfg.verify_keys,
+                &cfg.filter,
+            )?;
+            made.armed = false;
+        }
         if cfg.verify {
             // Against the body the stage wrote, a directory at a time.
             let rules = verify::Rules::of(&manifest);

@@ -12,7 +12,7 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use crate::fixture::{openssl, Fixture};
+use crate::fixture::{openssl, Fixture, Run};
 use crate::source_http::Server;
 use crate::source_oci::have;
 use crate::trust_images::live_key;
@@ -660,4 +660,76 @@ fn a_directory_bundle_published_unverified_then_verified_is_two_generations() {
         );
     }
     assert_eq!(live_key(&f), (verified, Some(fp)));
+}
+
+/// A bundle in a directory is checked over its listing, then planned and
+/// staged a directory at a time: a file changed after the check (here
+/// while the sync waits before its stage copies anything) is caught over
+/// the staged tree, before anything is published: exit 6, the line of a
+/// hash mismatch, the volume as it was (on a first sync too).
+#[test]
+fn a_directory_bundle_changed_after_its_check_is_refused_over_the_staged_tree() {
+    let Some(f) = setup() else { return };
+    sign_src(&f, "ec", "ES256");
+    let ec = key_arg(&f, "ec");
+    f.sync(&["--verify-key", &ec]).ok();
+    let (live, _) = live_key(&f);
+    let published = fs::read_to_string(f.dest().join("authz/policy.rego")).unwrap();
+    // The next version, signed; then, under the paused sync, changed again.
+    f.file(
+        "authz/policy.rego",
+        "package authz\ndefault allow := false\n",
+    );
+    sign_src(&f, "ec", "ES256");
+    let before = f.volume_but_staging();
+    planted_while_paused(&f);
+    assert_eq!(f.volume_but_staging(), before);
+    assert_eq!(live_key(&f).0, live);
+    assert_eq!(
+        fs::read_to_string(f.dest().join("authz/policy.rego")).unwrap(),
+        published
+    );
+    // Signed as it is now, it lands.
+    sign_src(&f, "ec", "ES256");
+    f.sync(&["--verify-key", &ec]).ok();
+    assert!(fs::read_to_string(f.dest().join("authz/policy.rego"))
+        .unwrap()
+        .contains("planted"));
+    // A first sync refused so leaves nothing on the volume either.
+    let g = setup().unwrap();
+    sign_src(&g, "ec", "ES256");
+    let before = g.volume();
+    planted_while_paused(&g);
+    assert_eq!(g.volume(), before);
+}
+
+/// `sync --verify-key` (the key `ec`) of `src/`, paused before its stage
+/// copies anything while `authz/policy.rego` is changed: refused as a hash
+/// mismatch.
+fn planted_while_paused(f: &Fixture) {
+    let ec = key_arg(f, "ec");
+    let resume = f.path("resume");
+    let mut cmd = f.command(&[
+        "sync",
+        "--grace",
+        "0",
+        "--verify-key",
+        &ec,
+        "src",
+        "vol/packs",
+    ]);
+    let child = crate::faults::start_paused(&mut cmd, "staging", &resume);
+    f.file(
+        "authz/policy.rego",
+        "package authz\ndefault allow := true # planted\n",
+    );
+    fs::write(&resume, "").unwrap();
+    let run = Run::wait(child);
+    assert_eq!(run.code, 6, "{}", run.stderr);
+    assert!(
+        run.stderr
+            .contains("authz/policy.rego: hash mismatch (SHA-256 signed"),
+        "{}",
+        run.stderr
+    );
 }
