@@ -71,18 +71,65 @@ struct Files {
     listed: usize,
 }
 
+/// One file as the payload lists it, its strings borrowed from the
+/// payload where they need no unescaping.
 #[derive(Deserialize)]
-struct Listed {
+struct Listed<'a> {
     name: String,
-    #[serde(default)]
-    hash: String,
-    #[serde(default)]
-    algorithm: String,
+    #[serde(default, borrow)]
+    hash: std::borrow::Cow<'a, str>,
+    #[serde(default, borrow)]
+    algorithm: std::borrow::Cow<'a, str>,
 }
 
+/// What the signature lists for one file, kept small (a signature lists
+/// every file of the bundle): its hash decoded where it is hex, and its
+/// algorithm.
 struct FileInfo {
-    hash: String,
-    algorithm: String,
+    hash: Signed256,
+    algorithm: Algorithm,
+}
+
+/// A listed hash: a SHA-256's 32 bytes in place, another hex digest's
+/// bytes, or, where it is not hex, as written (for the line that says so).
+enum Signed256 {
+    Sha256([u8; 32]),
+    Bytes(Box<[u8]>),
+    NotHex(Box<str>),
+}
+
+impl Signed256 {
+    fn of(text: &str) -> Signed256 {
+        match decode_hex(text) {
+            Some(b) => match <[u8; 32]>::try_from(b.as_slice()) {
+                Ok(h) => Signed256::Sha256(h),
+                Err(_) => Signed256::Bytes(b.into_boxed_slice()),
+            },
+            None => Signed256::NotHex(text.into()),
+        }
+    }
+}
+
+/// A listed hashing algorithm: OPA's default, or any other name as given.
+enum Algorithm {
+    Sha256,
+    Named(Box<str>),
+}
+
+impl Algorithm {
+    fn of(name: &str) -> Algorithm {
+        match name {
+            "SHA-256" => Algorithm::Sha256,
+            other => Algorithm::Named(other.into()),
+        }
+    }
+
+    fn name(&self) -> &str {
+        match self {
+            Algorithm::Sha256 => "SHA-256",
+            Algorithm::Named(n) => n,
+        }
+    }
 }
 
 impl<'de> Deserialize<'de> for Files {
@@ -98,18 +145,23 @@ impl<'de> Deserialize<'de> for Files {
                 mut seq: A,
             ) -> Result<Files, A::Error> {
                 let mut files = Files::default();
+                use std::collections::hash_map::Entry;
                 while let Some(l) = seq.next_element::<Listed>()? {
                     files.listed += 1;
                     if files.listed > MAX_FILES {
                         continue;
                     }
                     let info = FileInfo {
-                        hash: l.hash,
-                        algorithm: l.algorithm,
+                        hash: Signed256::of(&l.hash),
+                        algorithm: Algorithm::of(&l.algorithm),
                     };
-                    if files.by_name.insert(l.name.clone(), info).is_some() && files.twice.is_none()
-                    {
-                        files.twice = Some(l.name);
+                    match files.by_name.entry(l.name) {
+                        Entry::Vacant(v) => {
+                            v.insert(info);
+                        }
+                        Entry::Occupied(o) => {
+                            files.twice.get_or_insert_with(|| o.key().clone());
+                        }
                     }
                 }
                 Ok(files)
@@ -443,37 +495,41 @@ fn check_file(
     known: Option<[u8; 32]>,
     info: &FileInfo,
 ) -> Result<(), String> {
-    if info.algorithm.is_empty() {
+    let algorithm = info.algorithm.name();
+    if algorithm.is_empty() {
         return Err(format!(
             "{}: no hashing algorithm given for it",
             shown(path)
         ));
     }
-    let h = hasher(&info.algorithm).ok_or_else(|| {
+    let h = hasher(algorithm).ok_or_else(|| {
         format!(
             "{}: hashing algorithm {:?} is not one OPA has",
             shown(path),
-            info.algorithm
+            algorithm
         )
     })?;
-    let want = decode_hex(&info.hash).ok_or_else(|| {
-        format!(
-            "{}: the signed hash {:?} is not hex",
-            shown(path),
-            info.hash
-        )
-    })?;
-    let known = known.filter(|_| info.algorithm == "SHA-256" && !structured(path));
+    let want: &[u8] = match &info.hash {
+        Signed256::Sha256(h) => h,
+        Signed256::Bytes(b) => b,
+        Signed256::NotHex(text) => {
+            return Err(format!(
+                "{}: the signed hash {:?} is not hex",
+                shown(path),
+                text
+            ))
+        }
+    };
+    let known = known.filter(|_| matches!(info.algorithm, Algorithm::Sha256) && !structured(path));
     let got: Box<[u8]> = match known {
         Some(hash) => Box::new(hash),
         None => digest_of(source, path, size, h)?,
     };
     if *got != *want {
         return Err(format!(
-            "{}: hash mismatch ({} signed {}, the file has {})",
+            "{}: hash mismatch ({algorithm} signed {}, the file has {})",
             shown(path),
-            info.algorithm,
-            info.hash.to_ascii_lowercase(),
+            hex(want),
             hex(&got)
         ));
     }
