@@ -24,28 +24,54 @@ pub struct Token<'a> {
     pub kid: Option<String>,
     /// `header.payload`, the bytes the signature covers.
     signing_input: &'a [u8],
-    payload: Vec<u8>,
+    /// The payload as the token carries it (base64url): read through
+    /// `Token::payload`, never decoded whole (a bundle's lists every file).
+    payload: &'a str,
     signature: Vec<u8>,
 }
 
-impl Token<'_> {
-    /// The payload, not yet verified: only for hints (which key first).
-    pub fn payload(&self) -> &[u8] {
-        &self.payload
+impl<'a> Token<'a> {
+    /// The payload, not yet verified (only for hints: which key first),
+    /// decoded as it is read.
+    pub fn payload(&self) -> impl std::io::Read + 'a {
+        payload_reader(self.payload)
     }
 }
 
-/// What a verified token gives: the key that verified it and the payload.
+/// `part` (base64url, no padding) decoded as it is read.
+fn payload_reader(part: &str) -> impl std::io::Read + '_ {
+    base64::read::DecoderReader::new(
+        part.as_bytes(),
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+    )
+}
+
+/// What a verified token gives: the key that verified it and its payload,
+/// decoded as it is read.
 #[derive(Debug)]
-pub struct Verified<'k> {
+pub struct Verified<'k, 't> {
     pub key: &'k Key,
-    pub payload: Vec<u8>,
+    payload: &'t str,
+}
+
+impl<'t> Verified<'_, 't> {
+    pub fn payload(&self) -> impl std::io::Read + 't {
+        payload_reader(self.payload)
+    }
 }
 
 fn b64(part: &str, what: &str) -> Result<Vec<u8>, String> {
     base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(part)
         .map_err(|e| format!("the JWT's {what} is not base64url: {e}"))
+}
+
+/// `part`, once it is known to decode as base64url (read through a small
+/// buffer: nothing decoded is kept).
+fn valid_b64<'a>(part: &'a str, what: &str) -> Result<&'a str, String> {
+    std::io::copy(&mut payload_reader(part), &mut std::io::sink())
+        .map_err(|e| format!("the JWT's {what} is not base64url: {e}"))?;
+    Ok(part)
 }
 
 /// Split and decode `token`; the algorithm is checked, the signature not.
@@ -87,18 +113,18 @@ pub fn parse(token: &str) -> Result<Token<'_>, String> {
         alg,
         kid,
         signing_input: &token.as_bytes()[..h.len() + 1 + p.len()],
-        payload: b64(p, "payload")?,
+        payload: valid_b64(p, "payload")?,
         signature: b64(s, "signature")?,
     })
 }
 
 /// `token` checked against `keys`: those that `hint` (the `kid`, else a
 /// key id found elsewhere) names first, then the rest; one must verify.
-pub fn verify<'k>(
-    token: &str,
+pub fn verify<'k, 't>(
+    token: &'t str,
     keys: &'k [Key],
     hint: Option<&str>,
-) -> Result<Verified<'k>, String> {
+) -> Result<Verified<'k, 't>, String> {
     let t = parse(token)?;
     let hint = t.kid.as_deref().or(hint).unwrap_or("");
     let mut order: Vec<&Key> = keys.iter().filter(|k| k.named(hint)).collect();
@@ -157,7 +183,9 @@ mod tests {
         let p = parse(&t).unwrap();
         assert_eq!(p.alg, Alg::Es256);
         assert_eq!(p.kid.as_deref(), Some("k1"));
-        assert_eq!(p.payload, br#"{"files":[]}"#);
+        let mut payload = Vec::new();
+        std::io::Read::read_to_end(&mut p.payload(), &mut payload).unwrap();
+        assert_eq!(payload, br#"{"files":[]}"#);
         assert_eq!(p.signature, [1, 2]);
         assert_eq!(p.signing_input, t.rsplit_once('.').unwrap().0.as_bytes());
     }
@@ -212,7 +240,7 @@ mod tests {
         let key = Key::from_pem(std::path::Path::new("opa.pem"), OPA_RS256_KEY).unwrap();
         let keys = [key];
         let v = verify(OPA_RS256_TOKEN, &keys, None).unwrap();
-        let payload: serde_json::Value = serde_json::from_slice(&v.payload).unwrap();
+        let payload: serde_json::Value = serde_json::from_reader(v.payload()).unwrap();
         assert_eq!(
             payload["files"][1]["name"], "db/uam2/policy/opa-policy.rego",
             "{payload}"

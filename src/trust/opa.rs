@@ -198,16 +198,18 @@ pub fn signed<'k>(text: Vec<u8>, keys: &'k [Key]) -> Result<Signed<'k>, String> 
     };
     // The deprecated `keyid` claim is read from the payload before it is
     // verified only to order the keys.
+    // (Only where there are keys to order.)
     let hint = jws::parse(&token)
         .ok()
-        .and_then(|t| t.kid.is_none().then_some(t))
-        .and_then(|t| serde_json::from_slice::<Hint>(t.payload()).ok())
+        .filter(|t| t.kid.is_none() && keys.len() > 1)
+        .and_then(|t| serde_json::from_reader::<_, Hint>(t.payload()).ok())
         .map(|p| p.keyid);
     let v = jws::verify(&token, keys, hint.as_deref())?;
-    drop(token);
-    let p: Payload = serde_json::from_slice(&v.payload)
+    // Read as it is decoded: the payload is never held whole.
+    let p: Payload = serde_json::from_reader(std::io::BufReader::new(v.payload()))
         .map_err(|e| format!("the signed payload is not OPA's {{\"files\": [...]}}: {e}"))?;
-    drop(v.payload);
+    let key = v.key;
+    drop(token);
     if !p.scope.is_empty() {
         return Err(format!(
             "the signature has scope {:?}; packsync, like OPA without a configured scope, takes only an empty scope",
@@ -224,7 +226,7 @@ pub fn signed<'k>(text: Vec<u8>, keys: &'k [Key]) -> Result<Signed<'k>, String> 
         return Err(format!("the signature lists {name:?} twice"));
     }
     Ok(Signed {
-        key: v.key,
+        key,
         files: p.files.by_name,
     })
 }
