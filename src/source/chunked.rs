@@ -288,9 +288,17 @@ pub fn parse_time(t: &str) -> Option<(i64, u32)> {
     }
     let offset = match rest {
         "Z" | "z" => 0,
-        o if o.len() == 6 && matches!(&o[..1], "+" | "-") && &o[3..4] == ":" => {
-            let hh: i64 = o[1..3].parse().ok()?;
-            let mm: i64 = o[4..6].parse().ok()?;
+        // Bytes, not `str` ranges: a hostile TOC's offset may hold any
+        // character, and a range inside one would panic.
+        o if o.len() == 6
+            && matches!(o.as_bytes()[0], b'+' | b'-')
+            && o.as_bytes()[3] == b':'
+            && [1, 2, 4, 5]
+                .iter()
+                .all(|&i| o.as_bytes()[i].is_ascii_digit()) =>
+        {
+            let hh: i64 = o.get(1..3)?.parse().ok()?;
+            let mm: i64 = o.get(4..6)?.parse().ok()?;
             let v = hh * 3600 + mm * 60;
             if o.starts_with('-') {
                 -v
@@ -1460,6 +1468,10 @@ mod tests {
             "2023-11-14 22:13:20Z",
             "2023-11-14T22:13:20",
             "2023-11-14T22:13:20.Z",
+            // An offset of six bytes with a character across byte 3 (the
+            // fuzzer's find: it panicked on a range inside the character).
+            "2023-11-14T22:13:20+0\u{3be}/c",
+            "2023-11-14T22:13:20+-1:+2",
         ] {
             assert_eq!(parse_time(bad), None, "{bad}");
         }
