@@ -8,6 +8,10 @@
 #   cargo build --release
 #   bench/modes.sh --sizes 100000      # makes trees/modes/n100000-v1.oci
 #   PACKSYNC_OLD=/path/to/old/packsync bench/seeded.sh 100000
+#
+# LINKS=1: v1 is the tree with a layer hardlinking 1% of its files (so
+# the live manifest records that many groups of two), v2 one more layer
+# linking the same files again: each new link is into a lower group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-100000}
@@ -18,7 +22,13 @@ V1=$ROOT/trees/modes/n$N-v1.oci
 [ -d "$V1" ] || { echo "no $V1: run bench/modes.sh --sizes $N first" >&2; exit 2; }
 W=$(mktemp -d "${TMPDIR:-/tmp}/packsync-seeded.XXXXXX")
 trap 'rm -rf "$W"' EXIT
-python3 bench/stack_layer.py "$V1" "$W/v2.oci" $((N / 100))
+if [ -n "${LINKS:-}" ]; then
+    python3 bench/stack_layer.py "$V1" "$W/v1.oci" $((N / 100)) links
+    V1=$W/v1.oci
+    python3 bench/stack_layer.py "$V1" "$W/v2.oci" $((N / 100)) links
+else
+    python3 bench/stack_layer.py "$V1" "$W/v2.oci" $((N / 100))
+fi
 for b in "$P" ${OLD:+"$OLD"}; do
     rm -rf "$W/vol" "$W/img.oci"; mkdir "$W/vol"
     cp -al "$V1" "$W/img.oci"

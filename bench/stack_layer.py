@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""bench/stack_layer.py SRC DST N: the OCI layout SRC (one image, as
-bench/modes.sh makes it) with one gzip layer on top, written as DST: the
-layer rewrites N of its files (every 50th of the first 50*N, new bytes and
-a newer mtime). DST's blobs are hardlinks to SRC's where they are the same.
-What an image update that only adds layers looks like (`resume`)."""
+"""bench/stack_layer.py SRC DST N [links]: the OCI layout SRC (one image,
+as bench/modes.sh makes it, or one this script made) with one gzip layer
+on top, written as DST: the layer rewrites N of the first layer's files
+(every 50th of the first 50*N, new bytes and a newer mtime); with `links`,
+it hardlinks each of them instead, as PATH.lK (K: the layers below).
+DST's blobs are hardlinks to SRC's where they are the same. What an image
+update that only adds layers looks like (`resume`)."""
 import gzip, hashlib, io, json, os, shutil, sys, tarfile
 
 src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+links = sys.argv[4:] == ["links"]
 shutil.rmtree(dst, ignore_errors=True)
 os.makedirs(dst + "/blobs/sha256")
 for b in os.listdir(src + "/blobs/sha256"):
@@ -27,6 +30,11 @@ paths = paths[::50][:n]
 inner = io.BytesIO()
 with tarfile.open(fileobj=inner, mode="w", format=tarfile.PAX_FORMAT) as t:
     for p in paths:
+        if links:
+            ti = tarfile.TarInfo(f"{p}.l{len(man['layers'])}")
+            ti.type, ti.linkname, ti.mtime, ti.mode = tarfile.LNKTYPE, p, 1700000001, 0o644
+            t.addfile(ti)
+            continue
         data = b"changed " + p.encode() + b"\n"
         ti = tarfile.TarInfo(p)
         ti.size, ti.mtime, ti.mode = len(data), 1700000001, 0o644

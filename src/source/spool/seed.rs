@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Read};
 use std::os::fd::AsFd;
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
@@ -81,9 +82,33 @@ pub(super) struct Lower {
     gone: HashSet<Vec<u8>>,
     /// Directories an opaque whiteout emptied of the lower layers' files.
     emptied: HashSet<Vec<u8>>,
+    /// Each hardlink group's spool paths, read from the index in one walk
+    /// the first time a later layer links to a file of a group (`group`).
+    groups: OnceLock<HashMap<u32, Vec<Vec<u8>>>>,
 }
 
 impl Lower {
+    /// The spool paths the manifest records for hardlink group `g`, those
+    /// a later layer removed among them (`Borrowed::has` tells).
+    fn group(&self, g: u32) -> Result<&[Vec<u8>]> {
+        if self.groups.get().is_none() {
+            let mut groups: HashMap<u32, Vec<Vec<u8>>> = HashMap::new();
+            self.index.walk(&mut |p, e| {
+                if let Node::File(f) = &e.node {
+                    if let Some(g) = f.group {
+                        groups
+                            .entry(g)
+                            .or_default()
+                            .push(crate::tree::join(&self.prefix, p));
+                    }
+                }
+            })?;
+            let _ = self.groups.set(groups);
+        }
+        let groups = self.groups.get().expect("set just now");
+        Ok(groups.get(&g).map_or(&[], Vec::as_slice))
+    }
+
     /// The spool path `key` as a path of the manifest, where it stands for one.
     fn rel<'a>(&self, key: &'a [u8]) -> Option<&'a [u8]> {
         if self.prefix.is_empty() {
@@ -277,39 +302,15 @@ impl Borrowed {
     }
 
     /// The spool paths of the borrowed files on inode `ino` (a hardlink
-    /// group's paths, where several are).
+    /// group's paths, where several are). Only the lower manifest's files
+    /// share an inode: a file lent one by one has one of its own and one
+    /// link (`Spool::lend`).
     fn members(&self, ino: u64) -> Result<Vec<Vec<u8>>> {
-        let mut out = Vec::new();
-        for (d, files) in &self.lent.files {
-            for (n, other) in files {
-                if matches!(&other.node, Node::File(o) if o.ino == ino) {
-                    out.push(crate::tree::join(d, n));
-                }
-            }
-        }
-        let Some(lower) = &self.lent.lower else {
-            return Ok(out);
+        let (Some(lower), Ok(g)) = (&self.lent.lower, u32::try_from(ino)) else {
+            return Ok(Vec::new());
         };
-        let Ok(g) = u32::try_from(ino) else {
-            return Ok(out);
-        };
-        let mut grouped = Vec::new();
-        lower.index.walk(&mut |p, e| {
-            if matches!(&e.node, Node::File(f) if f.group == Some(g)) {
-                let mut path = lower.prefix.clone();
-                if !path.is_empty() {
-                    path.push(b'/');
-                }
-                path.extend_from_slice(p);
-                grouped.push(path);
-            }
-        })?;
-        for p in grouped {
-            if !out.contains(&p) && self.has(&p) {
-                out.push(p);
-            }
-        }
-        Ok(out)
+        let paths = lower.group(g)?;
+        Ok(paths.iter().filter(|p| self.has(p)).cloned().collect())
     }
 }
 
@@ -355,6 +356,7 @@ impl Spool {
                     prefix,
                     gone: HashSet::new(),
                     emptied: HashSet::new(),
+                    groups: OnceLock::new(),
                 }),
             },
             ..Borrowed::default()
