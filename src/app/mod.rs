@@ -132,10 +132,13 @@ fn build_pool(threads: usize) {
 }
 
 /// `init_pool` for a one-shot sync, once DEST's volume is open (nothing
-/// before this runs in the pool): the fewer threads only for an update or
-/// a no-op where DEST and every directory SOURCE are on local filesystems
-/// (other sources are fetched onto DEST's volume). A filesystem that
-/// cannot be told counts as networked.
+/// before this runs in the pool): the fewer threads where DEST and every
+/// directory SOURCE are on local filesystems (other sources are fetched
+/// onto DEST's volume), for an update or a no-op, and for a first sync
+/// whose sources are all spooled (archives, images, bundles: their bytes
+/// are written as they are spooled, on one thread, and the stage only
+/// moves the files into place). A filesystem that cannot be told counts
+/// as networked.
 fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
     if POOL_SIZED.is_completed() {
         return; // a later round of this sync, or of the loop
@@ -147,7 +150,9 @@ fn size_pool(vol: &Volume, dest: &Dest, sources: &Sources) {
             .iter()
             .filter_map(|s| s.root())
             .any(|d| !local(d.fs_kind().ok()));
-    build_pool(pool_threads(networked || !matches!(dest, Dest::Live(_))));
+    let copies = sources.all.iter().any(|s| !s.streamed());
+    let first = !matches!(dest, Dest::Live(_));
+    build_pool(pool_threads(networked || (first && copies)));
 }
 
 /// `sync`: one round, shown; with `--every`, the loop (`sidecar::run`).

@@ -487,6 +487,9 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         };
         source::spool_all(&sources.refs(), stage.dir(), &kept)?;
         spooled = true;
+        // The decompressors' buffers and the chunks in flight are gone:
+        // give their pages back before the stage takes its own.
+        crate::sys::release_free_memory();
         if (resumed || lent) && !sources.all.iter().all(|s| s.holds_all()) {
             // A new layer needed a lower one's file the live generation
             // could not give (that is said): fetch every layer after all.

@@ -144,8 +144,9 @@ pub fn fetch_layer(
 }
 
 /// Chunks handed from the decompressing thread to the spool, and how many
-/// may wait: a few MiB in flight at most.
-const CHUNK: usize = 256 << 10;
+/// may wait: under half a MiB in flight (at 256 KiB a chunk, 1.5 MiB of
+/// them was most of an image's first sync's heap at its peak).
+const CHUNK: usize = 64 << 10;
 const CHUNKS: usize = 4;
 
 /// After a decoding failure, the rest of a blob is read for its digest
