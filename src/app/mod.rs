@@ -230,12 +230,16 @@ fn out_of_space(e: &anyhow::Error) -> bool {
 /// generation (an image tag on the same digest, a URL answering 304) are
 /// first not fetched, the live manifest's entries standing in for them
 /// (the shortcut). If the live tree drifted from them after all, the round
-/// is tried once more without the shortcut: a bounded second try, never a
-/// third. `note`: a warning to show first.
+/// is tried again without the shortcut, spooled sources still streamed;
+/// where the live tree's hardlinks drifted from its manifest once a spool
+/// was moved out, once more as whole trees. Each try drops something the
+/// one before took, so there are three at most. `note`: a warning to show
+/// first.
 fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Round> {
     let start = Instant::now();
     let mut note = note;
-    for shortcut in [true, false] {
+    let mut next = Some(Try::Shortcut);
+    while let Some(this) = next {
         // Validate: nothing is written before the guards have passed.
         crate::source::spool::limit_entries(cfg.max_entries);
         let sources = Sources::open(cfg)?;
@@ -244,26 +248,53 @@ fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Roun
         let resolved = resolve_label(cfg, &sources)?;
         let cfg = resolved.as_ref().unwrap_or(cfg);
         let chosen = chosen_of(&sources)?;
-        let mut round = match round_on(cfg, sources, pass, shortcut, note.take(), start)? {
+        let mut round = match round_on(cfg, sources, pass, this, note.take(), start)? {
             Attempt::Done(round) => *round,
-            // Drift under the shortcut: why, where it is worth saying.
-            Attempt::Again(why) => {
+            // Drift: why, where it is worth saying.
+            Attempt::Again { why, whole } => {
                 note = why;
+                next = this.after(whole);
                 continue;
             }
         };
         round.summary.chosen = chosen;
         return Ok(round);
     }
-    // `round_on` takes no shortcut when told not to, so it never asks twice.
-    anyhow::bail!("the round asked to start again without a shortcut to drop")
+    // A whole-tree try neither takes a shortcut nor streams a spool, so it
+    // never asks again.
+    anyhow::bail!("the round asked to start again after its last try")
 }
 
-/// What one try of a round came to: done, or to be tried again without
-/// the shortcut (a source taken as unchanged was not), with why.
+/// Which try of a round this is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Try {
+    /// The shortcuts where they apply: sources unchanged since the live
+    /// generation, an image resumed from it or lent its files.
+    Shortcut,
+    /// No shortcut; spooled sources streamed a directory at a time.
+    Plain,
+    /// No shortcut, and spooled sources as whole trees.
+    Whole,
+}
+
+impl Try {
+    /// The try after this one asked again; `whole`: the live tree's
+    /// hardlinks drifted from its manifest once a spool was moved out, which
+    /// only whole trees take.
+    fn after(self, whole: bool) -> Option<Try> {
+        match (self, whole) {
+            (Try::Shortcut, false) => Some(Try::Plain),
+            (Try::Shortcut | Try::Plain, _) => Some(Try::Whole),
+            (Try::Whole, _) => None,
+        }
+    }
+}
+
+/// What one try of a round came to: done, or to be tried again (`Try::after`),
+/// with why where it is worth saying.
 enum Attempt {
     Done(Box<Round>),
-    Again(Option<String>),
+    Again { why: Option<String>, whole: bool },
 }
 
 /// What `--semver` chose, source by source (for the summary and metrics).
@@ -287,11 +318,11 @@ fn round_on(
     cfg: &SyncConfig,
     sources: Sources,
     pass: Pass,
-    shortcut: bool,
+    this: Try,
     note: Option<String>,
     start: Instant,
 ) -> Result<Attempt> {
-    let (r, console) = Opened::open(cfg, sources, pass, shortcut, note, start)?;
+    let (r, console) = Opened::open(cfg, sources, pass, this, note, start)?;
     // 1. Up to date, found a directory at a time (the sources against the
     //    live generation, or sources unchanged since it against its
     //    manifest): nothing was held whole.
@@ -341,8 +372,8 @@ struct Opened<'a> {
     /// The live generation, where every SOURCE says it still holds what
     /// that generation was made from (`unchanged_live`).
     same_gen: Option<String>,
-    /// The first try of the round (the second takes every step whole).
-    first_try: bool,
+    /// Which try of the round this is (`round_with`).
+    this: Try,
     /// With --verify-key, where a source is verified after its scan (a
     /// bundle in a directory among several sources; a spooled bundle
     /// until it is spooled): no shortcut that skips the scan runs, but for sources
@@ -364,7 +395,7 @@ impl<'a> Opened<'a> {
         cfg: &'a SyncConfig,
         sources: Sources,
         pass: Pass,
-        shortcut: bool,
+        this: Try,
         note: Option<String>,
         start: Instant,
     ) -> Result<(Opened<'a>, Console)> {
@@ -401,9 +432,8 @@ impl<'a> Opened<'a> {
             }
             _ => None,
         };
-        let first_try = shortcut;
         let adjust = Adjust::of(cfg);
-        let shortcut = first_try && damage.is_none();
+        let shortcut = this == Try::Shortcut && damage.is_none();
         let same_gen = unchanged_live(cfg, &sources, live_gen.as_ref(), shortcut)?;
         // Images were checked as they resolved; a spooled bundle is
         // checked once spooled (`check_listed`). A bundle in a directory
@@ -427,7 +457,7 @@ impl<'a> Opened<'a> {
             damage,
             adjust,
             same_gen,
-            first_try,
+            this,
             trusting,
             pass,
             start,
@@ -435,9 +465,9 @@ impl<'a> Opened<'a> {
         Ok((r, console))
     }
 
-    /// Shortcuts allowed this try: not on the second, nor with damage.
+    /// Shortcuts allowed this try: on the first only, and not with damage.
     fn shortcut(&self) -> bool {
-        self.first_try && self.damage.is_none()
+        self.this == Try::Shortcut && self.damage.is_none()
     }
 
     /// The live generation, where DEST has one.

@@ -28,7 +28,7 @@ use super::streamed::{streams, Early, StreamedRound};
 use super::survey::survey;
 use super::{
     as_recorded, guards, planned_first, resolve_label, shape_of, Attempt, MadeState, Opened,
-    Scanning, Sources, Totals,
+    Scanning, Sources, Totals, Try,
 };
 
 /// After `recorded_tree` said no: whether the one SOURCE can start from
@@ -414,7 +414,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         ref damage,
         ref adjust,
         ref same_gen,
-        first_try,
+        this,
         trusting,
         pass,
         start,
@@ -475,11 +475,12 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     // then they stream as a directory source would (`StreamedRound`),
     // never held whole, a spool's files listed from the live generation
     // (`resume`, `lend`) among them: the stage must link each from there
-    // (else the round is tried again without them). Not on the second try. A bundle's signature (`--verify-key`) is checked over
+    // (else the round is tried again without them). Not on the whole-tree
+    // try (`Try::Whole`). A bundle's signature (`--verify-key`) is checked over
     // its spool a directory at a time, before anything is staged. A label
     // `--label auto` reads from the spool is read once it is filled.
     let mut spooled = false;
-    let spooled_streams = first_try;
+    let spooled_streams = this != Try::Whole;
     if let (true, Some(stage), Some(st)) = (spooled_streams, early.as_ref(), state.as_ref()) {
         let kept = Scanning {
             kept: &warnings,
@@ -495,7 +496,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
             // could not give (that is said): fetch every layer after all.
             let why = sources.all.iter().find_map(|s| s.why_not_intact());
             debug_assert!(shortcut);
-            return Ok(Attempt::Again(why));
+            return Ok(Attempt::Again { why, whole: false });
         }
         let checked = !trusting || sources.check_listed(cfg, &kept)?;
         // `--label auto` with a bundle that tells its version in the spool.
@@ -546,7 +547,13 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
                     Ok(round) => Ok(Attempt::Done(Box::new(round))),
                     // The live tree's hardlinks drifted from its manifest, and
                     // the spool's files are moved out: spool again, whole.
-                    Err(_) => Ok(Attempt::Again(None)),
+                    // Under a resumed or lent spool the stage stops alike
+                    // where a file listed from the live generation drifted
+                    // there: first without the shortcut, still streamed.
+                    Err(_) => Ok(Attempt::Again {
+                        why: None,
+                        whole: !(resumed || lent),
+                    }),
                 };
             }
         }
@@ -626,7 +633,10 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
     if noop && !up_to_date(cfg, &plan, &live, &verified) {
         // Drift (or a new label): fetch after all.
         debug_assert!(shortcut);
-        return Ok(Attempt::Again(None));
+        return Ok(Attempt::Again {
+            why: None,
+            whole: false,
+        });
     }
     if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
         // A file taken from the live generation drifted there (or a new
@@ -634,7 +644,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         // layer after all.
         let why = sources.all.iter().find_map(|s| s.why_not_intact());
         debug_assert!(shortcut);
-        return Ok(Attempt::Again(why));
+        return Ok(Attempt::Again { why, whole: false });
     }
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
     let live_names: Option<Vec<&[u8]>> = live

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::fixture::{Fixture, Run};
+use crate::fixture::{mtime, set_mtime, Fixture, Run};
 
 /// Whether every tool is on PATH; else one line (or a panic under CI).
 pub(crate) fn have(tools: &[&str]) -> bool {
@@ -1028,6 +1028,32 @@ fn a_drifted_base_file_or_another_image_fetches_every_layer() {
             "every layer fetched on drift of {drifted}"
         );
     }
+
+    // A hardlink group split in the live tree (one path replaced by a copy
+    // of the same bytes, mode and mtime): the shortcut's stage finds it,
+    // and so does the try after it, which streams every layer; the last
+    // try takes whole trees and publishes the image's group again.
+    sync(format!("oci://{}/app:1", reg.host()));
+    let live = fs::canonicalize(f.dest()).unwrap();
+    let link = live.join("app/lib/h-link.py");
+    let (root, dir) = (mtime(&live), mtime(&live.join("app/lib")));
+    let (s, ns) = mtime(&link);
+    let mode = fs::metadata(&link).unwrap().permissions();
+    fs::copy(&link, live.join("app/lib/h-copy")).unwrap();
+    fs::set_permissions(live.join("app/lib/h-copy"), mode).unwrap();
+    set_mtime(&live.join("app/lib/h-copy"), s, ns);
+    fs::rename(live.join("app/lib/h-copy"), &link).unwrap();
+    set_mtime(&live.join("app/lib"), dir.0, dir.1);
+    set_mtime(&live, root.0, root.1);
+    assert_ne!(ino(&link), ino(&live.join("app/lib/h.py")));
+    sync(format!("oci://{}/app:2", reg.host()));
+    assert_eq!(tree(&f.dest()), stacked_v2("v1"));
+    assert_eq!(
+        ino(&f.dest().join("app/lib/h-link.py")),
+        ino(&f.dest().join("app/lib/h.py")),
+        "the image's hardlink published as one inode"
+    );
+    f.packsync(&["verify", "vol/packs"]).ok();
 
     // A live generation from another image (other lower layers): every
     // layer of the new one is fetched.
