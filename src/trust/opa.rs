@@ -86,26 +86,26 @@ struct Listed<'a> {
 /// every file of the bundle): its hash decoded where it is hex, and its
 /// algorithm.
 struct FileInfo {
-    hash: Signed256,
+    hash: SignedHash,
     algorithm: Algorithm,
 }
 
 /// A listed hash: a SHA-256's 32 bytes in place, another hex digest's
 /// bytes, or, where it is not hex, as written (for the line that says so).
-enum Signed256 {
+enum SignedHash {
     Sha256([u8; 32]),
     Bytes(Box<[u8]>),
     NotHex(Box<str>),
 }
 
-impl Signed256 {
-    fn of(text: &str) -> Signed256 {
+impl SignedHash {
+    fn of(text: &str) -> SignedHash {
         match decode_hex(text) {
             Some(b) => match <[u8; 32]>::try_from(b.as_slice()) {
-                Ok(h) => Signed256::Sha256(h),
-                Err(_) => Signed256::Bytes(b.into_boxed_slice()),
+                Ok(h) => SignedHash::Sha256(h),
+                Err(_) => SignedHash::Bytes(b.into_boxed_slice()),
             },
-            None => Signed256::NotHex(text.into()),
+            None => SignedHash::NotHex(text.into()),
         }
     }
 }
@@ -152,7 +152,7 @@ impl<'de> Deserialize<'de> for Files {
                         continue;
                     }
                     let info = FileInfo {
-                        hash: Signed256::of(&l.hash),
+                        hash: SignedHash::of(&l.hash),
                         algorithm: Algorithm::of(&l.algorithm),
                     };
                     match files.by_name.entry(l.name) {
@@ -197,8 +197,7 @@ pub fn signed<'k>(text: Vec<u8>, keys: &'k [Key]) -> Result<Signed<'k>, String> 
         _ => return Err("/.signatures.json holds several JWTs (expected exactly one)".into()),
     };
     // The deprecated `keyid` claim is read from the payload before it is
-    // verified only to order the keys.
-    // (Only where there are keys to order.)
+    // verified, only to order the keys, and only where there are several.
     let hint = jws::parse(&token)
         .ok()
         .filter(|t| t.kid.is_none() && keys.len() > 1)
@@ -512,9 +511,9 @@ fn check_file(
         )
     })?;
     let want: &[u8] = match &info.hash {
-        Signed256::Sha256(h) => h,
-        Signed256::Bytes(b) => b,
-        Signed256::NotHex(text) => {
+        SignedHash::Sha256(h) => h,
+        SignedHash::Bytes(b) => b,
+        SignedHash::NotHex(text) => {
             return Err(format!(
                 "{}: the signed hash {:?} is not hex",
                 shown(path),
