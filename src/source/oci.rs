@@ -138,7 +138,7 @@ impl Named for Image {
                 platform: self.platform.to_string(),
                 shape: shape.to_string(),
                 newest: spooled.newest(),
-                root_given: spooled.root_given(),
+                root_given: spooled.root_given().ok()?,
                 layers,
             }
             .to_string(),

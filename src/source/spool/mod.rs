@@ -14,7 +14,8 @@
 //!
 //! The spool holds content only. Files are made 0600 and stay so; their
 //! mode, owner, mtime and SHA-256 (computed as they stream, no second read)
-//! are kept here by inode, directories' metadata by path, and the scan of
+//! are kept by inode, directories' metadata by path, both on disk beside
+//! the spool (`records.rs`: nothing held per entry), and the scan of
 //! the spool (`Spooled`) puts them on its tree. So a file of mode 0 or a
 //! directory of mode 0500 can still be written, read and moved, and a
 //! directory's mtime is the archive's, not the time it was filled.
@@ -40,9 +41,9 @@
 //! This file applies tar streams to the spool; `seed.rs` starts a spool
 //! from the live generation; `spooled.rs` is the filled spool as a source
 //! (`Spooled`, `Streamed`); `records.rs` keeps each file's metadata and
-//! hash on disk beside the spool.
+//! hash, and each directory's metadata, on disk beside the spool.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd};
 
@@ -63,7 +64,7 @@ mod records;
 mod seed;
 mod spooled;
 
-use records::{FileMeta, Metas};
+use records::{DirMetas, FileMeta, Metas};
 pub use seed::{Base, BORROWED_DEV};
 use seed::{Borrowed, Taken};
 pub use spooled::{Spooled, Stream, Streamed};
@@ -87,9 +88,13 @@ pub struct LayerStats {
 /// What the layer being applied made: its regular files by the number each
 /// carries (`first` and above, but for a lower layer's file made a file of
 /// the spool meanwhile, `Spool::taken`), the rest by path (directories,
-/// symlinks, hardlinks, files listed from the live generation: few).
+/// symlinks, hardlinks, files listed from the live generation: few), but
+/// for directories, told by their records.
 struct Made {
     first: u64,
+    /// The directory records' end when the layer began: its directories
+    /// are those an entry named since (`DirMetas::named_since`).
+    first_dir: u64,
     paths: HashSet<Vec<u8>>,
 }
 
@@ -99,8 +104,8 @@ pub struct Spool {
     /// On disk, by the number each file carries as its mtime: every link
     /// of a hardlinked file shares it.
     files: Metas,
-    /// By path from the spool's root (`""`: the root itself).
-    dirs: BTreeMap<Vec<u8>, Meta>,
+    /// On disk, by path from the spool's root (`""`: the root itself).
+    dirs: DirMetas,
     /// The newest mtime seen: the root's, where no entry gives one.
     newest: Time,
     /// The directory the last entry went into (path, handle): entries of
@@ -191,10 +196,11 @@ impl Spool {
             .open_dir(name)
             .with_context(|| format!("cannot open the spool {}", c_style(name)))?;
         let files = Metas::new(&at, name)?;
+        let dirs = DirMetas::new(&at, name)?;
         Ok(Spool {
             root,
             files,
-            dirs: BTreeMap::new(),
+            dirs,
             newest: Time::default(),
             cached: None,
             owners: sys::euid() == 0,
@@ -278,6 +284,7 @@ impl Spool {
             let mut reader = tar::Reader::new(decoded);
             let mut layer = Made {
                 first: self.files.next,
+                first_dir: self.dirs.end(),
                 paths: HashSet::new(),
             };
             let mut first = true;
@@ -355,8 +362,7 @@ impl Spool {
         let Some((&name, parents)) = parts.split_last() else {
             // `./` or `/`: the root's own metadata.
             if h.kind == Kind::Dir {
-                self.dirs.insert(Vec::new(), meta_of(&h));
-                return Ok(());
+                return self.record_dir(b"", &meta_of(&h), true);
             }
             bail!("entry {} has no name", c_style(&h.path));
         };
@@ -376,10 +382,10 @@ impl Spool {
                     target.push(b'/');
                 }
                 target.extend_from_slice(gone);
-                if self.made_here(layer, &dir, gone, &target) {
-                    Ok(())
-                } else {
-                    self.remove(&dir, gone, &target)
+                match self.made_here(layer, &dir, gone, &target) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => self.remove(&dir, gone, &target),
+                    Err(e) => Err(e),
                 }
             };
             self.put_back(parents, dir);
@@ -413,8 +419,8 @@ impl Spool {
         self.put_back(parents, dir);
         res?;
         // What this layer made, which its own whiteouts leave alone: an
-        // archive has none, so keeps no list.
-        if whiteouts && !numbered {
+        // archive has none, so keeps no list; a directory has its record.
+        if whiteouts && !numbered && h.kind != Kind::Dir {
             layer.paths.insert(path);
         }
         stats.entries += 1;
@@ -490,7 +496,7 @@ impl Spool {
                     other => other,
                 }
                 .with_context(|| format!("cannot create directory {} in the spool", shown()))?;
-                self.dirs.insert(path.to_vec(), meta_of(h));
+                self.record_dir(path, &meta_of(h), true)?;
             }
             Kind::Symlink(target) => {
                 if target.is_empty() || target.contains(&0) {
@@ -616,28 +622,26 @@ impl Spool {
         if let Some(b) = &mut self.borrowed {
             b.forget_tree(path);
         }
-        self.dirs.remove(path);
-        let mut under = path.to_vec();
-        under.push(b'/');
-        let gone: Vec<Vec<u8>> = self
-            .dirs
-            .range(under.clone()..)
-            .take_while(|(k, _)| k.starts_with(&under))
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in gone {
-            self.dirs.remove(&k);
-        }
+        // The records of what was below stay, never read again: a
+        // directory made at one of those paths gets a newer one.
         Ok(())
+    }
+
+    /// Record the metadata of the directory at `path`, just made (or
+    /// named again by an entry).
+    fn record_dir(&mut self, path: &[u8], meta: &Meta, named: bool) -> Result<()> {
+        self.dirs
+            .put(path, meta, named)
+            .with_context(|| format!("cannot record {} in the spool", c_style(path)))
     }
 
     /// Whether the layer being applied made `name` in `dir` (at `path`):
     /// its whiteouts hide lower layers' entries only.
-    fn made_here(&self, layer: &Made, dir: &DirFd, name: &[u8], path: &[u8]) -> bool {
+    fn made_here(&self, layer: &Made, dir: &DirFd, name: &[u8], path: &[u8]) -> Result<bool> {
         if layer.paths.contains(path) {
-            return true;
+            return Ok(true);
         }
-        match dir.stat(name) {
+        Ok(match dir.stat(name) {
             Ok(st) if sys::kind_of(&st) == StatKind::File => {
                 let at: Time = sys::mtime_of(&st).into();
                 u64::try_from(at.s).is_ok_and(|n| {
@@ -647,8 +651,12 @@ impl Spool {
                         && !self.taken.contains(&n)
                 })
             }
+            Ok(st) if sys::kind_of(&st) == StatKind::Dir => self
+                .dirs
+                .named_since(path, layer.first_dir)
+                .with_context(|| format!("cannot read the record of {}", c_style(path)))?,
             _ => false,
-        }
+        })
     }
 
     /// `.wh..wh..opq` in `dir` (at `path`): remove what earlier layers put there.
@@ -658,7 +666,7 @@ impl Spool {
             .with_context(|| format!("cannot list {} in the spool", c_style(path)))?;
         for l in listed {
             let p = crate::tree::join(path, &l.name);
-            if !self.made_here(layer, dir, &l.name, &p) {
+            if !self.made_here(layer, dir, &l.name, &p)? {
                 self.remove(dir, &l.name, &p)?;
             }
         }
@@ -696,12 +704,12 @@ impl Spool {
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {
                     dir.mkdir(c, 0o700)?;
-                    let here = join(&parents[..=i]);
-                    self.dirs.entry(here).or_insert(Meta {
+                    let default = Meta {
                         mode: 0o755,
                         mtime,
                         ..Meta::default()
-                    });
+                    };
+                    self.record_dir(&join(&parents[..=i]), &default, false)?;
                     dir.open_dir(c)?
                 }
                 Err(e) if sys::is_not_dir(&e) => {
@@ -770,6 +778,9 @@ impl Spool {
         files
             .flush()
             .context("cannot write the spool's records in staging")?;
+        let mut dirs = self.dirs;
+        dirs.flush()
+            .context("cannot write the spool's records in staging")?;
         let seeded = self.borrowed.is_some();
         let why = self.borrowed.as_ref().and_then(|b| b.why.clone());
         let (root, prefix) = match subpath {
@@ -795,7 +806,7 @@ impl Spool {
             prefix,
             files,
             linked: Default::default(),
-            dirs: self.dirs,
+            dirs,
             newest: self.newest,
             label,
             identity,
@@ -1107,7 +1118,7 @@ mod tests {
         Base {
             index,
             newest: src.newest(),
-            root_given: src.root_given(),
+            root_given: src.root_given().unwrap(),
             live: None,
         }
     }

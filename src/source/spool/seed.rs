@@ -336,7 +336,7 @@ impl Spool {
         let root = self.parent(&parts, base.newest)?;
         self.newest = base.newest;
         if base.root_given {
-            self.dirs.insert(prefix.clone(), base.index.root);
+            self.record_dir(&prefix, &base.index.root, true)?;
         }
         let mut seeder = Seeder {
             spool: self,
@@ -547,7 +547,7 @@ impl Seeder<'_> {
                     let sub = dir
                         .open_dir(&e.name)
                         .with_context(|| format!("cannot open {} in the spool", shown()))?;
-                    self.spool.dirs.insert(path.clone(), e.meta);
+                    self.spool.record_dir(path, &e.meta, true)?;
                     self.dir(&sub, rel, path)?;
                 }
                 Node::Symlink(target) => {

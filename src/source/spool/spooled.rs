@@ -2,7 +2,7 @@
 //! directory at a time with the metadata and hashes its stream gave; and
 //! `Streamed`, which makes a `Stream` (a kind read as a stream) a `Source`.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -17,7 +17,7 @@ use crate::sys::DirFd;
 use crate::tree::{Entry, Meta, Node, Time, Tree};
 
 use super::super::{Dir, Source};
-use super::records::{FileMeta, Metas};
+use super::records::{DirMetas, FileMeta, Metas};
 use super::seed::{Lent, BORROWED_DEV};
 use super::{components, join, Spool};
 
@@ -31,7 +31,7 @@ pub struct Spooled {
     pub(super) files: Metas,
     /// The number each file of several links carries (`numbered`), by inode.
     pub(super) linked: std::sync::Mutex<HashMap<u64, Time>>,
-    pub(super) dirs: BTreeMap<Vec<u8>, Meta>,
+    pub(super) dirs: DirMetas,
     pub(super) newest: Time,
     pub(super) label: String,
     pub(super) identity: String,
@@ -60,12 +60,16 @@ impl Spooled {
 
     /// The root's metadata: what the stream gave it, else 0755 and the
     /// newest mtime of any entry.
-    fn root_of(&self) -> Meta {
-        self.dirs.get(&self.full(b"")).copied().unwrap_or(Meta {
+    fn root_of(&self) -> Result<Meta> {
+        let given = self
+            .dirs
+            .get(&self.full(b""))
+            .with_context(|| format!("{}: cannot read the spool's records", self.label))?;
+        Ok(given.unwrap_or(Meta {
             mode: 0o755,
             mtime: self.newest,
             ..Meta::default()
-        })
+        }))
     }
 
     /// Give the entry `e` at `p` (listed from the spool) the metadata and
@@ -81,11 +85,11 @@ impl Spooled {
     /// `given`, with the file's record read already (`Metas::get_all`).
     fn given_as(&self, p: &[u8], e: &mut Entry, read: Option<FileMeta>) -> bool {
         match &mut e.node {
-            Node::Dir(_) => {
-                if let Some(m) = self.dirs.get(&self.full(p)) {
-                    e.meta = *m;
-                }
-            }
+            Node::Dir(_) => match self.dirs.get(&self.full(p)) {
+                Ok(Some(m)) => e.meta = m,
+                Ok(None) => {}
+                Err(_) => return false,
+            },
             Node::File(f) => match read {
                 Some(m) => {
                     e.meta = Meta {
@@ -130,8 +134,8 @@ impl Spooled {
     }
 
     /// Whether the layers gave the root (or the `//PATH`) its metadata.
-    pub fn root_given(&self) -> bool {
-        self.dirs.contains_key(&self.prefix)
+    pub fn root_given(&self) -> std::io::Result<bool> {
+        Ok(self.dirs.get(&self.prefix)?.is_some())
     }
 
     /// Whether the spool was seeded (`Spool::seed`).
@@ -265,7 +269,7 @@ impl Source for Spooled {
     fn scan(&self, src: u16, filter: &Filter, reporter: &dyn Reporter) -> Result<Tree> {
         let dir = Dir::new(self.root.try_clone()?, self.label.clone());
         let mut tree = dir.scan(src, filter, reporter)?;
-        tree.root = self.root_of();
+        tree.root = self.root_of()?;
         let mut missing = None;
         tree.for_each_mut(&mut |p, e| {
             if !self.given(p, e) {
@@ -315,7 +319,7 @@ impl Source for Spooled {
     }
 
     fn root_meta(&self, _: &Filter) -> Result<Meta> {
-        Ok(self.root_of())
+        self.root_of()
     }
 
     fn root(&self) -> Option<&DirFd> {
