@@ -1062,6 +1062,43 @@ mod tests {
         assert_eq!(got, want);
     }
 
+    /// A directory's metadata is the newest its path was given: a
+    /// directory named again takes the new mode, one whited out and made
+    /// again as a parent gets the default, never the removed one's.
+    #[test]
+    fn a_directory_made_again_has_the_metadata_given_last() {
+        let dir = |name: &[u8], mode: &[u8; 7]| {
+            let mut h = header(name, b'5', 0, b"");
+            h[100..107].copy_from_slice(mode);
+            super::super::tar::tests::seal(&mut h);
+            h
+        };
+        let (_t, mut s) = spool();
+        let lower = archive(&[
+            (dir(b"kept/", b"0000700"), b""),
+            (dir(b"gone/", b"0000711"), b""),
+            (dir(b"gone/sub/", b"0000701"), b""),
+            (dir(b"renamed/", b"0000700"), b""),
+        ]);
+        apply(&mut s, &lower, true).unwrap();
+        let upper = archive(&[
+            (header(b".wh.gone", b'0', 0, b""), b""),
+            (header(b"gone/sub/f", b'0', 1, b""), b"f"),
+            (dir(b"renamed/", b"0000750"), b""),
+        ]);
+        apply(&mut s, &upper, true).unwrap();
+        let got: Vec<(String, u32)> = paths(s).into_iter().map(|p| (p.0, p.2)).collect();
+        let want = [
+            ("gone", 0o755),
+            ("gone/sub", 0o755),
+            ("gone/sub/f", 0o644),
+            ("kept", 0o700),
+            ("renamed", 0o750),
+        ];
+        let want: Vec<(String, u32)> = want.iter().map(|(p, m)| (p.to_string(), *m)).collect();
+        assert_eq!(got, want);
+    }
+
     #[test]
     fn a_later_entry_replaces_an_earlier_one() {
         let (_t, mut s) = spool();
