@@ -33,8 +33,11 @@ run() { # label what command...
     fi
     echo "n=$N r=$r $label $what $(cat "$W/t")"
 }
+bins=("$@")
 for r in $(seq "$ROUNDS"); do
-    for b in "$@"; do
+    # Each round the first binary goes last: none always runs first.
+    for k in "${!bins[@]}"; do
+        b=${bins[$(((k + r - 1) % ${#bins[@]}))]}
         run "$b" tgz "$b" sync -q "$T.tar.gz" "$W/d/dest"
         run "$b" image "$b" sync -q "oci-layout:$T.oci:bench" "$W/d/dest"
     done
