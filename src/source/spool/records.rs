@@ -48,14 +48,7 @@ const RECORD: usize = 72;
 
 impl Metas {
     pub(super) fn new(at: &DirFd, name: &[u8]) -> Result<Metas> {
-        let mut file = name.to_vec();
-        file.extend_from_slice(b".meta");
-        let fd = at
-            .create_excl(&file)
-            .with_context(|| format!("cannot create the spool's record {}", c_style(&file)))?;
-        let read = at
-            .open_read(&file)
-            .with_context(|| format!("cannot open the spool's record {}", c_style(&file)))?;
+        let (fd, read) = records_file(at, name, b".meta")?;
         Ok(Metas {
             fd,
             read,
@@ -102,18 +95,8 @@ impl Metas {
     /// Records `from..to` read at once (`None` where the file is short).
     pub(super) fn read(&self, from: u64, to: u64) -> Option<Vec<u8>> {
         let mut buf = vec![0u8; ((to - from) as usize) * RECORD];
-        let mut got = 0;
-        while got < buf.len() {
-            match sys::pread(
-                self.read.as_fd(),
-                &mut buf[got..],
-                from * RECORD as u64 + got as u64,
-            ) {
-                Ok(0) | Err(_) => return None,
-                Ok(k) => got += k,
-            }
-        }
-        Some(buf)
+        let got = read_at(self.read.as_fd(), &mut buf, from * RECORD as u64).ok()?;
+        (got == buf.len()).then_some(buf)
     }
 
     /// The record of the file whose mtime in the spool is `at`, if it
@@ -202,14 +185,7 @@ const DIR_HEAD: usize = 41;
 
 impl DirMetas {
     pub(super) fn new(at: &DirFd, name: &[u8]) -> Result<DirMetas> {
-        let mut file = name.to_vec();
-        file.extend_from_slice(b".dirs");
-        let fd = at
-            .create_excl(&file)
-            .with_context(|| format!("cannot create the spool's record {}", c_style(&file)))?;
-        let read = at
-            .open_read(&file)
-            .with_context(|| format!("cannot open the spool's record {}", c_style(&file)))?;
+        let (fd, read) = records_file(at, name, b".dirs")?;
         Ok(DirMetas {
             fd,
             read,
@@ -353,6 +329,20 @@ impl DirMetas {
             .newest(path)?
             .is_some_and(|(at, _, named)| named && at >= since))
     }
+}
+
+/// The records' file `<name><suffix>` made in `at` (the spool's parent),
+/// and opened again to be read at offsets.
+fn records_file(at: &DirFd, name: &[u8], suffix: &[u8]) -> Result<(OwnedFd, OwnedFd)> {
+    let mut file = name.to_vec();
+    file.extend_from_slice(suffix);
+    let fd = at
+        .create_excl(&file)
+        .with_context(|| format!("cannot create the spool's record {}", c_style(&file)))?;
+    let read = at
+        .open_read(&file)
+        .with_context(|| format!("cannot open the spool's record {}", c_style(&file)))?;
+    Ok((fd, read))
 }
 
 /// `pread` until `buf` is full or the file ends: the bytes read.
