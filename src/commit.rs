@@ -195,7 +195,8 @@ pub(crate) fn fresh_name(name: &str) -> String {
 
 /// Whether generation `name` on the volume still holds exactly `manifest`'s
 /// tree; with `spooled`, against the body the streamed stage wrote there,
-/// a directory at a time (`verify::against_body`: no tree held whole).
+/// a directory at a time (`verify::holds_body`: no tree held whole, and
+/// hardlinks the body does not have a difference, not named).
 /// Content too: a file edited in place with its size and mtime kept
 /// passes every metadata check, and `sync --checksum` staged the fix.
 fn intact(state: &State, name: &str, manifest: &Manifest, spooled: Option<&DirFd>) -> bool {
@@ -203,11 +204,10 @@ fn intact(state: &State, name: &str, manifest: &Manifest, spooled: Option<&DirFd
         return false;
     };
     let rules = crate::verify::Rules::of(manifest);
-    let diffs = match spooled {
-        None => crate::verify::run(&fd, name, &manifest.tree, rules),
-        Some(stage) => crate::verify::against_body(&fd, name, stage, rules),
-    };
-    diffs.is_ok_and(|d| d.is_empty())
+    match spooled {
+        None => crate::verify::run(&fd, name, &manifest.tree, rules).is_ok_and(|d| d.is_empty()),
+        Some(stage) => crate::verify::holds_body(&fd, name, stage, rules).unwrap_or(false),
+    }
 }
 
 /// Our staging directory is still `stage/<me>`. A writer paused for longer

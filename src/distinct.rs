@@ -16,22 +16,38 @@
 //! (a directory's files made together), 4.1 bits for numbers spread over a
 //! range 6 times their count; random 64-bit numbers take about 47. A
 //! number seen twice is found when its copies meet in a sort or a merge.
+//! A `collecting` set keeps going from there, the runs their union, and
+//! names every number it was given more than once: the update that found
+//! two live files joined copies exactly those apart on its second try.
 
 /// Numbers held unsorted before they become a run (64 KiB).
 const BUF: usize = 8192;
 
-/// A set that only answers whether everything put in it was distinct.
+/// A set that only answers whether everything put in it was distinct, or
+/// (`collecting`) which numbers it was given more than once.
 #[derive(Default)]
 pub struct Distinct {
     buf: Vec<u64>,
     /// Level i holds a run of about BUF << i numbers, or none.
     levels: Vec<Option<Run>>,
     twice: bool,
+    /// Collecting: the numbers seen more than once so far (each may be
+    /// here several times), the runs kept as the union.
+    seen: Option<Vec<u64>>,
 }
 
 impl Distinct {
+    /// A set that keeps going past a number seen twice, to tell which
+    /// numbers were (`twice`): as small as `default` while all differ.
+    pub fn collecting() -> Distinct {
+        Distinct {
+            seen: Some(Vec::new()),
+            ..Distinct::default()
+        }
+    }
+
     pub fn insert(&mut self, n: u64) {
-        if self.twice {
+        if self.twice && self.seen.is_none() {
             return;
         }
         if self.buf.capacity() == 0 {
@@ -49,12 +65,26 @@ impl Distinct {
     }
 
     /// Whether no number was put in twice.
-    pub fn all_distinct(mut self) -> bool {
+    pub fn all_distinct(self) -> bool {
+        !self.finish(true).0
+    }
+
+    /// The numbers put in more than once, in order, each once: only for a
+    /// `collecting` set (any other holds nothing once it found one).
+    pub fn twice(self) -> Vec<u64> {
+        debug_assert!(self.seen.is_some(), "not collecting");
+        self.finish(false).1
+    }
+
+    /// Whether a number was put in twice, and (all of them, unless `first`
+    /// stops at the first found) the ones that were, where collecting.
+    fn finish(mut self, first: bool) -> (bool, Vec<u64>) {
         if !self.buf.is_empty() {
             self.flush();
         }
-        if self.twice {
-            return false;
+        let mut seen = self.seen.take().unwrap_or_default();
+        if self.twice && first {
+            return (true, seen);
         }
         let mut runs: Vec<Reader<'_>> = self.levels.iter().flatten().map(Run::reader).collect();
         let mut heads: Vec<Option<u64>> = runs.iter_mut().map(Reader::next).collect();
@@ -67,18 +97,28 @@ impl Distinct {
             .min_by_key(|&(_, n)| n)
         {
             if last == Some(n) {
-                return false;
+                if first {
+                    return (true, seen);
+                }
+                seen.push(n);
             }
             last = Some(n);
             heads[i] = runs[i].next();
         }
-        true
+        seen.sort_unstable();
+        seen.dedup();
+        (self.twice || !seen.is_empty(), seen)
     }
 
     fn flush(&mut self) {
         self.buf.sort_unstable();
         if self.buf.windows(2).any(|w| w[0] == w[1]) {
-            return self.found_twice();
+            let Some(seen) = self.seen.as_mut() else {
+                return self.found_twice();
+            };
+            self.twice = true;
+            seen.extend(self.buf.windows(2).filter(|w| w[0] == w[1]).map(|w| w[0]));
+            self.buf.dedup();
         }
         let mut run = Run::encode(&self.buf);
         self.buf.clear();
@@ -88,7 +128,7 @@ impl Distinct {
                     *slot = Some(run);
                     return;
                 }
-                Some(lower) => match Run::merge(&lower, &run) {
+                Some(lower) => match Run::merge(&lower, &run, self.seen.as_mut()) {
                     Some(m) => run = m,
                     None => return self.found_twice(),
                 },
@@ -97,7 +137,7 @@ impl Distinct {
         self.levels.push(Some(run));
     }
 
-    /// The answer is known: hold nothing more.
+    /// The answer is known: hold nothing more (not collecting).
     fn found_twice(&mut self) {
         self.twice = true;
         self.levels = Vec::new();
@@ -120,14 +160,18 @@ impl Run {
         Run::write(sorted.len() as u64, gaps, sorted.iter().copied())
     }
 
-    /// The union of two runs; None when they share a number.
-    fn merge(a: &Run, b: &Run) -> Option<Run> {
+    /// The union of two runs; None when they share a number, unless
+    /// `seen` collects the numbers they share.
+    fn merge(a: &Run, b: &Run, seen: Option<&mut Vec<u64>>) -> Option<Run> {
         let mut once = Merged::new(a, b);
         let gaps = gap_lengths(&mut once);
-        if once.twice {
-            return None;
+        let shared = once.shared;
+        if shared.is_empty() {
+            return Some(Run::write(a.len + b.len, gaps, Merged::new(a, b)));
         }
-        Some(Run::write(a.len + b.len, gaps, Merged::new(a, b)))
+        let len = a.len + b.len - shared.len() as u64;
+        seen?.extend_from_slice(&shared);
+        Some(Run::write(len, gaps, Merged::new(a, b)))
     }
 
     /// The run of the `len` strictly increasing `numbers`, coded in the
@@ -154,14 +198,14 @@ impl Run {
     }
 }
 
-/// The numbers of two runs in order; a number in both sets `twice` and is
-/// given once.
+/// The numbers of two runs in order; a number in both is put in `shared`
+/// and given once.
 struct Merged<'a> {
     a: Reader<'a>,
     b: Reader<'a>,
     x: Option<u64>,
     y: Option<u64>,
-    twice: bool,
+    shared: Vec<u64>,
 }
 
 impl<'a> Merged<'a> {
@@ -173,7 +217,7 @@ impl<'a> Merged<'a> {
             b,
             x,
             y,
-            twice: false,
+            shared: Vec::new(),
         }
     }
 }
@@ -184,7 +228,7 @@ impl Iterator for Merged<'_> {
     fn next(&mut self) -> Option<u64> {
         match (self.x, self.y) {
             (Some(p), Some(q)) if p == q => {
-                self.twice = true;
+                self.shared.push(p);
                 self.x = self.a.next();
                 self.y = self.b.next();
                 Some(p)
@@ -489,6 +533,27 @@ mod tests {
                 _ => false,
             };
             prop_assert_eq!(distinct(&ns), !twice);
+        }
+
+        /// A collecting set names exactly the numbers given more than
+        /// once, however many and wherever the copies fall.
+        #[test]
+        fn collecting_names_every_number_given_twice(
+            len in 0usize..30_000,
+            spread in prop_oneof![Just(1u64 << 12), Just(1u64 << 16), Just(u64::MAX)],
+            seed in any::<u64>(),
+        ) {
+            let mut x = seed;
+            let ns: Vec<u64> = (0..len).map(|_| step(&mut x) % spread).collect();
+            let mut counts = std::collections::HashMap::new();
+            ns.iter().for_each(|&n| *counts.entry(n).or_insert(0u32) += 1);
+            let mut want: Vec<u64> = counts.into_iter().filter(|&(_, c)| c > 1).map(|(n, _)| n).collect();
+            want.sort_unstable();
+            let mut d = Distinct::collecting();
+            ns.iter().for_each(|&n| d.insert(n));
+            // What it says early it never takes back.
+            prop_assert!(!d.seen_twice() || !want.is_empty());
+            prop_assert_eq!(d.twice(), want);
         }
     }
 }

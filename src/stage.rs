@@ -288,6 +288,44 @@ pub struct Stream<'a> {
     /// Files `verify` found damaged in the live generation: compared as
     /// changed, so copied afresh.
     pub damaged: Option<&'a crate::damage::Damaged>,
+    /// What an earlier stage of this round found drifted in the live
+    /// tree's hardlinks: those live files are not linked from, but copied.
+    pub avoid: Option<&'a Drifted>,
+}
+
+/// Why a streamed stage stopped short of a tree to publish.
+#[derive(Debug)]
+pub enum Redo {
+    /// The live tree's hardlinks are not its manifest's: staged again
+    /// avoiding what drifted (`Stream::avoid`), the rest is still linked.
+    Links(Drifted),
+    /// A file a spool lists from the live generation was not as recorded
+    /// there: the spool has no bytes for it.
+    Lent,
+}
+
+/// What a streamed stage found drifted in the live tree's hardlinks since
+/// its manifest was written: live inodes that two paths it hardlinked
+/// turned out to share (joined on the volume), and recorded groups whose
+/// paths it found on more than one inode (split). A stage that avoids
+/// them copies those paths, counting each a change, as the whole-tree
+/// plan, which sees the inodes, copies them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Drifted {
+    /// Inode numbers, sorted.
+    joined: Vec<u64>,
+    /// Recorded group numbers, sorted.
+    split: Vec<u32>,
+}
+
+impl Drifted {
+    fn joined(&self, ino: u64) -> bool {
+        self.joined.binary_search(&ino).is_ok()
+    }
+
+    fn split(&self, group: u32) -> bool {
+        self.split.binary_search(&group).is_ok()
+    }
 }
 
 /// What `stream` staged, and the manifest body it wrote.
@@ -331,12 +369,14 @@ pub struct Changes {
 /// does. The body is then put in pre-order (`body` in staging) and its
 /// digest computed.
 ///
-/// `None` when two files hardlinked from the live generation turned out to
-/// be one inode (a few bits each tell them apart, `distinct::Distinct`):
-/// the live tree joined them after it was published, its manifest records
-/// them apart, and the staged tree would carry the join on. The caller
-/// then stages the whole-tree way, which sees the live tree's inodes.
-pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
+/// `Redo::Links` when two files hardlinked from the live generation turned
+/// out to be one inode (a few bits each tell them apart, and name the ones
+/// that were, `distinct::Distinct::collecting`): the live tree joined them
+/// after it was published, its manifest records them apart, and the
+/// staged tree would carry the join on; or when a recorded group was
+/// found on more than one inode. The caller then stages again in a new
+/// directory, avoiding what it names (`Stream::avoid`).
+pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Result<Streamed, Redo>> {
     let out = staged_root(staging)?;
     let in_stage = |what: &str| format!("cannot write the manifest's {what} in staging");
     let spool = staging
@@ -358,9 +398,9 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
         late: std::sync::Mutex::new(HashMap::new()),
         kept: std::sync::Mutex::new(Vec::new()),
         deferred: std::sync::Mutex::new(Vec::new()),
-        reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::default()),
+        reused_inodes: std::sync::Mutex::new(crate::distinct::Distinct::collecting()),
         live_groups: std::sync::Mutex::new(HashMap::new()),
-        split: AtomicBool::new(false),
+        split: std::sync::Mutex::new(Vec::new()),
         lent_missed: AtomicBool::new(false),
         added: AtomicU64::new(0),
         changed: AtomicU64::new(0),
@@ -389,14 +429,18 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     if !w.lent_missed.load(Ordering::Relaxed) {
         w.place_leaders(&out, live)?;
     }
-    // The live tree's hardlinks are not its manifest's (files joined or a
-    // group split on the volume since), or a file a spool lists from the
-    // live generation is not as recorded there: the whole trees decide.
-    if w.split.load(Ordering::Relaxed)
-        || w.lent_missed.load(Ordering::Relaxed)
-        || !std::mem::take(&mut *w.reused_inodes.lock().unwrap()).all_distinct()
-    {
-        return Ok(None);
+    // A file a spool lists from the live generation is not as recorded
+    // there; or the live tree's hardlinks are not its manifest's (files
+    // joined or a group split on the volume since).
+    if w.lent_missed.load(Ordering::Relaxed) {
+        return Ok(Err(Redo::Lent));
+    }
+    let joined = std::mem::take(&mut *w.reused_inodes.lock().unwrap()).twice();
+    let mut split = std::mem::take(&mut *w.split.lock().unwrap());
+    if !joined.is_empty() || !split.is_empty() {
+        split.sort_unstable();
+        split.dedup();
+        return Ok(Err(Redo::Links(Drifted { joined, split })));
     }
     w.link_followers(&out)?;
     let ctx = &w.ctx;
@@ -432,7 +476,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Option<Streamed>> {
     };
     let xattrs = w.xattrs.into_inner();
     let ctx = w.ctx;
-    Ok(Some(Streamed {
+    Ok(Ok(Streamed {
         changes,
         staged: ctx.staged(out),
         body: spooled,
@@ -481,8 +525,8 @@ struct Walker<'a> {
     /// its first path kept equal was found on: another path of the group
     /// on another inode (split on the volume since) stops the stage.
     live_groups: std::sync::Mutex<HashMap<u32, u64>>,
-    /// A recorded live group was found split.
-    split: AtomicBool,
+    /// Each recorded live group found split.
+    split: std::sync::Mutex<Vec<u32>>,
     /// A file a spool lists from the live generation (`BORROWED_DEV`)
     /// could not be linked from there (changed on the volume since): the
     /// spool has no bytes for it, and the walk stops.
@@ -584,6 +628,18 @@ impl Visit for Walker<'_> {
 }
 
 impl Walker<'_> {
+    /// Whether the live file just hardlinked as `name` in `out`, of inode
+    /// `ino`, is not one an earlier stage found joined (`Drifted`): if it
+    /// is, the link is undone, and the caller copies.
+    fn not_joined(&self, ino: u64, out: &DirFd, name: &[u8]) -> bool {
+        let joined = self.s.avoid.is_some_and(|a| a.joined(ino));
+        if joined {
+            // Where it cannot go, the copy over it says why.
+            let _ = out.unlink(name);
+        }
+        !joined
+    }
+
     /// Stage the directory at `rel` (made already, open as `out`): `srcs`
     /// holds each source's handle on it, where that source provides it;
     /// `live` the live generation's, where it has one; `recorded`: the live
@@ -651,7 +707,8 @@ impl Walker<'_> {
                     let linked = match live.filter(|_| f.reuse) {
                         Some(l) => reuse(l, out, &e.name, &e.meta, granularity, owners)
                             .ok()
-                            .flatten(),
+                            .flatten()
+                            .filter(|&ino| self.not_joined(ino, out, &e.name)),
                         None => None,
                     };
                     let reused = match linked {
@@ -763,6 +820,16 @@ impl Walker<'_> {
             // A streamed source's file is the live one only by its content.
             let same = crate::plan::same_entry(e, l, c) && crate::plan::same_content(e, l, c);
             changed += u64::from(!same);
+            // A path of a live group found split: a change, copied.
+            if let (true, Node::File(lf)) = (same, &l.node) {
+                if lf
+                    .group
+                    .is_some_and(|g| self.s.avoid.is_some_and(|a| a.split(g)))
+                {
+                    changed += 1;
+                    return;
+                }
+            }
             match (&mut e.node, &l.node) {
                 (Node::Dir(_), Node::Dir(_)) => was_dir[i - 1] = true,
                 (Node::File(f), Node::File(lf)) if same => {
@@ -805,7 +872,7 @@ impl Walker<'_> {
                 // stage cannot link: it splits nothing it would reuse.
                 let Ok(st) = dir.stat(&name) else { continue };
                 if *groups.entry(g).or_insert(st.st_ino) != st.st_ino {
-                    self.split.store(true, Ordering::Relaxed);
+                    self.split.lock().unwrap().push(g);
                 }
             }
         }
@@ -867,7 +934,8 @@ impl Walker<'_> {
                     .filter(|_| matches)
                     .and_then(|l| l.open_beneath(dir).ok())
                     .and_then(|l| reuse(&l, &dfd, &e.name, &e.meta, granularity, job.owners).ok())
-                    .flatten();
+                    .flatten()
+                    .filter(|&ino| self.not_joined(ino, &dfd, &e.name));
                 let checked = match linked {
                     Some(ino) if self.s.checksum => {
                         checked_link(&self.ctx, i, None, &dfd, e, path)?.map(|h| (ino, h))

@@ -132,32 +132,53 @@ pub fn staged_by_directory(out: &DirFd, staging: &DirFd, rules: Rules) -> Result
 /// The tree below `root` (named `label` in messages) against the manifest
 /// body a streamed stage wrote (`body` in `staging`), indexed and compared
 /// a directory at a time (`by_directory`): the differences `run` finds.
-/// Also how a writer converging on a generation of the same digest checks
-/// that generation (`commit`).
 pub fn against_body(
     root: &DirFd,
     label: &str,
     staging: &DirFd,
     rules: Rules,
 ) -> Result<Vec<Difference>> {
-    let shown = "the staged manifest body";
-    let open = || -> Result<std::fs::File> {
-        let fd = staging
-            .open_read(b"body")
-            .with_context(|| format!("cannot read {shown}"))?;
-        Ok(std::fs::File::from(fd))
-    };
-    let file = open()?;
-    let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
-    let ix = crate::index::Index::build(std::io::BufReader::new(file), reread, shown.into())?;
-    match by_directory(root, label, &ix, rules)? {
+    match by_body(root, label, staging, rules)? {
         Some(diffs) => Ok(diffs),
         // Hardlinks the manifest does not have: the whole walk says where.
         None => {
-            let tree = crate::manifest::Manifest::read_body(&mut std::io::BufReader::new(open()?))?;
+            let file = open_body(staging)?;
+            let tree = crate::manifest::Manifest::read_body(&mut std::io::BufReader::new(file))?;
             run(root, label, &tree, rules)
         }
     }
+}
+
+/// Whether the tree below `root` holds exactly what the body a streamed
+/// stage wrote records (`against_body` finds nothing), never read whole:
+/// hardlinks the body does not have are a difference, not named. How a
+/// writer converging on a generation of the same digest checks that
+/// generation (`commit`), which is the drifted live one when a repair
+/// republishes the same tree.
+pub fn holds_body(root: &DirFd, label: &str, staging: &DirFd, rules: Rules) -> Result<bool> {
+    Ok(by_body(root, label, staging, rules)?.is_some_and(|d| d.is_empty()))
+}
+
+/// `by_directory` against the body in `staging`.
+fn by_body(
+    root: &DirFd,
+    label: &str,
+    staging: &DirFd,
+    rules: Rules,
+) -> Result<Option<Vec<Difference>>> {
+    let file = open_body(staging)?;
+    let reread = Box::new(std::os::fd::OwnedFd::from(file.try_clone()?));
+    let shown = "the staged manifest body";
+    let ix = crate::index::Index::build(std::io::BufReader::new(file), reread, shown.into())?;
+    by_directory(root, label, &ix, rules)
+}
+
+/// The body a streamed stage wrote in `staging`.
+fn open_body(staging: &DirFd) -> Result<std::fs::File> {
+    let fd = staging
+        .open_read(b"body")
+        .context("cannot read the staged manifest body")?;
+    Ok(std::fs::File::from(fd))
 }
 
 /// What `against_manifest` found: the manifest's header, its entries and

@@ -43,7 +43,7 @@ mod survey;
 mod whole;
 
 use quick::{quick, quick_end, recorded_quick, unchanged_live};
-use streamed::{Step, StreamedRound};
+use streamed::{Avoid, Step, StreamedRound};
 
 /// Run a command; the exit status on success.
 pub fn run(cfg: Config) -> Result<i32> {
@@ -230,15 +230,21 @@ fn out_of_space(e: &anyhow::Error) -> bool {
 /// generation (an image tag on the same digest, a URL answering 304) are
 /// first not fetched, the live manifest's entries standing in for them
 /// (the shortcut). If the live tree drifted from them after all, the round
-/// is tried again without the shortcut, spooled sources still streamed;
-/// where the live tree's hardlinks drifted from its manifest once a spool
-/// was moved out, once more as whole trees. Each try drops something the
-/// one before took, so there are three at most. `note`: a warning to show
-/// first.
+/// is tried again without the shortcut, spooled sources still streamed.
+/// Where a stage found the live tree's hardlinks drifted from its manifest
+/// (two files joined, a group split), the round is tried again without
+/// shortcuts, staged a directory at a time still but avoiding what drifted
+/// (`stage::Drifted`: those paths are copied); only where that try finds
+/// drift again, once more as whole trees. Each try drops something the
+/// one before took, and avoiding is asked once, so there are four at most.
+/// `note`: a warning to show first.
 fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Round> {
     let start = Instant::now();
     let mut note = note;
     let mut next = Some(Try::Shortcut);
+    // What a stage found drifted in the live tree's hardlinks, avoided by
+    // the tries after it.
+    let mut avoid = None;
     while let Some(this) = next {
         // Validate: nothing is written before the guards have passed.
         crate::source::spool::limit_entries(cfg.max_entries);
@@ -248,12 +254,24 @@ fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Roun
         let resolved = resolve_label(cfg, &sources)?;
         let cfg = resolved.as_ref().unwrap_or(cfg);
         let chosen = chosen_of(&sources)?;
-        let mut round = match round_on(cfg, sources, pass, this, note.take(), start)? {
+        let tried = (this, avoid.as_ref());
+        let mut round = match round_on(cfg, sources, pass, tried, note.take(), start)? {
             Attempt::Done(round) => *round,
             // Drift: why, where it is worth saying.
-            Attempt::Again { why, whole } => {
+            Attempt::Again {
+                why,
+                whole,
+                avoid: found,
+            } => {
                 note = why;
-                next = this.after(whole);
+                next = match found {
+                    // Asked only where nothing was avoided yet.
+                    Some(found) => {
+                        avoid = Some(found);
+                        Some(Try::Plain)
+                    }
+                    None => this.after(whole),
+                };
                 continue;
             }
         };
@@ -261,7 +279,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Roun
         return Ok(round);
     }
     // A whole-tree try neither takes a shortcut nor streams a spool, so it
-    // never asks again.
+    // never asks again; a stage avoids what drifted once at most.
     anyhow::bail!("the round asked to start again after its last try")
 }
 
@@ -279,8 +297,9 @@ enum Try {
 
 impl Try {
     /// The try after this one asked again; `whole`: the live tree's
-    /// hardlinks drifted from its manifest once a spool was moved out, which
-    /// only whole trees take.
+    /// hardlinks drifted from its manifest once a spool was moved out, and
+    /// a try that avoided what drifted found it again: whole trees, which
+    /// see the live inodes, take it.
     fn after(self, whole: bool) -> Option<Try> {
         match (self, whole) {
             (Try::Shortcut, false) => Some(Try::Plain),
@@ -291,10 +310,15 @@ impl Try {
 }
 
 /// What one try of a round came to: done, or to be tried again (`Try::after`),
-/// with why where it is worth saying.
+/// with why where it is worth saying; or again without shortcuts, staged
+/// avoiding what a stage found drifted in the live tree's hardlinks.
 enum Attempt {
     Done(Box<Round>),
-    Again { why: Option<String>, whole: bool },
+    Again {
+        why: Option<String>,
+        whole: bool,
+        avoid: Option<Avoid>,
+    },
 }
 
 /// What `--semver` chose, source by source (for the summary and metrics).
@@ -318,11 +342,11 @@ fn round_on(
     cfg: &SyncConfig,
     sources: Sources,
     pass: Pass,
-    this: Try,
+    (this, avoid): (Try, Option<&Avoid>),
     note: Option<String>,
     start: Instant,
 ) -> Result<Attempt> {
-    let (r, console) = Opened::open(cfg, sources, pass, this, note, start)?;
+    let (r, console) = Opened::open(cfg, sources, pass, (this, avoid), note, start)?;
     // 1. Up to date, found a directory at a time (the sources against the
     //    live generation, or sources unchanged since it against its
     //    manifest): nothing was held whole.
@@ -374,6 +398,9 @@ struct Opened<'a> {
     same_gen: Option<String>,
     /// Which try of the round this is (`round_with`).
     this: Try,
+    /// What a stage of an earlier try found drifted in the live tree's
+    /// hardlinks: avoided where it is the same live generation.
+    avoid: Option<&'a Avoid>,
     /// With --verify-key, where a source is verified after its scan (a
     /// bundle in a directory among several sources; a spooled bundle
     /// until it is spooled): no shortcut that skips the scan runs, but for sources
@@ -395,7 +422,7 @@ impl<'a> Opened<'a> {
         cfg: &'a SyncConfig,
         sources: Sources,
         pass: Pass,
-        this: Try,
+        (this, avoid): (Try, Option<&'a Avoid>),
         note: Option<String>,
         start: Instant,
     ) -> Result<(Opened<'a>, Console)> {
@@ -458,6 +485,7 @@ impl<'a> Opened<'a> {
             adjust,
             same_gen,
             this,
+            avoid,
             trusting,
             pass,
             start,
@@ -486,8 +514,37 @@ impl<'a> Opened<'a> {
             onto,
             surveyed: None,
             damaged: self.damage.as_ref(),
+            avoid: self.avoid,
         }
     }
+
+    /// What a stage that stopped short (`redo`) asks of the round, where
+    /// it asks anything: where the live tree's hardlinks drifted from its
+    /// manifest and no earlier try avoided anything, another try that
+    /// avoids what drifted (a directory at a time still). `None` where a
+    /// try already did: the caller takes whole trees.
+    fn again(&self, redo: crate::stage::Redo) -> Option<Attempt> {
+        again(redo, self.avoid, self.live())
+    }
+}
+
+/// `Opened::again`, on its parts.
+fn again(
+    redo: crate::stage::Redo,
+    avoided: Option<&Avoid>,
+    live: Option<&LiveGen>,
+) -> Option<Attempt> {
+    let (crate::stage::Redo::Links(drifted), None, Some(live)) = (redo, avoided, live) else {
+        return None;
+    };
+    Some(Attempt::Again {
+        why: None,
+        whole: false,
+        avoid: Some(Avoid {
+            gen: live.gen.clone(),
+            drifted,
+        }),
+    })
 }
 
 /// `--itemize`, `--verify` and `--checksum` are planned first, against

@@ -141,20 +141,33 @@ pub(super) struct StreamedRound<'a> {
     pub(super) surveyed: Option<Surveyed>,
     /// Files `verify` found damaged in the live generation: copied afresh.
     pub(super) damaged: Option<&'a crate::damage::Damaged>,
+    /// What an earlier try of this round found drifted in the live tree's
+    /// hardlinks (`Avoid`), where it is the same live generation.
+    pub(super) avoid: Option<&'a Avoid>,
+}
+
+/// What a stage found drifted in the live tree's hardlinks, and the live
+/// generation it found it in: the next try stages onto that generation
+/// avoiding it (`stage::Stream::avoid`), a directory at a time still.
+#[derive(Debug)]
+pub(super) struct Avoid {
+    pub(super) gen: String,
+    pub(super) drifted: stage::Drifted,
 }
 
 impl StreamedRound<'_> {
-    /// The round, or the console back when the live tree's hardlinks are
-    /// not its manifest's (the staged tree would have joined two live
-    /// files, or a recorded group was split on the volume: `stage::stream`
-    /// gives `None`): its staging directory is gone by then, and the caller
-    /// takes the whole-tree path.
+    /// The round, or the console back with why the stage stopped short
+    /// (`stage::Redo`): the live tree's hardlinks are not its manifest's
+    /// (the staged tree would have joined two live files, or a recorded
+    /// group was split on the volume), or a file a spool listed from the
+    /// live generation was not as recorded. Its staging directory is gone
+    /// by then.
     pub(super) fn run(
         self,
         console: Console,
         start: Instant,
         early: Option<Early<'_, '_>>,
-    ) -> Result<Result<Round, Console>> {
+    ) -> Result<Result<Round, (Console, stage::Redo)>> {
         let (cfg, vol) = (self.cfg, self.vol);
         let refs = self.sources.refs();
         let mut top: Vec<crate::tree::Entry> = Vec::new();
@@ -279,11 +292,18 @@ impl StreamedRound<'_> {
             }),
             checksum: cfg.checksum,
             damaged: self.damaged,
+            avoid: self
+                .avoid
+                .filter(|a| gen == Some(a.gen.as_str()))
+                .map(|a| &a.drifted),
         };
-        let Some(mut streamed) = stage::stream(&stream, staging.dir())? else {
-            console.finish();
-            drop(staging);
-            return Ok(Err(console));
+        let mut streamed = match stage::stream(&stream, staging.dir())? {
+            Ok(streamed) => streamed,
+            Err(redo) => {
+                console.finish();
+                drop(staging);
+                return Ok(Err((console, redo)));
+            }
         };
         console.finish();
         let changes = match &self.surveyed {
@@ -401,8 +421,12 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
         match r.streamed_round(onto).run(console, r.start, None)? {
             Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),
             // The live tree's hardlinks drifted from its manifest (files
-            // joined or a group split): the whole-tree path sees its inodes.
-            Err(back) => console = back,
+            // joined or a group split): tried again avoiding what drifted;
+            // where a try did already, the whole-tree path sees its inodes.
+            Err((back, redo)) => match r.again(redo) {
+                Some(again) => return Ok(Step::Done(again)),
+                None => console = back,
+            },
         }
     }
 
@@ -443,7 +467,10 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
             };
             match round.run(console, r.start, None)? {
                 Ok(round) => return Ok(Step::Done(Attempt::Done(Box::new(round)))),
-                Err(back) => console = back,
+                Err((back, redo)) => match r.again(redo) {
+                    Some(again) => return Ok(Step::Done(again)),
+                    None => console = back,
+                },
             }
         }
     }

@@ -415,6 +415,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         ref adjust,
         ref same_gen,
         this,
+        avoid,
         trusting,
         pass,
         start,
@@ -429,6 +430,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         onto,
         surveyed: None,
         damaged: damage.as_ref(),
+        avoid,
     };
     // Scan the sources and the live generation at the same time. A
     // streamed source (an archive) is first read into a spool inside this
@@ -496,7 +498,11 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
             // could not give (that is said): fetch every layer after all.
             let why = sources.all.iter().find_map(|s| s.why_not_intact());
             debug_assert!(shortcut);
-            return Ok(Attempt::Again { why, whole: false });
+            return Ok(Attempt::Again {
+                why,
+                whole: false,
+                avoid: None,
+            });
         }
         let checked = !trusting || sources.check_listed(cfg, &kept)?;
         // `--label auto` with a bundle that tells its version in the spool.
@@ -545,15 +551,28 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
                 };
                 return match s.run(console, start, Some(early))? {
                     Ok(round) => Ok(Attempt::Done(Box::new(round))),
-                    // The live tree's hardlinks drifted from its manifest, and
-                    // the spool's files are moved out: spool again, whole.
-                    // Under a resumed or lent spool the stage stops alike
-                    // where a file listed from the live generation drifted
-                    // there: first without the shortcut, still streamed.
-                    Err(_) => Ok(Attempt::Again {
-                        why: None,
-                        whole: !(resumed || lent),
-                    }),
+                    // Under a resumed or lent spool the stage stops where a
+                    // file listed from the live generation drifted there:
+                    // first without the shortcut, still streamed. Else the
+                    // live tree's hardlinks drifted from its manifest, and
+                    // the spool's files are moved out: spooled again,
+                    // staged avoiding what drifted; where a try did
+                    // already, spooled again whole.
+                    Err((_, redo)) if resumed || lent => {
+                        drop(redo);
+                        Ok(Attempt::Again {
+                            why: None,
+                            whole: false,
+                            avoid: None,
+                        })
+                    }
+                    Err((_, redo)) => Ok(super::again(redo, avoid, live_gen).unwrap_or(
+                        Attempt::Again {
+                            why: None,
+                            whole: true,
+                            avoid: None,
+                        },
+                    )),
                 };
             }
         }
@@ -636,6 +655,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         return Ok(Attempt::Again {
             why: None,
             whole: false,
+            avoid: None,
         });
     }
     if (resumed || lent) && !sources.all.iter().all(|s| s.intact(&tree)) {
@@ -644,7 +664,11 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         // layer after all.
         let why = sources.all.iter().find_map(|s| s.why_not_intact());
         debug_assert!(shortcut);
-        return Ok(Attempt::Again { why, whole: false });
+        return Ok(Attempt::Again {
+            why,
+            whole: false,
+            avoid: None,
+        });
     }
     let names: Vec<&[u8]> = tree.entries.iter().map(|e| &*e.name).collect();
     let live_names: Option<Vec<&[u8]>> = live

@@ -1032,7 +1032,8 @@ fn a_drifted_base_file_or_another_image_fetches_every_layer() {
     // A hardlink group split in the live tree (one path replaced by a copy
     // of the same bytes, mode and mtime): the shortcut's stage finds it,
     // and so does the try after it, which streams every layer; the last
-    // try takes whole trees and publishes the image's group again.
+    // try streams them again avoiding the split group, and publishes the
+    // image's group again.
     sync(format!("oci://{}/app:1", reg.host()));
     let live = fs::canonicalize(f.dest()).unwrap();
     let link = live.join("app/lib/h-link.py");

@@ -542,3 +542,79 @@ fn after_an_update_every_live_file_has_two_links_and_a_join_inside_the_tree_is_s
     let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 }
+
+/// Hardlinks drifted two ways at once in the live tree: two files joined
+/// into one inode, and a group split (one path replaced by a copy of the
+/// same bytes, mode and mtime). The repair copies exactly the four paths
+/// that drifted and hardlinks every other file from the live tree, as the
+/// whole-tree plan would; the image is the source's, links and all.
+#[test]
+fn a_join_and_a_split_in_one_live_tree_are_repaired_by_copying_only_what_drifted() {
+    let f = Fixture::new();
+    let t = 1_700_000_000;
+    for d in 0..3 {
+        for i in 0..100 {
+            let p = f.src().join(format!("d{d}/f{i:03}"));
+            if i == 0 {
+                fs::create_dir_all(p.parent().unwrap()).unwrap();
+            }
+            write_at(&p, b"same", t, 0);
+        }
+    }
+    // Two groups of two paths each, across directories.
+    for (a, b) in [("d0/g1", "d2/g1-link"), ("d1/g2", "d2/g2-link")] {
+        write_at(&f.src().join(a), format!("group {a}").as_bytes(), t, 0);
+        fs::hard_link(f.src().join(a), f.src().join(b)).unwrap();
+    }
+    for d in ["d0", "d1", "d2"] {
+        set_mtime(&f.src().join(d), t, 0);
+    }
+    f.sync(&[]).ok();
+    // An update, so that every live file has a second link (`--keep 2`).
+    write_at(&f.src().join("d1/f050"), b"changed", t + 1, 0);
+    set_mtime(&f.src().join("d1"), t, 0);
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    let want_links = links(&f.src());
+    assert_eq!(links(&f.dest()), want_links);
+
+    let live = fs::canonicalize(f.dest()).unwrap();
+    let keep_times = |dir: &str, change: &dyn Fn()| {
+        let (s, ns) = mtime(&live.join(dir));
+        change();
+        set_mtime(&live.join(dir), s, ns);
+    };
+    // Joined: d2/f099 made a second name of d0/f007.
+    keep_times("d2", &|| {
+        fs::remove_file(live.join("d2/f099")).unwrap();
+        fs::hard_link(live.join("d0/f007"), live.join("d2/f099")).unwrap();
+    });
+    // Split: d2/g2-link replaced by a copy of its group's file.
+    keep_times("d2", &|| {
+        let link = live.join("d2/g2-link");
+        let (s, ns) = mtime(&link);
+        let mode = fs::metadata(&link).unwrap().permissions();
+        fs::copy(&link, live.join("d2/copy")).unwrap();
+        fs::set_permissions(live.join("d2/copy"), mode).unwrap();
+        set_mtime(&live.join("d2/copy"), s, ns);
+        fs::rename(live.join("d2/copy"), &link).unwrap();
+    });
+    assert_ne!(links(&f.dest()), want_links, "the drift is in place");
+
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "synced", "{v}");
+    // The joined pair, and both paths of the split group, copied; the
+    // other 300 files (the intact group's two paths among them) linked.
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(4), Some(300)),
+        "{v}"
+    );
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    assert_eq!(links(&f.dest()), want_links);
+    let ino = |p: &str| fs::metadata(f.dest().join(p)).unwrap().ino();
+    assert_ne!(ino("d0/f007"), ino("d2/f099"));
+    f.packsync(&["verify", "vol/packs"]).ok();
+    let v = json(&f.sync(&["--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+}
