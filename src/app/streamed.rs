@@ -60,8 +60,13 @@ pub(super) fn streams(
             let live = live?;
             let header = live.header()?.clone();
             let root = live.root_owned()?;
-            // A manifest that does not index costs the streaming only.
-            let index = live.index()?;
+            // A manifest that does not index (cut short, out of order) is
+            // not trusted for any file: as one that is missing.
+            let Some(index) = live.index() else {
+                return (!cfg.checksum).then(|| Onto::Listed {
+                    gen: Some(live.gen.clone()),
+                });
+            };
             Some(Onto::Recorded(Box::new(Recorded {
                 gen: live.gen.clone(),
                 header,
@@ -82,8 +87,9 @@ pub(super) enum Onto {
     Recorded(Box<Recorded>),
     /// A live tree with no manifest to read (a DEST that is a plain
     /// directory to take over, `gen` `None`; a live generation `gen` whose
-    /// manifest is missing): nothing is reused, every file is copied, and
-    /// the round is planned first against its listing (`survey`).
+    /// manifest is missing, or does not index): nothing is reused, every
+    /// file is copied, and the round is planned first against its listing
+    /// (`survey`).
     Listed { gen: Option<String> },
 }
 

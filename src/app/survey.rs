@@ -20,8 +20,9 @@ use super::{as_recorded, guards, planned_first, Adjust, Sources, Totals};
 /// at a time (`scan::plan_live`), with what its listings reported and the
 /// live manifest's header: for sources that list a directory at a time
 /// (directories; archives and images once spooled: a dry run's spool is
-/// outside the volume) onto nothing or onto a live generation whose
-/// manifest indexes. `None` where it does
+/// outside the volume) onto nothing, a live generation whose manifest
+/// indexes, or a live tree known only by its listing (no manifest, or
+/// one that does not index). `None` where it does
 /// not apply, where the live tree's hardlinks drifted from its manifest,
 /// or at any error: the whole-tree path then plans (and says what failed,
 /// as it always has).
@@ -39,8 +40,28 @@ pub(super) fn survey(
         .all
         .iter()
         .all(|s| s.root().is_some() && s.lists_by_directory());
-    let listed = listed_only(dest, vol, live);
-    if !lists || !(planned_first(cfg, damaged.is_some()) || cfg.dry_run || listed.is_some()) {
+    if !lists {
+        return None;
+    }
+    let mut listed = listed_only(dest, vol, live);
+    let (header, index) = match (dest, &listed) {
+        (Dest::Absent, _) | (_, Some(_)) => (None, None),
+        (Dest::Live(_), None) => {
+            let live = live?;
+            let header = live.header()?.clone();
+            match live.index() {
+                Some(index) => (Some(header), Some(index)),
+                // A manifest that does not index (cut short, out of
+                // order): planned against the listing, as a missing one.
+                None => {
+                    listed = Some((live.root().ok()?.try_clone().ok()?, live.label.clone()));
+                    (None, None)
+                }
+            }
+        }
+        _ => return None,
+    };
+    if !(planned_first(cfg, damaged.is_some()) || cfg.dry_run || listed.is_some()) {
         return None;
     }
     // `--checksum` may reuse files of a listing it reads (the whole trees
@@ -48,15 +69,6 @@ pub(super) fn survey(
     if listed.is_some() && cfg.checksum {
         return None;
     }
-    let (header, index) = match (dest, &listed) {
-        (Dest::Absent, _) | (_, Some(_)) => (None, None),
-        (Dest::Live(_), None) => {
-            let header = live?.header()?.clone();
-            // A manifest that does not index leaves the plan to whole trees.
-            (Some(header), Some(live?.index()?))
-        }
-        _ => return None,
-    };
     let warnings = Collected::default();
     let live_warnings = Collected::default();
     let side = match (live, &header, &index, &listed) {

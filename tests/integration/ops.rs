@@ -1135,6 +1135,61 @@ fn a_live_generation_with_a_lost_manifest_is_rebuilt_not_reused() {
     f.packsync(&["verify", "vol/packs"]).ok();
 }
 
+/// A live manifest whose header reads but whose entries do not (cut short
+/// in its last line, two lines out of order) is trusted for no file: a
+/// sync of a changed source plans against the live listing, as where the
+/// manifest is missing, and copies every file afresh rather than reuse one
+/// on that manifest's word; `--dry-run --itemize` shows the change first.
+/// The new generation has a whole manifest, `verify` passes, and the next
+/// sync is up to date.
+#[test]
+fn a_live_manifest_that_does_not_index_is_trusted_for_no_file() {
+    for damage in ["cut short", "out of order"] {
+        let f = Fixture::new();
+        f.file("pack/a.txt", "a");
+        f.file("pack/lib/b.txt", "bb");
+        f.file("pack/lib/c.txt", "cc");
+        f.sync(&[]).ok();
+        let manifest = f
+            .state()
+            .join("meta")
+            .join(format!("{}.manifest", live_gen(&f)));
+        let text = fs::read_to_string(&manifest).unwrap();
+        let damaged = match damage {
+            "cut short" => text[..text.len() - 20].to_string(),
+            _ => {
+                let mut lines: Vec<&str> = text.lines().collect();
+                let n = lines.len();
+                lines.swap(n - 1, n - 2);
+                lines.join("\n") + "\n"
+            }
+        };
+        fs::write(&manifest, damaged).unwrap();
+        f.file("pack/a.txt", "a, changed");
+
+        let planned = f.unchanged_by(|| f.sync(&["--dry-run", "--itemize"]).ok());
+        assert!(
+            planned.stdout.contains("pack/a.txt"),
+            "{damage}: {}",
+            planned.stdout
+        );
+        let v = json(&f.sync(&["--json"]).ok());
+        assert_eq!(v["status"], "synced", "{damage}: {v}");
+        assert_eq!(
+            (v["copied"].as_u64(), v["reused"].as_u64()),
+            (Some(3), Some(0)),
+            "{damage}: every file copied: {v}"
+        );
+        assert_eq!(
+            fs::read_to_string(f.dest().join("pack/a.txt")).unwrap(),
+            "a, changed"
+        );
+        f.packsync(&["verify", "vol/packs"]).ok();
+        let v = json(&f.sync(&["--json"]).ok());
+        assert_eq!(v["status"], "up to date", "{damage}: {v}");
+    }
+}
+
 /// Durations and numbers past what packsync can hold are a usage error
 /// (exit 2, one line), never a crash, and change nothing.
 #[test]
