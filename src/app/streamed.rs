@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 
 use crate::config::SyncConfig;
+use crate::index::Index;
 use crate::layout;
 use crate::live::LiveGen;
 use crate::manifest::Manifest;
@@ -32,13 +33,26 @@ use super::{
 /// `--dry-run` (planned by `survey`), onto nothing (a first sync), a live
 /// generation whose manifest indexes (an update; where the volume does
 /// not show hardlinks, its groups are the manifest's), or a live tree
-/// with no manifest to read (`Onto::Listed`: planned by `survey` first).
-/// `None`: whole trees are compared.
+/// with no manifest to read (`Onto::Listed`: planned by `survey` first;
+/// a manifest that does not index is read as none). `None`: whole trees
+/// are compared.
 pub(super) fn streams(
     cfg: &SyncConfig,
     live: Option<&LiveGen>,
     dest: &Dest,
     sources: &Sources,
+) -> Option<Onto> {
+    streams_given(cfg, live, dest, sources, None)
+}
+
+/// `streams`, with the live manifest's index where a plan made first
+/// (`survey`) built it already: else it is built here.
+pub(super) fn streams_given(
+    cfg: &SyncConfig,
+    live: Option<&LiveGen>,
+    dest: &Dest,
+    sources: &Sources,
+    index: Option<Index>,
 ) -> Option<Onto> {
     let plain = !cfg.dry_run
         && sources
@@ -62,7 +76,7 @@ pub(super) fn streams(
             let root = live.root_owned()?;
             // A manifest that does not index (cut short, out of order) is
             // not trusted for any file: as one that is missing.
-            let Some(index) = live.index() else {
+            let Some(index) = index.or_else(|| live.index()) else {
                 return (!cfg.checksum).then(|| Onto::Listed {
                     gen: Some(live.gen.clone()),
                 });
@@ -440,8 +454,10 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
     // planned a directory at a time: only the changes are held (where
     // `--itemize` lists them).
     // Only where it can end the round (a dry run, up to date) or be staged
-    // from: else the whole trees plan again.
-    let useful = cfg.dry_run || onto().is_some();
+    // from: else the whole trees plan again. Told without building the
+    // live manifest's index, which the plan builds and the stage then
+    // takes from it.
+    let useful = cfg.dry_run || stageable(cfg, live_gen, &r.dest, &r.sources);
     let surveyed = (!r.trusting && r.same_gen.is_none() && useful)
         .then(|| {
             survey(
@@ -466,7 +482,8 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
         }
         // Something to do: staged a directory at a time (its own listing
         // reports what it skips), guarded and counted as just planned.
-        if let Some(onto) = onto() {
+        let index = surveyed.index.take();
+        if let Some(onto) = streams_given(cfg, live_gen, &r.dest, &r.sources, index) {
             let round = StreamedRound {
                 surveyed: Some(surveyed),
                 ..r.streamed_round(onto)
@@ -481,6 +498,24 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
         }
     }
     Ok(Step::Next(Box::new(console)))
+}
+
+/// Whether `streams` may give something to stage onto, told without the
+/// live manifest's index: where it does not index, `streams` gives a
+/// listing, and `--checksum` onto a listing is planned by whole trees
+/// (`survey` says so).
+fn stageable(cfg: &SyncConfig, live: Option<&LiveGen>, dest: &Dest, sources: &Sources) -> bool {
+    let lists = sources
+        .all
+        .iter()
+        .all(|s| s.root().is_some() && s.lists_by_directory());
+    let onto = match dest {
+        _ if survey::bare(dest, live) => !cfg.checksum,
+        Dest::Absent => true,
+        Dest::Live(_) => live.is_some_and(|l| l.header().is_some() && l.root().is_ok()),
+        _ => false,
+    };
+    !cfg.dry_run && lists && onto
 }
 
 /// Where a step of a round left it: ended, or the console handed on to

@@ -4,6 +4,7 @@
 use anyhow::Result;
 
 use crate::config::SyncConfig;
+use crate::index::Index;
 use crate::layout;
 use crate::live::LiveGen;
 use crate::manifest::Manifest;
@@ -111,6 +112,7 @@ pub(super) fn survey(
         warnings,
         live_warnings,
         header,
+        index,
         verified: sources.verified_early(cfg).unwrap_or_default(),
     })
 }
@@ -158,6 +160,9 @@ pub(super) struct Surveyed {
     /// What the live listing reported: said by the round either way.
     pub(super) live_warnings: Collected,
     pub(super) header: Option<Manifest>,
+    /// The live manifest's index the plan was made with, for the stage
+    /// that follows (`streams_given`), so it is built once a round.
+    pub(super) index: Option<Index>,
     /// Under `--verify-key`: the keys that verified each source as it was
     /// resolved (`Sources::verified_early`).
     pub(super) verified: Vec<(usize, String)>,
