@@ -587,7 +587,29 @@ pub struct Survey<'a> {
     pub live: Option<LiveSide<'a>>,
     /// List the changes (`--itemize`), not only count them.
     pub list: bool,
+    /// What an earlier plan of this round found drifted in the live tree's
+    /// hardlinks: those files' groups are taken from their inodes, as a
+    /// listing's are.
+    pub drifted: Option<&'a LinksDrift>,
 }
+
+/// What a plan found drifted in the live tree's hardlinks since its
+/// manifest was written: live inodes that more paths share than it
+/// records (`inode_key`s: files joined), and recorded groups not found
+/// whole on one inode (split, or a path gone). A plan made again with it
+/// (`Survey::drifted`) groups those files by their inodes, as the
+/// whole-tree plan groups every file, and trusts the manifest for the
+/// rest; the stage then avoids them (`Surveyed::avoid`).
+#[derive(Debug, Default)]
+pub struct LinksDrift {
+    keys: Vec<u64>,
+    groups: Vec<u32>,
+}
+
+/// Group numbers given to live files grouped by inode where their
+/// recorded group drifted: counted down from here, far above any group a
+/// manifest numbers.
+const BY_INODE: u32 = u32::MAX;
 
 /// The live tree as a dry run compares with it: its listing, with the
 /// hashes, attributes and hardlink groups its manifest records for entries
@@ -595,6 +617,7 @@ pub struct Survey<'a> {
 /// them); or its listing alone, where there is no manifest to read (a live
 /// generation whose manifest is missing, a DEST that is a plain directory
 /// to take over): no hash (nothing is reused), hardlink groups by inode.
+#[derive(Clone, Copy)]
 pub struct LiveSide<'a> {
     pub root: &'a DirFd,
     pub label: &'a str,
@@ -617,6 +640,27 @@ pub struct Surveyed {
     /// The names at the top of the sources, and of the live listing.
     pub top: Vec<Vec<u8>>,
     pub live_top: Vec<Vec<u8>>,
+    /// Planned with `Survey::drifted`: what the stage must not hardlink
+    /// from the live tree (the joined inodes, the drifted groups).
+    pub avoid: Option<crate::stage::Drifted>,
+}
+
+/// `plan_live`, and where the live tree's hardlinks drifted from its
+/// manifest, once more with what drifted (`Survey::drifted`). `None` where
+/// the second plan finds drift too (the live tree changed in between, or
+/// a drift only whole trees tell): the whole trees decide then.
+pub fn plan_live_or_drifted(s: &Survey<'_>) -> Result<Option<Surveyed>> {
+    match plan_live(s)? {
+        Ok(planned) => Ok(Some(planned)),
+        Err(drift) if s.drifted.is_none() && s.compare.hardlinks => {
+            let again = Survey {
+                drifted: Some(&drift),
+                ..*s
+            };
+            Ok(plan_live(&again)?.ok())
+        }
+        Err(_) => Ok(None),
+    }
 }
 
 /// The plan of a sync, made a directory at a time (`plan::dir` on each
@@ -629,13 +673,13 @@ pub struct Surveyed {
 /// and each live file its manifest records in a group. The live listing's
 /// groups are taken to be the manifest's, which is checked: every path of
 /// a recorded group is there, on one inode, and no other live file (a
-/// few bits each, `distinct::Distinct`) is on it or on another's. `None`
-/// where that does not hold (the live tree's hardlinks drifted from its
-/// manifest): the whole trees decide then. On a volume that does not show
+/// few bits each, `distinct::Distinct`) is on it or on another's. What
+/// drifted where that does not hold (`LinksDrift`): the walk goes on to
+/// its end to name it all. On a volume that does not show
 /// hardlinks (`hardlinks 0`) the inodes say nothing: a group is on one
 /// inode by its recorded number (`attach_recorded`), and every path of it
 /// must still be there as recorded.
-pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
+pub fn plan_live(s: &Survey<'_>) -> Result<Result<Surveyed, LinksDrift>> {
     let mut root = Meta::default();
     for src in s.sources {
         root = src.root_meta(s.filter)?;
@@ -670,36 +714,51 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
         entries: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         top: Mutex::new([Vec::new(), Vec::new()]),
-        drifted: AtomicBool::new(false),
+        drifted: Mutex::new(Vec::new()),
         src_links: Mutex::new(HashMap::new()),
         live_groups: Mutex::new(HashMap::new()),
-        live_inodes: Mutex::new(crate::distinct::Distinct::default()),
+        live_inodes: Mutex::new(crate::distinct::Distinct::collecting()),
         listed_links: Mutex::new(HashMap::new()),
+        by_inode: Mutex::new(Vec::new()),
+        by_inode_reused: Mutex::new(Vec::new()),
         kept: Mutex::new(Vec::new()),
     };
     let roots: Vec<Option<&DirFd>> = s.sources.iter().map(|src| src.root()).collect();
     let live = s.live.as_ref().map(|l| l.root.try_clone()).transpose()?;
     crate::walk::run(&v, s.sources, &roots, &live)?;
-    if v.drifted.into_inner() {
-        return Ok(None);
-    }
     // The live groups are the manifest's: each whole, on an inode of its
-    // own. A listing's are its inodes of two paths or more.
+    // own (but those grouped by inode, a listing's). A listing's are its
+    // inodes of two paths or more.
     let live_groups = v.live_groups.into_inner().unwrap();
     let index = s.live.as_ref().and_then(|l| l.recorded.as_ref());
     let listed_groups: Option<HashSet<u32>> = match index {
         Some((ix, _)) => {
+            let mut drifted = v.drifted.into_inner().unwrap();
             let mut apart = v.live_inodes.into_inner().unwrap();
+            let mut listed = HashSet::new();
             for (g, (ino, n)) in live_groups {
-                if n < 2 || n != u64::from(ix.group_paths(g)) {
-                    return Ok(None);
-                }
                 apart.insert(ino);
+                if g > BY_INODE - v.listed_links.lock().unwrap().len() as u32 {
+                    if n > 1 {
+                        listed.insert(g);
+                    }
+                    continue;
+                }
+                listed.insert(g);
+                if n < 2 || n != u64::from(ix.group_paths(g)) {
+                    drifted.push(g);
+                }
             }
-            if !apart.all_distinct() {
-                return Ok(None);
+            let keys = apart.twice();
+            if !keys.is_empty() || !drifted.is_empty() {
+                drifted.sort_unstable();
+                drifted.dedup();
+                return Ok(Err(LinksDrift {
+                    keys,
+                    groups: drifted,
+                }));
             }
-            None
+            s.drifted.map(|_| listed)
         }
         None => Some(
             live_groups
@@ -736,19 +795,39 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Option<Surveyed>> {
         .map(|((_, sg, lg, o), ..)| (*sg, *lg, *o))
         .collect();
     let broken = plan::broken_links(&pairs, |g| src_paths.get(g).copied().unwrap_or(0) as usize);
+    let mut by_inode_reused: HashSet<Vec<u8>> = v
+        .by_inode_reused
+        .into_inner()
+        .unwrap()
+        .into_iter()
+        .collect();
     for (((path, ..), reused, size), broken) in kept.iter().zip(broken) {
         if broken {
             plan.apart(path, *reused, *size);
+            by_inode_reused.remove(path.as_slice());
         }
+    }
+    // The stage that follows copies every file grouped by inode (it does
+    // not see inodes a listing's way): where the plan reuses one, the
+    // whole trees decide, so the two agree.
+    if !by_inode_reused.is_empty() {
+        return Ok(Err(LinksDrift::default()));
     }
     plan.sort();
     let [top, live_top] = v.top.into_inner().unwrap();
-    Ok(Some(Surveyed {
+    let avoid = s.drifted.map(|d| {
+        let mut joined = v.by_inode.into_inner().unwrap();
+        joined.sort_unstable();
+        joined.dedup();
+        crate::stage::Drifted::new(joined, d.groups.clone())
+    });
+    Ok(Ok(Surveyed {
         plan,
         entries: v.entries.into_inner(),
         bytes,
         top,
         live_top,
+        avoid,
     }))
 }
 
@@ -771,9 +850,9 @@ struct Surveying<'a> {
     bytes: AtomicU64,
     /// The names at the top: the sources', the live listing's.
     top: Mutex<[Vec<Vec<u8>>; 2]>,
-    /// A path of a recorded group is on another inode than the group's:
-    /// the walk stops.
-    drifted: AtomicBool,
+    /// Each recorded group a path of which is on another inode than the
+    /// group's (split on the volume since).
+    drifted: Mutex<Vec<u32>>,
     /// Each source inode of more than one link, by (device, inode).
     src_links: Mutex<HashMap<(u64, u64), SrcInode>>,
     /// Each recorded live group: (its inode, the paths found on it).
@@ -781,8 +860,17 @@ struct Surveying<'a> {
     /// The inodes of the other live files: none may be two paths'.
     live_inodes: Mutex<crate::distinct::Distinct>,
     /// A live listing without a manifest: each live inode of more than one
-    /// link, by (device, inode), and the group id it is given.
+    /// link, by (device, inode), and the group id it is given. With a
+    /// manifest, planned with `Survey::drifted`: the same for the files
+    /// grouped by inode, numbered down from `BY_INODE`.
     listed_links: Mutex<HashMap<(u64, u64), u32>>,
+    /// Planned with `Survey::drifted`: the inode numbers of the live files
+    /// on a joined inode.
+    by_inode: Mutex<Vec<u64>>,
+    /// Planned with `Survey::drifted`: the paths of the files grouped by
+    /// inode that the plan marked for reuse (all but those whose
+    /// hardlinks turn out broken are reused).
+    by_inode_reused: Mutex<Vec<Vec<u8>>>,
     /// Files kept equal that are hardlinked on either side (with a
     /// source inode's id as its group for now), whether each was to be
     /// reused, and its size.
@@ -851,11 +939,17 @@ impl Surveying<'_> {
     /// file the group its manifest gives it. Without a manifest, each file
     /// of more than one link gets its inode's group for now (a group if
     /// two paths turn out to be on it, as the whole-tree path numbers them).
-    fn live_entries(&self, live: &DirFd, rel: &[u8]) -> Result<Vec<Entry>> {
+    fn live_entries(&self, live: &DirFd, rel: &[u8]) -> Result<(Vec<Entry>, Vec<Vec<u8>>)> {
         let l = self.s.live.as_ref().expect("a live handle");
         let mut listed = source::Dir::list(live, rel, l.label, 0, &Filter::default(), l.reporter)?;
+        let mut by_inode = Vec::new();
         match &l.recorded {
-            Some((ix, c)) => attach_recorded(&mut listed, &ix.entries(rel)?, c),
+            Some((ix, c)) => {
+                attach_recorded(&mut listed, &ix.entries(rel)?, c);
+                if let Some(d) = self.s.drifted {
+                    by_inode = self.by_inode(d, &mut listed);
+                }
+            }
             None => {
                 let mut links = self.listed_links.lock().unwrap();
                 for e in listed.iter_mut() {
@@ -873,7 +967,33 @@ impl Surveying<'_> {
                 d.forget(&crate::tree::join(rel, &e.name), e);
             }
         }
-        Ok(listed)
+        Ok((listed, by_inode))
+    }
+
+    /// The live files of one directory whose recorded group drifted, or
+    /// whose inode was found joined (`LinksDrift`), grouped by inode as a
+    /// listing's files are: a group if two paths turn out to be on it.
+    /// Their names.
+    fn by_inode(&self, d: &LinksDrift, listed: &mut [Entry]) -> Vec<Vec<u8>> {
+        let mut names = Vec::new();
+        let mut links = self.listed_links.lock().unwrap();
+        for e in listed.iter_mut() {
+            let Node::File(f) = &mut e.node else { continue };
+            let joined = d.keys.binary_search(&inode_key(f.dev, f.ino)).is_ok();
+            let split = f.group.is_some_and(|g| d.groups.binary_search(&g).is_ok());
+            if !joined && !split {
+                continue;
+            }
+            if joined {
+                self.by_inode.lock().unwrap().push(f.ino);
+            }
+            f.group = (f.nlink > 1).then(|| {
+                let id = BY_INODE - links.len() as u32;
+                *links.entry((f.dev, f.ino)).or_insert(id)
+            });
+            names.push(e.name.to_vec());
+        }
+        names
     }
 
     /// `--checksum`: every file of the directory at `rel` whose live file
@@ -949,7 +1069,7 @@ impl Surveying<'_> {
                     let (on, n) = groups.entry(g).or_insert((ino, 0));
                     *n += 1;
                     if *on != ino {
-                        self.drifted.store(true, Ordering::Relaxed);
+                        self.drifted.lock().unwrap().push(g);
                     }
                 }
                 None if recorded => keys.push(ino),
@@ -960,9 +1080,6 @@ impl Surveying<'_> {
         if !keys.is_empty() {
             let mut d = self.live_inodes.lock().unwrap();
             keys.into_iter().for_each(|k| d.insert(k));
-            if d.seen_twice() {
-                self.drifted.store(true, Ordering::Relaxed);
-            }
         }
     }
 }
@@ -985,9 +1102,9 @@ impl Visit for Surveying<'_> {
             let kind = e.kind();
             (s.adjust)(&mut e.meta, kind);
         }
-        let mut live_entries = match live {
+        let (mut live_entries, by_inode) = match live {
             Some(fd) => self.live_entries(fd, rel)?,
-            None => Vec::new(),
+            None => Default::default(),
         };
         match (s.compare.checksum, live) {
             (true, Some(fd)) => self.hash_pairs(srcs, fd, rel, &mut merged, &mut live_entries)?,
@@ -1017,6 +1134,16 @@ impl Visit for Surveying<'_> {
             &mut pairs,
         );
         self.plan.lock().unwrap().absorb(here);
+        // Files grouped by inode that the plan reuses: the stage, which
+        // copies every such file, would not.
+        for name in by_inode {
+            if let Ok(i) = merged.binary_search_by(|e| (*e.name).cmp(&name)) {
+                if matches!(&merged[i].node, Node::File(f) if f.reuse) {
+                    let path = crate::tree::join(rel, &name);
+                    self.by_inode_reused.lock().unwrap().push(path);
+                }
+            }
+        }
         if !pairs.is_empty() {
             // Each pair's file, by its name: whether it was to be reused, its size.
             let kept = pairs.into_iter().map(|pair| {
@@ -1071,10 +1198,6 @@ impl Visit for Surveying<'_> {
             }
             _ => Ok(None),
         }
-    }
-
-    fn stopped(&self) -> bool {
-        self.drifted.load(Ordering::Relaxed)
     }
 }
 

@@ -319,6 +319,15 @@ pub struct Drifted {
 }
 
 impl Drifted {
+    /// `joined`: inode numbers; `split`: recorded group numbers.
+    pub fn new(mut joined: Vec<u64>, mut split: Vec<u32>) -> Drifted {
+        joined.sort_unstable();
+        joined.dedup();
+        split.sort_unstable();
+        split.dedup();
+        Drifted { joined, split }
+    }
+
     fn joined(&self, ino: u64) -> bool {
         self.joined.binary_search(&ino).is_ok()
     }

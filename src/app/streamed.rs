@@ -312,10 +312,15 @@ impl StreamedRound<'_> {
             }),
             checksum: cfg.checksum,
             damaged: self.damaged,
-            avoid: self
-                .avoid
-                .filter(|a| gen == Some(a.gen.as_str()))
-                .map(|a| &a.drifted),
+            // What the plan made first found drifted in the live tree's
+            // hardlinks (and planned by their inodes), or an earlier try.
+            avoid: match self.surveyed.as_ref().and_then(|s| s.sv.avoid.as_ref()) {
+                Some(drifted) => Some(drifted),
+                None => self
+                    .avoid
+                    .filter(|a| gen == Some(a.gen.as_str()))
+                    .map(|a| &a.drifted),
+            },
         };
         let mut streamed = match stage::stream(&stream, staging.dir())? {
             Ok(streamed) => streamed,

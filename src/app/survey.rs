@@ -24,7 +24,9 @@ use super::{as_recorded, guards, planned_first, Adjust, Sources, Totals};
 /// outside the volume) onto nothing, a live generation whose manifest
 /// indexes, or a live tree known only by its listing (no manifest, or
 /// one that does not index). `None` where it does
-/// not apply, where the live tree's hardlinks drifted from its manifest,
+/// not apply, where the live tree's hardlinks drifted from its manifest
+/// and the plan made again by their inodes would reuse a drifted file
+/// (`scan::plan_live_or_drifted`),
 /// or at any error: the whole-tree path then plans (and says what failed,
 /// as it always has).
 pub(super) fn survey(
@@ -105,8 +107,9 @@ pub(super) fn survey(
         },
         live: side,
         list: cfg.itemize,
+        drifted: None,
     };
-    let sv = scan::plan_live(&survey).ok().flatten()?;
+    let sv = scan::plan_live_or_drifted(&survey).ok().flatten()?;
     Some(Surveyed {
         sv,
         warnings,

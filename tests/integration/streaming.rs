@@ -545,9 +545,10 @@ fn after_an_update_every_live_file_has_two_links_and_a_join_inside_the_tree_is_s
 
 /// Hardlinks drifted two ways at once in the live tree: two files joined
 /// into one inode, and a group split (one path replaced by a copy of the
-/// same bytes, mode and mtime). The repair copies exactly the four paths
-/// that drifted and hardlinks every other file from the live tree, as the
-/// whole-tree plan would; the image is the source's, links and all.
+/// same bytes, mode and mtime). A dry run lists exactly the four paths
+/// that drifted as changes, and so does the repair (`--itemize`), which
+/// copies those four and hardlinks every other file from the live tree,
+/// as the whole-tree plan would; the image is the source's, links and all.
 #[test]
 fn a_join_and_a_split_in_one_live_tree_are_repaired_by_copying_only_what_drifted() {
     let f = Fixture::new();
@@ -601,8 +602,23 @@ fn a_join_and_a_split_in_one_live_tree_are_repaired_by_copying_only_what_drifted
     });
     assert_ne!(links(&f.dest()), want_links, "the drift is in place");
 
-    let v = json(&f.sync(&["--json"]).ok());
+    let drifted = ["d0/f007", "d1/g2", "d2/f099", "d2/g2-link"];
+    let planned = f.unchanged_by(|| f.sync(&["--dry-run", "--itemize"]).ok());
+    let listed: Vec<&str> = planned
+        .stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("~ "))
+        .collect();
+    assert_eq!(listed, drifted, "{}", planned.stdout);
+    let v = json(&f.sync(&["--json", "--itemize"]).ok());
     assert_eq!(v["status"], "synced", "{v}");
+    let changed: Vec<&str> = v["changes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(changed, drifted, "{v}");
     // The joined pair, and both paths of the split group, copied; the
     // other 300 files (the intact group's two paths among them) linked.
     assert_eq!(
