@@ -618,6 +618,39 @@ fn check_groups(src: &mut Tree, pairs: &[Pair], plan: &mut Plan) {
     plan.sort();
 }
 
+/// What a streamed stage found drifted in the live tree's hardlinks since
+/// its manifest was written: live inodes that two paths it hardlinked
+/// turned out to share (joined on the volume), and recorded groups whose
+/// paths it found on more than one inode (split). A stage that avoids
+/// them copies those paths, counting each a change, as the whole-tree
+/// plan, which sees the inodes, copies them.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Drifted {
+    /// Inode numbers, sorted.
+    joined: Vec<u64>,
+    /// Recorded group numbers, sorted.
+    split: Vec<u32>,
+}
+
+impl Drifted {
+    /// `joined`: inode numbers; `split`: recorded group numbers.
+    pub fn new(mut joined: Vec<u64>, mut split: Vec<u32>) -> Drifted {
+        joined.sort_unstable();
+        joined.dedup();
+        split.sort_unstable();
+        split.dedup();
+        Drifted { joined, split }
+    }
+
+    pub fn joined(&self, ino: u64) -> bool {
+        self.joined.binary_search(&ino).is_ok()
+    }
+
+    pub fn split(&self, group: u32) -> bool {
+        self.split.binary_search(&group).is_ok()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

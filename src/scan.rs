@@ -642,7 +642,7 @@ pub struct Surveyed {
     pub live_top: Vec<Vec<u8>>,
     /// Planned with `Survey::drifted`: what the stage must not hardlink
     /// from the live tree (the joined inodes, the drifted groups).
-    pub avoid: Option<crate::stage::Drifted>,
+    pub avoid: Option<crate::plan::Drifted>,
 }
 
 /// `plan_live`, and where the live tree's hardlinks drifted from its
@@ -819,7 +819,7 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Result<Surveyed, LinksDrift>> {
         let mut joined = v.by_inode.into_inner().unwrap();
         joined.sort_unstable();
         joined.dedup();
-        crate::stage::Drifted::new(joined, d.groups.clone())
+        crate::plan::Drifted::new(joined, d.groups.clone())
     });
     Ok(Ok(Surveyed {
         plan,

@@ -38,6 +38,7 @@ use sha2::{Digest, Sha256};
 use crate::caps::{Caps, Flush};
 use crate::error::check_signal;
 use crate::escape::{c_style, display};
+pub use crate::plan::Drifted;
 use crate::report::Reporter;
 use crate::source::{self, Source};
 use crate::sys::{self, DirFd};
@@ -304,39 +305,6 @@ pub enum Redo {
     Lent,
 }
 
-/// What a streamed stage found drifted in the live tree's hardlinks since
-/// its manifest was written: live inodes that two paths it hardlinked
-/// turned out to share (joined on the volume), and recorded groups whose
-/// paths it found on more than one inode (split). A stage that avoids
-/// them copies those paths, counting each a change, as the whole-tree
-/// plan, which sees the inodes, copies them.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Drifted {
-    /// Inode numbers, sorted.
-    joined: Vec<u64>,
-    /// Recorded group numbers, sorted.
-    split: Vec<u32>,
-}
-
-impl Drifted {
-    /// `joined`: inode numbers; `split`: recorded group numbers.
-    pub fn new(mut joined: Vec<u64>, mut split: Vec<u32>) -> Drifted {
-        joined.sort_unstable();
-        joined.dedup();
-        split.sort_unstable();
-        split.dedup();
-        Drifted { joined, split }
-    }
-
-    fn joined(&self, ino: u64) -> bool {
-        self.joined.binary_search(&ino).is_ok()
-    }
-
-    fn split(&self, group: u32) -> bool {
-        self.split.binary_search(&group).is_ok()
-    }
-}
-
 /// What `stream` staged, and the manifest body it wrote.
 pub struct Streamed {
     pub staged: Staged,
@@ -445,11 +413,9 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Result<Streamed, Redo>>
         return Ok(Err(Redo::Lent));
     }
     let joined = std::mem::take(&mut *w.reused_inodes.lock().unwrap()).twice();
-    let mut split = std::mem::take(&mut *w.split.lock().unwrap());
+    let split = std::mem::take(&mut *w.split.lock().unwrap());
     if !joined.is_empty() || !split.is_empty() {
-        split.sort_unstable();
-        split.dedup();
-        return Ok(Err(Redo::Links(Drifted { joined, split })));
+        return Ok(Err(Redo::Links(Drifted::new(joined, split))));
     }
     w.link_followers(&out)?;
     let ctx = &w.ctx;
