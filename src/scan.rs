@@ -736,9 +736,10 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Result<Surveyed, LinksDrift>> {
             let mut drifted = v.drifted.into_inner().unwrap();
             let mut apart = v.live_inodes.into_inner().unwrap();
             let mut listed = HashSet::new();
+            let by_inode = BY_INODE - v.listed_links.lock().unwrap().len() as u32;
             for (g, (ino, n)) in live_groups {
                 apart.insert(ino);
-                if g > BY_INODE - v.listed_links.lock().unwrap().len() as u32 {
+                if g > by_inode {
                     if n > 1 {
                         listed.insert(g);
                     }

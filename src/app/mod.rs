@@ -587,6 +587,14 @@ struct Sources {
 }
 
 impl Sources {
+    /// Whether every source lists a directory at a time from a root of
+    /// its own (a directory; an archive or image once spooled).
+    fn list_by_directory(&self) -> bool {
+        self.all
+            .iter()
+            .all(|s| s.root().is_some() && s.lists_by_directory())
+    }
+
     /// Each SOURCE must be something `source::open` can read (exit 2 otherwise).
     fn open(cfg: &SyncConfig) -> Result<Sources> {
         Ok(Sources {

@@ -54,11 +54,7 @@ pub(super) fn streams_given(
     sources: &Sources,
     index: Option<Index>,
 ) -> Option<Onto> {
-    let plain = !cfg.dry_run
-        && sources
-            .all
-            .iter()
-            .all(|s| s.root().is_some() && s.lists_by_directory());
+    let plain = !cfg.dry_run && sources.list_by_directory();
     if !plain {
         return None;
     }
@@ -510,10 +506,7 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
 /// listing, and `--checksum` onto a listing is planned by whole trees
 /// (`survey` says so).
 fn stageable(cfg: &SyncConfig, live: Option<&LiveGen>, dest: &Dest, sources: &Sources) -> bool {
-    let lists = sources
-        .all
-        .iter()
-        .all(|s| s.root().is_some() && s.lists_by_directory());
+    let lists = sources.list_by_directory();
     let onto = match dest {
         _ if survey::bare(dest, live) => !cfg.checksum,
         Dest::Absent => true,

@@ -39,10 +39,7 @@ pub(super) fn survey(
     damaged: Option<&crate::damage::Damaged>,
 ) -> Option<Surveyed> {
     // Spooled sources list a directory at a time once they are spooled.
-    let lists = sources
-        .all
-        .iter()
-        .all(|s| s.root().is_some() && s.lists_by_directory());
+    let lists = sources.list_by_directory();
     if !lists {
         return None;
     }
