@@ -55,7 +55,11 @@ if spec.get("annotations"):
 md = put(json.dumps(m).encode(), "application/vnd.oci.image.manifest.v1+json")
 md["annotations"] = {"org.opencontainers.image.ref.name": spec["tag"]}
 index = {"schemaVersion": 2, "manifests": [md]}
-json.dump(index, open(os.path.join(root, "index.json"), "w"))
+# Published as a registry does: whole, by rename (a sidecar may be
+# reading the index while this runs).
+with open(os.path.join(root, "index.json.tmp"), "w") as tmp:
+    json.dump(index, tmp)
+os.replace(os.path.join(root, "index.json.tmp"), os.path.join(root, "index.json"))
 open(os.path.join(root, "oci-layout"), "w").write('{"imageLayoutVersion": "1.0.0"}')
 print(md["digest"])
 "#;

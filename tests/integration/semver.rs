@@ -62,7 +62,11 @@ for img in spec["images"]:
                         if x.get("annotations", {}).get("org.opencontainers.image.ref.name") != img["tag"]]
     top["manifests"].append(d)
     out[img["tag"]] = d["digest"]
-json.dump(top, open(index_path, "w"))
+# Published as a registry does: whole, by rename (a sidecar may be
+# reading the index while this runs).
+with open(os.path.join(root, "index.json.tmp"), "w") as tmp:
+    json.dump(top, tmp)
+os.replace(os.path.join(root, "index.json.tmp"), os.path.join(root, "index.json"))
 open(os.path.join(root, "oci-layout"), "w").write('{"imageLayoutVersion": "1.0.0"}')
 json.dump(out, sys.stdout)
 "#;

@@ -71,7 +71,11 @@ if mode == "tag":
     index["manifests"].append(ix)
 else:
     index["manifests"].append(m)
-json.dump(index, open(os.path.join(root, "index.json"), "w"))
+# Published as a registry does: whole, by rename (a sidecar may be
+# reading the index while this runs).
+with open(os.path.join(root, "index.json.tmp"), "w") as tmp:
+    json.dump(index, tmp)
+os.replace(os.path.join(root, "index.json.tmp"), os.path.join(root, "index.json"))
 print(m["digest"])
 "#;
 
