@@ -123,6 +123,22 @@ pub struct Console {
     transfer: (AtomicU64, AtomicU64),
     /// Show each warning as it comes (else only keep it: `keeping`).
     echo: bool,
+    /// The warnings the round has shown so far, in this try and those
+    /// before it: each is shown once.
+    shown: Shown,
+}
+
+/// The warnings one round has shown on stderr. A round tried again (the
+/// live tree drifted, a shortcut did not hold) meets the same source
+/// again, and says what it found about it once.
+#[derive(Clone, Default)]
+pub struct Shown(std::sync::Arc<Mutex<std::collections::HashSet<String>>>);
+
+impl Shown {
+    /// Whether `msg` is new to the round (and now shown).
+    fn first(&self, msg: &str) -> bool {
+        self.0.lock().unwrap().insert(msg.to_string())
+    }
 }
 
 impl Console {
@@ -133,6 +149,15 @@ impl Console {
             warnings: Mutex::new(Vec::new()),
             transfer: Default::default(),
             echo: true,
+            shown: Shown::default(),
+        }
+    }
+
+    /// This console, showing only what the round has not shown yet.
+    pub fn in_round(self, shown: &Shown) -> Console {
+        Console {
+            shown: shown.clone(),
+            ..self
         }
     }
 
@@ -149,7 +174,9 @@ impl Console {
     /// Show the warnings kept so far on stderr (they stay kept for `finish`).
     pub fn show_kept(&self) {
         for w in self.warnings.lock().unwrap().iter() {
-            eprintln!("packsync: warning: {w}");
+            if self.shown.first(w) {
+                eprintln!("packsync: warning: {w}");
+            }
         }
     }
 
@@ -205,7 +232,7 @@ impl Reporter for Console {
 
     fn warn(&self, msg: &str) {
         match &self.progress {
-            _ if !self.echo => {}
+            _ if !self.echo || !self.shown.first(msg) => {}
             Some(p) => p.warn(msg),
             None => eprintln!("packsync: warning: {msg}"),
         }

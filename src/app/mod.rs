@@ -195,7 +195,8 @@ fn stays_live(cfg: &SyncConfig, e: anyhow::Error) -> anyhow::Error {
 /// `round`, tried once more where the volume was full and dead writers'
 /// staging could be removed.
 fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
-    let err = match round_with(cfg, pass, None) {
+    let shown = report::Shown::default();
+    let err = match round_with(cfg, pass, (None, &shown)) {
         Err(e) if !cfg.dry_run && out_of_space(&e) => e,
         done => return done,
     };
@@ -215,7 +216,7 @@ fn round_or_full(cfg: &SyncConfig, pass: Pass) -> Result<Round> {
         "the volume was full: removed the staging of {freed} dead writer{} and tried again",
         if freed == 1 { "" } else { "s" }
     );
-    round_with(cfg, pass, Some(line))
+    round_with(cfg, pass, (Some(line), &shown))
 }
 
 /// Whether `e` was caused by a full volume or an exhausted quota.
@@ -237,10 +238,16 @@ fn out_of_space(e: &anyhow::Error) -> bool {
 /// (`stage::Drifted`: those paths are copied); only where that try finds
 /// drift again, once more as whole trees. Each try drops something the
 /// one before took, and avoiding is asked once, so there are four at most.
-/// `note`: a warning to show first.
-fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Round> {
+/// `told`: a warning to show first, and what the round has shown already
+/// (where the volume was full and it starts again): a warning each try
+/// meets is shown once.
+fn round_with(
+    cfg: &SyncConfig,
+    pass: Pass,
+    told: (Option<String>, &report::Shown),
+) -> Result<Round> {
     let start = Instant::now();
-    let mut note = note;
+    let (mut note, shown) = told;
     let mut next = Some(Try::Shortcut);
     // What a stage found drifted in the live tree's hardlinks, avoided by
     // the tries after it.
@@ -255,7 +262,7 @@ fn round_with(cfg: &SyncConfig, pass: Pass, note: Option<String>) -> Result<Roun
         let cfg = resolved.as_ref().unwrap_or(cfg);
         let chosen = chosen_of(&sources)?;
         let tried = (this, avoid.as_ref());
-        let mut round = match round_on(cfg, sources, pass, tried, note.take(), start)? {
+        let mut round = match round_on(cfg, sources, pass, tried, (note.take(), shown), start)? {
             Attempt::Done(round) => *round,
             // Drift: why, where it is worth saying.
             Attempt::Again {
@@ -343,10 +350,10 @@ fn round_on(
     sources: Sources,
     pass: Pass,
     (this, avoid): (Try, Option<&Avoid>),
-    note: Option<String>,
+    told: (Option<String>, &report::Shown),
     start: Instant,
 ) -> Result<Attempt> {
-    let (r, console) = Opened::open(cfg, sources, pass, (this, avoid), note, start)?;
+    let (r, console) = Opened::open(cfg, sources, pass, (this, avoid), told, start)?;
     // 1. Up to date, found a directory at a time (the sources against the
     //    live generation, or sources unchanged since it against its
     //    manifest): nothing was held whole.
@@ -423,7 +430,7 @@ impl<'a> Opened<'a> {
         sources: Sources,
         pass: Pass,
         (this, avoid): (Try, Option<&'a Avoid>),
-        note: Option<String>,
+        (note, shown): (Option<String>, &report::Shown),
         start: Instant,
     ) -> Result<(Opened<'a>, Console)> {
         let trusting = cfg.trusting();
@@ -440,7 +447,8 @@ impl<'a> Opened<'a> {
             Console::keeping(output, show)
         } else {
             Console::new(output, show)
-        };
+        }
+        .in_round(shown);
         if let Some(n) = note {
             console.warn(&n);
         }

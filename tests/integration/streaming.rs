@@ -634,3 +634,51 @@ fn a_join_and_a_split_in_one_live_tree_are_repaired_by_copying_only_what_drifted
     let v = json(&f.sync(&["--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
 }
+
+/// A round tried again (the stage found two live files joined) meets the
+/// source's FIFO on each try: the user is told once, on stderr and in the
+/// JSON's `warnings`.
+#[test]
+fn a_round_tried_again_after_drift_warns_once() {
+    let f = Fixture::new();
+    let t = 1_700_000_000;
+    fs::create_dir_all(f.src().join("d")).unwrap();
+    for i in 0..4 {
+        write_at(&f.src().join(format!("d/f{i}")), b"same", t, 0);
+    }
+    let made = std::process::Command::new("mkfifo")
+        .arg(f.src().join("d/pipe"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    f.sync(&[]).ok();
+    // An update, so that every live file has a second link (`--keep 2`).
+    write_at(&f.src().join("d/f3"), b"changed", t, 0);
+    f.sync(&[]).ok();
+    let join = |n: &str| {
+        let live = fs::canonicalize(f.dest()).unwrap();
+        fs::remove_file(live.join("d/f1")).unwrap();
+        fs::hard_link(live.join("d/f0"), live.join("d/f1")).unwrap();
+        write_at(&f.src().join("d/f3"), n.as_bytes(), t, 0);
+    };
+    let warning = "warning: skipping FIFO";
+    join("again");
+    let run = f.sync(&[]).ok();
+    assert_eq!(run.stderr.matches(warning).count(), 1, "{}", run.stderr);
+    // The joined pair and the change copied: the repair, not whole trees.
+    let said = run.stdout.clone() + &run.stderr;
+    assert!(said.contains("3 copied (13 B), 1 reused"), "{said}");
+    assert_eq!(links(&f.dest()), links(&f.src()));
+
+    join("and again");
+    let run = f.sync(&["--json"]).ok();
+    assert_eq!(run.stderr.matches(warning).count(), 1, "{}", run.stderr);
+    let v = json(&run);
+    let warned: Vec<_> = v["warnings"].as_array().unwrap().iter().collect();
+    assert_eq!(warned.len(), 1, "{v}");
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(3), Some(1)),
+        "{v}"
+    );
+}
