@@ -643,6 +643,11 @@ pub struct Surveyed {
     /// Planned with `Survey::drifted`: what the stage must not hardlink
     /// from the live tree (the joined inodes, the drifted groups).
     pub avoid: Option<crate::plan::Drifted>,
+    /// Planned against a live listing (no manifest): the inodes, by
+    /// (device, inode), that two of its paths or more are on, sorted. Its
+    /// hardlink groups as the whole-tree path numbers them, for a stage
+    /// that lists the live tree again (`stage::Against::Listed`).
+    pub shared: Vec<(u64, u64)>,
 }
 
 /// `plan_live`, and where the live tree's hardlinks drifted from its
@@ -769,6 +774,18 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Result<Surveyed, LinksDrift>> {
                 .collect(),
         ),
     };
+    let mut shared: Vec<(u64, u64)> = match (index, &listed_groups) {
+        (None, Some(groups)) => v
+            .listed_links
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, g)| groups.contains(g))
+            .map(|(&inode, _)| inode)
+            .collect(),
+        _ => Vec::new(),
+    };
+    shared.sort_unstable();
     let mut plan = v.plan.into_inner().unwrap();
     let mut bytes = v.bytes.into_inner();
     // A source inode of two paths or more is a group: its bytes once.
@@ -829,6 +846,7 @@ pub fn plan_live(s: &Survey<'_>) -> Result<Result<Surveyed, LinksDrift>> {
         top,
         live_top,
         avoid,
+        shared,
     }))
 }
 

@@ -279,9 +279,10 @@ pub struct Stream<'a> {
     pub adjust: &'a (dyn Fn(&mut Meta, crate::tree::Kind) + Sync),
     /// The root's metadata, adjusted.
     pub root: Meta,
-    /// An update: the live generation's manifest (its root is `job.live`)
-    /// and how its entries are compared with the sources'.
-    pub recorded: Option<(&'a crate::index::Index, crate::plan::Compare)>,
+    /// An update: what the live tree (its root is `job.live`) holds, a
+    /// directory at a time, and how its entries are compared with the
+    /// sources'.
+    pub against: Option<(Against<'a>, crate::plan::Compare)>,
     /// `--checksum`: a file is hardlinked from the live generation only
     /// where its bytes and the source's have the same SHA-256, both read
     /// now (`checked_link`).
@@ -292,6 +293,53 @@ pub struct Stream<'a> {
     /// What an earlier stage of this round found drifted in the live
     /// tree's hardlinks: those live files are not linked from, but copied.
     pub avoid: Option<&'a Drifted>,
+}
+
+/// What a streamed update reads the live tree's entries from.
+pub enum Against<'a> {
+    /// The live generation's manifest, by its index: a file recorded with
+    /// the source's metadata is hardlinked from the live generation.
+    Recorded(&'a crate::index::Index),
+    /// The live tree's own listing, where there is no manifest to read,
+    /// under `--checksum`: a file equal by its listed metadata is
+    /// hardlinked where its bytes and the source's are the same
+    /// (`checked_link`), as the whole-tree path reuses such files.
+    /// `label` names the live tree in messages; `shared`: the inodes, by
+    /// (device, inode), that two of its paths or more are on, sorted (its
+    /// groups, from the plan made first: `scan::Surveyed::shared`). A
+    /// round staged so is counted as that plan counted it.
+    Listed {
+        label: &'a str,
+        shared: &'a [(u64, u64)],
+    },
+}
+
+/// The live tree's entries in the directory at `rel` (`live`, where it is
+/// still there), by its own listing (`Against::Listed`): each file of more
+/// than one link on an inode `shared` names gets that inode's group. What
+/// the listing would warn of was said by the plan made first.
+fn listed(
+    live: Option<&DirFd>,
+    rel: &[u8],
+    label: &str,
+    shared: &[(u64, u64)],
+) -> Result<Vec<Entry>> {
+    let Some(dir) = live else {
+        return Ok(Vec::new());
+    };
+    let quiet = crate::report::Collected::default();
+    let filter = crate::filter::Filter::default();
+    let mut entries = source::Dir::list(dir, rel, label, 0, &filter, &quiet)?;
+    for e in entries.iter_mut() {
+        if let Node::File(f) = &mut e.node {
+            f.group = shared
+                .binary_search(&(f.dev, f.ino))
+                .ok()
+                .filter(|_| f.nlink > 1)
+                .map(|i| i as u32);
+        }
+    }
+    Ok(entries)
 }
 
 /// Why a streamed stage stopped short of a tree to publish.
@@ -361,7 +409,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Result<Streamed, Redo>>
         .with_context(|| in_stage("lines"))?;
     let spool = crate::manifest::LineSpool::new(spool);
     let mut frags = crate::manifest::Fragments::default();
-    if let Some((ix, _)) = &s.recorded {
+    if let Some((Against::Recorded(ix), _)) = &s.against {
         let (dirs, path_bytes) = ix.dirs_and_path_bytes();
         frags.index.reserve(dirs, path_bytes);
     }
@@ -385,7 +433,7 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Result<Streamed, Redo>>
         xattrs: AtomicBool::new(!s.root.xattrs.is_empty()),
     };
     let srcs: Vec<Option<&DirFd>> = s.job.sources.iter().map(|src| src.root()).collect();
-    if let Some((ix, c)) = &s.recorded {
+    if let Some((Against::Recorded(ix), c)) = &s.against {
         let dir = |meta| Entry {
             name: Default::default(),
             meta,
@@ -395,11 +443,11 @@ pub fn stream(s: &Stream<'_>, staging: &DirFd) -> Result<Result<Streamed, Redo>>
             w.changed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let live = s.recorded.as_ref().and(s.job.live);
+    let live = s.against.as_ref().and(s.job.live);
     let root = Staging {
         out: out.try_clone().context("cannot open the staged root")?,
         live: live.map(DirFd::try_clone).transpose()?,
-        recorded: s.recorded.is_some(),
+        recorded: s.against.is_some(),
     };
     crate::walk::run(&w, s.job.sources, &srcs, &root)?;
     drop(root);
@@ -761,12 +809,15 @@ impl Walker<'_> {
         entries: &mut [Entry],
     ) -> Result<Vec<bool>> {
         let mut was_dir = vec![false; entries.len()];
-        let Some((ix, c)) = self.s.recorded.as_ref().filter(|_| recorded) else {
+        let Some((side, c)) = self.s.against.as_ref().filter(|_| recorded) else {
             self.added
                 .fetch_add(entries.len() as u64, Ordering::Relaxed);
             return Ok(was_dir);
         };
-        let mut live = ix.entries(rel)?;
+        let (mut live, ix) = match side {
+            Against::Recorded(ix) => (ix.entries(rel)?, Some(*ix)),
+            Against::Listed { label, shared } => (listed(live_dir, rel, label, shared)?, None),
+        };
         if let Some(d) = self.s.damaged {
             for e in live.iter_mut() {
                 d.forget(&join(rel, &e.name), e);
@@ -779,8 +830,11 @@ impl Walker<'_> {
         let mut grouped = Vec::new();
         let mut i = 0;
         crate::index::pair(entries, &live, |e, l| {
-            if let Some(l) = l {
-                deleted += ix.gone(rel, l, e.as_deref());
+            // A listing's deletions are counted by the plan made first.
+            match (l, ix) {
+                (Some(l), Some(ix)) => deleted += ix.gone(rel, l, e.as_deref()),
+                (Some(_), None) => deleted += u64::from(e.is_none()),
+                (None, _) => {}
             }
             let Some(e) = e else { return };
             i += 1;
@@ -823,10 +877,12 @@ impl Walker<'_> {
                     // directory is listed (`place_leaders`).
                     let apart = inode.is_none() && lf.group.is_some();
                     changed += u64::from(apart);
-                    f.reuse = lf.hash.is_some() && !apart;
+                    // A listed file's bytes are read as it is linked.
+                    f.reuse = (lf.hash.is_some() || ix.is_none()) && !apart;
                     // A spooled file keeps the hash its stream gave where
-                    // it is not taken from the live generation.
-                    if f.reuse {
+                    // it is not taken from the live generation (nor read
+                    // from a listed one as it is linked).
+                    if f.reuse && ix.is_some() {
                         f.hash = lf.hash;
                     }
                 }
@@ -840,7 +896,9 @@ impl Walker<'_> {
         // the group's one inode (a file replaced on the volume is not),
         // where the volume shows hardlinks: else the groups are only the
         // manifest's.
-        if let (false, Some(dir), true) = (grouped.is_empty(), live_dir, c.hardlinks) {
+        // (A listing's groups are its inodes: none is split.)
+        let recorded_groups = c.hardlinks && ix.is_some();
+        if let (false, Some(dir), true) = (grouped.is_empty(), live_dir, recorded_groups) {
             let mut groups = self.live_groups.lock().unwrap();
             for (name, g) in grouped {
                 // A path gone from the volume is copied, as any file the

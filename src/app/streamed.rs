@@ -59,8 +59,7 @@ pub(super) fn streams_given(
         return None;
     }
     if survey::bare(dest, live) {
-        // `--checksum` reuses what it reads of the listing: whole trees.
-        return (!cfg.checksum).then(|| Onto::Listed {
+        return Some(Onto::Listed {
             gen: live.map(|l| l.gen.clone()),
         });
     }
@@ -73,7 +72,7 @@ pub(super) fn streams_given(
             // A manifest that does not index (cut short, out of order) is
             // not trusted for any file: as one that is missing.
             let Some(index) = index.or_else(|| live.index()) else {
-                return (!cfg.checksum).then(|| Onto::Listed {
+                return Some(Onto::Listed {
                     gen: Some(live.gen.clone()),
                 });
             };
@@ -97,9 +96,10 @@ pub(super) enum Onto {
     Recorded(Box<Recorded>),
     /// A live tree with no manifest to read (a DEST that is a plain
     /// directory to take over, `gen` `None`; a live generation `gen` whose
-    /// manifest is missing, or does not index): nothing is reused, every
-    /// file is copied, and the round is planned first against its listing
-    /// (`survey`).
+    /// manifest is missing, or does not index): the round is planned
+    /// first against its listing (`survey`); every file is copied, but
+    /// under `--checksum`, where one equal by its listed metadata is
+    /// hardlinked if its bytes are the source's (`stage::Against::Listed`).
     Listed { gen: Option<String> },
 }
 
@@ -277,9 +277,16 @@ impl StreamedRound<'_> {
             Some(r) => console.begin(r.index.entries, 0),
             None => console.begin(0, 0),
         }
+        // `--checksum` onto a live tree with no manifest to read: its
+        // listing, as the plan made first read it, and the files it holds
+        // hardlinked where their bytes are the source's.
+        let listed = match (&self.onto, &self.surveyed) {
+            (Onto::Listed { .. }, Some(s)) if cfg.checksum => s.listed.as_ref(),
+            _ => None,
+        };
         let job = stage::Job {
             sources: &refs,
-            live: rec.map(|r| &r.live),
+            live: rec.map(|r| &r.live).or(listed.map(|(root, _)| root)),
             owners: self.adjust.mirrored,
             reporter: &console,
             caps,
@@ -291,21 +298,40 @@ impl StreamedRound<'_> {
             filter: &cfg.filter,
             adjust: &|m, kind| adjust.meta(m, kind),
             root,
-            recorded: rec.map(|r| {
-                let compare = Compare {
-                    owners: adjust.mirrored,
-                    checksum: false,
-                    // Recorded as the source gave them: equal exactly.
-                    granularity_ns: 1,
-                    link_meta: r.header.link_meta,
-                    // A spooled source's files by their content (every
-                    // file's under `--set-mtime`).
-                    by_content: self.sources.compared_by_content(cfg),
-                    xattrs: true,
-                    hardlinks: r.header.hardlinks,
-                };
-                (&r.index, compare)
-            }),
+            against: match (rec, listed) {
+                (Some(r), _) => {
+                    let compare = Compare {
+                        owners: adjust.mirrored,
+                        checksum: false,
+                        // Recorded as the source gave them: equal exactly.
+                        granularity_ns: 1,
+                        link_meta: r.header.link_meta,
+                        // A spooled source's files by their content (every
+                        // file's under `--set-mtime`).
+                        by_content: self.sources.compared_by_content(cfg),
+                        xattrs: true,
+                        hardlinks: r.header.hardlinks,
+                    };
+                    Some((stage::Against::Recorded(&r.index), compare))
+                }
+                (None, Some((_, label))) => {
+                    let shared = &self.surveyed.as_ref().expect("listed").sv.shared;
+                    let against = stage::Against::Listed { label, shared };
+                    // As the whole-tree path compares with a listing, the
+                    // bytes read as each file is linked (`Stream::checksum`).
+                    let compare = Compare {
+                        owners: adjust.mirrored,
+                        checksum: false,
+                        granularity_ns: 1,
+                        link_meta: true,
+                        by_content: 0,
+                        xattrs: true,
+                        hardlinks: true,
+                    };
+                    Some((against, compare))
+                }
+                (None, None) => None,
+            },
             checksum: cfg.checksum,
             damaged: self.damaged,
             // What the plan made first found drifted in the live tree's
@@ -503,12 +529,11 @@ pub(super) fn directories(r: &Opened<'_>, console: Console) -> Result<Step> {
 
 /// Whether `streams` may give something to stage onto, told without the
 /// live manifest's index: where it does not index, `streams` gives a
-/// listing, and `--checksum` onto a listing is planned by whole trees
-/// (`survey` says so).
+/// listing.
 fn stageable(cfg: &SyncConfig, live: Option<&LiveGen>, dest: &Dest, sources: &Sources) -> bool {
     let lists = sources.list_by_directory();
     let onto = match dest {
-        _ if survey::bare(dest, live) => !cfg.checksum,
+        _ if survey::bare(dest, live) => true,
         Dest::Absent => true,
         Dest::Live(_) => live.is_some_and(|l| l.header().is_some() && l.root().is_ok()),
         _ => false,

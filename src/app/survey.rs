@@ -64,11 +64,6 @@ pub(super) fn survey(
     if !(planned_first(cfg, damaged.is_some()) || cfg.dry_run || listed.is_some()) {
         return None;
     }
-    // `--checksum` may reuse files of a listing it reads (the whole trees
-    // do, and say so in a dry run too).
-    if listed.is_some() && cfg.checksum {
-        return None;
-    }
     let warnings = Collected::default();
     let live_warnings = Collected::default();
     let side = match (live, &header, &index, &listed) {
@@ -114,6 +109,7 @@ pub(super) fn survey(
         header,
         index,
         verified: sources.verified_early(cfg).unwrap_or_default(),
+        listed,
     })
 }
 
@@ -166,6 +162,10 @@ pub(super) struct Surveyed {
     /// Under `--verify-key`: the keys that verified each source as it was
     /// resolved (`Sources::verified_early`).
     pub(super) verified: Vec<(usize, String)>,
+    /// The live tree planned against by its listing (no manifest to read):
+    /// its root and how it is named, for a `--checksum` stage that links
+    /// from it (`stage::Against::Listed`).
+    pub(super) listed: Option<(DirFd, String)>,
 }
 
 impl Surveyed {

@@ -214,9 +214,12 @@ pub(super) fn load_live(
                 .with_context(|| format!("cannot open {}", vol.display))?;
             let dir = source::Dir::new(fd, vol.display.clone());
             let mut tree = dir.scan(0, &Filter::default(), warn)?;
-            // Its hardlinks as they are, as a live generation's listing.
+            // Its hardlinks as they are, as a live generation's listing;
+            // its files read under `--checksum`, and linked where equal, as
+            // a live generation's without a manifest.
             tree.assign_groups_by_inode();
             Ok(Live {
+                dir: Some(dir),
                 tree: Some(tree),
                 ..Live::nothing(None)
             })

@@ -441,3 +441,80 @@ fn a_damage_record_that_does_not_parse_is_ignored_with_a_warning() {
     let out = f.sync(&[]).ok();
     assert!(out.stderr.contains("larger than"), "{}", out.stderr);
 }
+
+/// `--checksum` over a directory `cp -a` left: each file equal by its
+/// listing is read on both sides and hardlinked from the directory kept
+/// as a generation where its bytes are the source's; a same-size edit
+/// under the same mtime is copied; two source files a hardlink joins in
+/// DEST are copied apart, a group on one inode on both sides is linked.
+/// What the dry run says is what the sync does.
+#[test]
+fn checksum_over_a_directory_left_by_cp_links_what_it_reads_equal() {
+    let f = Fixture::new();
+    cp_left_tree(&f.src());
+    let t = 1_600_000_050;
+    for name in ["linux/one", "linux/two", "linux/edited"] {
+        write_at(&f.src().join(name), b"same bytes\n", t, 0);
+    }
+    set_mtime(&f.src().join("linux"), 1_600_000_100, 9);
+    fs::create_dir_all(f.path("vol")).unwrap();
+    let ok = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(f.src())
+        .arg(f.dest())
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    // In DEST only: `one` and `two` made one inode; `edited` changed in
+    // place, its size and mtime as they were.
+    let keep_times = |change: &dyn Fn()| {
+        let (s, ns) = crate::fixture::mtime(&f.dest().join("linux"));
+        change();
+        set_mtime(&f.dest().join("linux"), s, ns);
+    };
+    keep_times(&|| {
+        fs::remove_file(f.dest().join("linux/two")).unwrap();
+        fs::hard_link(f.dest().join("linux/one"), f.dest().join("linux/two")).unwrap();
+    });
+    write_at(&f.dest().join("linux/edited"), b"SAME BYTES\n", t, 0);
+
+    let plan = f.unchanged_by(|| f.sync(&["--checksum", "--dry-run", "--json"]).ok());
+    let plan = json(&plan);
+    let run = f.sync(&["--checksum", "--json"]).ok();
+    let kept = kept_generation(&run);
+    let v = json(&run);
+    assert_eq!(v["status"], "synced", "{v}");
+    for key in ["added", "changed", "deleted", "copied", "reused"] {
+        assert_eq!(v[key], plan[key], "{key}: {v} against {plan}");
+    }
+    // Copied: one, two (apart in the source) and edited; linked: run.py,
+    // linux/pack.yaml, and the pair pack.yaml/same.yaml.
+    assert_eq!(
+        (v["copied"].as_u64(), v["reused"].as_u64()),
+        (Some(3), Some(4)),
+        "{v}"
+    );
+    assert_eq!(mirror(&f.dest()), mirror(&f.src()));
+    assert_eq!(
+        crate::fixture::links(&f.dest()),
+        crate::fixture::links(&f.src())
+    );
+    let old = f.state().join("gen").join(&kept);
+    for linked in ["core/actions/run.py", "core/pack.yaml", "linux/pack.yaml"] {
+        assert_eq!(
+            ino(&old.join(linked)),
+            ino(&f.dest().join(linked)),
+            "{linked}"
+        );
+    }
+    for copied in ["linux/one", "linux/two", "linux/edited"] {
+        assert_ne!(
+            ino(&old.join(copied)),
+            ino(&f.dest().join(copied)),
+            "{copied}"
+        );
+    }
+    f.packsync(&["verify", "vol/packs"]).ok();
+    let v = json(&f.sync(&["--checksum", "--json"]).ok());
+    assert_eq!(v["status"], "up to date", "{v}");
+}
