@@ -4,6 +4,8 @@
 # on one tree, with rsync and cp -a beside them:
 #   take over   DEST a `cp -a` copy of the tree: `sync SRC DEST` (rsync:
 #               `rsync -a --delete SRC/ DEST/` onto such a copy)
+#   take over --checksum
+#               the same with `--checksum` (rsync: `rsync -ac --delete`)
 #   lost, dry   the live generation's manifest removed: `sync --dry-run --itemize`
 #   lost        then `sync` (the same tree: it converges on the live
 #               generation's name, checking that generation first)
@@ -22,7 +24,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 files=100000 out=""
 while [ $# -gt 0 ]; do
     case "$1" in
-    -h | --help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     --files) files="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     *) echo "bench: unknown argument: $1 (see --help)" >&2; exit 2 ;;
@@ -38,6 +40,8 @@ for who in new old; do
     mkdir -p "$v"
     cp -a "$tree" "$v/d"
     bench_note "take over" "$who" "$(bench_run "$who" sync -q "$tree" "$v/d")"
+    cp -a "$tree" "$v/c"
+    bench_note "take over --checksum" "$who" "$(bench_run "$who" sync -q --checksum "$tree" "$v/c")"
     gen="$(basename "$(readlink -f "$v/d")")"
     rm "$v/.d.packsync/meta/$gen.manifest"
     bench_note "lost, dry" "$who" "$(bench_run "$who" sync -q --dry-run --itemize "$tree" "$v/d")"
@@ -52,6 +56,8 @@ b=$(names "$work/v-old")
 mkdir -p "$work/r"
 cp -a "$tree" "$work/r/d"
 bench_note "take over" rsync "$(bench_run rsync -a --delete "$tree/" "$work/r/d/")"
+cp -a "$tree" "$work/r/c"
+bench_note "take over --checksum" rsync "$(bench_run rsync -ac --delete "$tree/" "$work/r/c/")"
 bench_note "first" cp "$(bench_run cp -a "$tree" "$work/r/f")"
 
 report() {

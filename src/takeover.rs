@@ -47,11 +47,19 @@ pub struct Recorded {
 /// pre-order at the end, as a streamed stage writes its own: no tree held
 /// whole. `None` for an empty directory (a mount point made for the
 /// volume, say): there is nothing to keep.
+///
+/// `groups`: where the plan made first listed DEST, the inodes two of its
+/// paths or more were on (`scan::Surveyed::shared`), sorted: only those
+/// are keyed as a group's. A file the stage hardlinked from DEST has a
+/// second link by now, in the new tree: held by inode until the end, at
+/// 10^5 such files that cost 11 MiB for groups of one path. `None`: every
+/// file of more than one link is keyed.
 pub fn record(
     vol: &Volume,
     stage: &DirFd,
     caps: &crate::caps::Caps,
     fsync: bool,
+    groups: Option<&[(u64, u64)]>,
 ) -> Result<Option<Recorded>> {
     let failed = || format!("cannot read {} to keep it", vol.display);
     let root = vol
@@ -68,6 +76,7 @@ pub fn record(
     let r = Recording {
         label,
         keyed: caps.hardlinks,
+        groups,
         seen: crate::report::Collected::default(),
         spool: crate::manifest::LineSpool::new(lines),
         frags: Mutex::new(Fragments {
@@ -154,6 +163,8 @@ pub fn record(
 struct Recording<'a> {
     label: &'a str,
     keyed: bool,
+    /// The inodes keyed, where they are known (`record`'s `groups`).
+    groups: Option<&'a [(u64, u64)]>,
     /// What the listing skips (a FIFO, a socket): in no manifest.
     seen: crate::report::Collected,
     spool: crate::manifest::LineSpool,
@@ -185,6 +196,17 @@ impl crate::walk::Visit for Recording<'_> {
             f.hash = Some(crate::scan::digest(dir.open_read(&e.name), size, &shown)?);
             Ok(())
         })?;
+        if let Some(groups) = self.groups {
+            // On an inode no other path of the tree is on: a file of one
+            // link, as its manifest line says either way.
+            for e in found.iter_mut() {
+                if let crate::tree::Node::File(f) = &mut e.node {
+                    if f.nlink > 1 && groups.binary_search(&(f.dev, f.ino)).is_err() {
+                        f.nlink = 1;
+                    }
+                }
+            }
+        }
         if self.keyed {
             let mut frags = self.frags.lock().unwrap();
             for e in &found {

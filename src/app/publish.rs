@@ -38,6 +38,10 @@ pub(super) struct Publish<'a> {
     /// (`takeover::record`) before the commit, while DEST is as it was, and
     /// kept once the swap has taken it out.
     pub(super) take_over: bool,
+    /// Where the plan made first listed the directory taken over: the
+    /// inodes two of its paths or more are on (`takeover::record`'s
+    /// `groups`).
+    pub(super) groups: Option<&'a [(u64, u64)]>,
 }
 
 impl Publish<'_> {
@@ -51,7 +55,13 @@ impl Publish<'_> {
     ) -> Result<Round> {
         let (vol, state) = (self.vol, self.state);
         let taken = match self.take_over {
-            true => crate::takeover::record(vol, self.staging.dir(), &self.caps, cfg.fsync)?,
+            true => crate::takeover::record(
+                vol,
+                self.staging.dir(),
+                &self.caps,
+                cfg.fsync,
+                self.groups,
+            )?,
             false => None,
         };
         // Commit: name the tree by its digest and publish it in one rename.

@@ -430,6 +430,7 @@ impl StreamedRound<'_> {
             swap,
             spooled: Some(&body),
             take_over: matches!(self.dest, Dest::Directory),
+            groups: self.surveyed.as_ref().map(|s| s.sv.shared.as_slice()),
         };
         publish.run(cfg, manifest, summary, console, start).map(Ok)
     }

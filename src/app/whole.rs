@@ -767,6 +767,7 @@ pub(super) fn spooled_or_whole(r: Opened<'_>, console: Console) -> Result<Attemp
         swap,
         spooled: None,
         take_over: matches!(dest, Dest::Directory),
+        groups: None,
     };
     staged
         .run(cfg, manifest, summary, console, start)

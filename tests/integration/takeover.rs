@@ -517,4 +517,15 @@ fn checksum_over_a_directory_left_by_cp_links_what_it_reads_equal() {
     f.packsync(&["verify", "vol/packs"]).ok();
     let v = json(&f.sync(&["--checksum", "--json"]).ok());
     assert_eq!(v["status"], "up to date", "{v}");
+    // The directory kept is recorded as it was, its hardlinks (the pair
+    // cp -a kept, the two joined) its own, not the new tree's links into it.
+    f.packsync(&["rollback", "vol/packs"]).ok();
+    f.packsync(&["verify", "vol/packs"]).ok();
+    let manifest = fs::read_to_string(f.state().join("meta").join(format!("{kept}.manifest")));
+    let grouped = manifest
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("f ") && l.split(' ').nth(7) != Some("-"))
+        .count();
+    assert_eq!(grouped, 4, "two groups of two paths");
 }
